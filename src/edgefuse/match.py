@@ -1,0 +1,420 @@
+"""Matchers for decomposed RMSNorm: each returns data, a list of matches or a rejection with a reason.
+
+A norm is found from its ``mean``: the mean of a square, plus eps, through ``rsqrt`` (or ``sqrt`` and a
+division or reciprocal), times the tensor that was squared, then optional dtype-only casts, an optional
+weight and trailing dtype-only casts. The rules, each with its reason:
+
+1. The mean keeps its reduced dims and reduces exactly the trailing dims: that is what ``rms_norm``'s
+   ``normalized_shape`` means.
+2. The square is ``pow(x, 2)``, ``square(x)`` or ``x * x`` of one tensor: a cube or a product of two
+   tensors is another function.
+3. The scaled tensor holds the squared tensor's values (the two may differ by casts that widen and change
+   nothing else, as in T5, which squares a float32 copy): otherwise a rebuilt norm would drop one of them.
+4. eps is a finite, non-negative number known when the program is built.
+5. Only dtype-only casts sit between the normalization and the weight multiply, the weight has exactly
+   the normalized shape, and a scalar is never a weight: so a later ``* s`` is never taken as the weight.
+6. The input is the nearest tensor of the output dtype among those holding the scaled values: the walk
+   back passes only casts that keep every value, never a narrowing cast or a dim-order change.
+7. Input and output share one dtype D and every tensor the norm computes is D or wider: a rebuilt
+   ``rms_norm`` reads and produces D and computes in at least D, so it must not drop a rounding below D.
+8. A grouped norm (a split of the last dim into groups, normalized, then merged back before the weight,
+   as in Mamba2) is never rebuilt: one ``rms_norm`` over the full width computes another function.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from torch.fx import Node
+
+from edgefuse.casts import (
+    at_least,
+    cast_source,
+    changes_only_dtype,
+    dtype_of,
+    exact_ancestors,
+    same_shape,
+    same_size,
+    tensor_meta,
+)
+from edgefuse.constants import GraphConstants
+from edgefuse.ops import OpTable, Role
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+@dataclass(frozen=True)
+class Weight:
+    """The tensor a norm multiplies by, and how it derives from a constant.
+
+    ``chain`` lists the casts and scalar additions (Gemma's ``1 + w``) from ``root``, a constant node, to
+    ``node``; ``root`` is None when the weight is computed from something other than a constant.
+    """
+
+    node: Node
+    root: Node | None
+    chain: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class NormMatch:
+    """A decomposed RMSNorm that ``rms_norm(input, normalized_shape, weight, eps)`` computes exactly.
+
+    ``output`` is the node whose uses the rebuilt norm takes over; ``nodes`` are the matched nodes from
+    the square to the output; ``dtype`` is D, the dtype of both input and output.
+    """
+
+    form: str
+    mean: Node
+    input: Node
+    output: Node
+    weight: Weight | None
+    eps: float
+    normalized_shape: tuple[int, ...]
+    dtype: torch.dtype
+    nodes: tuple[Node, ...]
+
+
+@dataclass(frozen=True)
+class Rejection:
+    """A mean that starts a norm-like chain which is not an RMSNorm to rebuild, and why."""
+
+    mean: Node
+    reason: str
+    form: str = "unknown"
+    nodes: tuple[Node, ...] = ()
+    input: Node | None = None
+    weight: Node | None = None
+    eps: float | None = None
+
+
+@dataclass(frozen=True)
+class _Core:
+    """The normalization ``h * rsqrt(mean(square(s)) + eps)`` before any cast or weight."""
+
+    form: str
+    square_base: Node
+    scaled: Node
+    normalized: Node
+    eps: float
+    normalized_shape: tuple[int, ...]
+    nodes: tuple[Node, ...]
+
+
+def _single_user(node: Node, table: OpTable) -> Node | None:
+    """The one node that uses ``node``, ignoring metadata assertions; None for zero or several users."""
+    users = [u for u in node.users if not table.is_a(u, Role.ASSERT_METADATA)]
+    return users[0] if len(users) == 1 else None
+
+
+def _other_operand(node: Node, operand: Node) -> object:
+    """The argument of a binary op that is not ``operand`` (the second one when both are)."""
+    a, b = node.args[0], node.args[1]
+    return b if a is operand else a
+
+
+def same_values(a: Node, b: Node, table: OpTable) -> bool:
+    """Whether two tensors hold the same values: one is reached from the other by value-keeping casts."""
+    return not {*exact_ancestors(a, table)}.isdisjoint(exact_ancestors(b, table))
+
+
+def _square_base(node: Node, table: OpTable) -> Node | str:
+    """The tensor a node squares, or the reason it is not a square."""
+    role = table.role(node)
+    if role is Role.SQUARE:
+        return node.args[0]
+    if role is Role.POW:
+        exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
+        if isinstance(exponent, (int, float)) and not isinstance(exponent, bool) and exponent == 2:
+            return node.args[0]
+        return f"the mean averages pow(x, {exponent!r}), not a square"
+    if role is Role.MUL and len(node.args) == 2:
+        a, b = node.args
+        if isinstance(a, Node) and isinstance(b, Node) and same_values(a, b, table):
+            return a
+        return f"the mean averages {node.name}, a product of two different tensors, not a square"
+    return f"the mean averages {node.name}, which is not a square"
+
+
+def _mean_dims(mean: Node, rank: int) -> list[int] | str:
+    """The dims the mean reduces, non-negative and sorted, or why they are not usable."""
+    dims = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
+    keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
+    if not keepdim:
+        return "the mean drops the reduced dims (keepdim=False)"
+    if mean.kwargs.get("dtype") is not None:
+        return "the mean casts to another dtype while it reduces"
+    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+        dims = list(range(rank))
+    if isinstance(dims, int):
+        dims = [dims]
+    try:
+        return sorted({d % rank for d in dims})
+    except (TypeError, ZeroDivisionError):
+        return f"the mean's dims {dims!r} are not constant ints"
+
+
+def _eps(add: Node, mean: Node, table: OpTable, constants: GraphConstants) -> float | str:
+    """The eps an addition adds to the mean, or why it is not a usable eps."""
+    other = _other_operand(add, mean)
+    if add.kwargs.get("alpha", 1) != 1:
+        return "the eps addition scales its operand (alpha != 1)"
+    if isinstance(other, Node) and other.op == "placeholder" and not constants.is_constant(other):
+        if constants.program is None and other.meta.get("val") is not None and other.meta["val"].dim() == 0:
+            return (
+                f"eps is the graph input {other.name}, whose value edgefuse cannot read without its "
+                "ExportedProgram (edge graphs lift eps into a constant: pass the program)"
+            )
+        return f"eps is the graph input {other.name}, not a constant"
+    eps = constants.scalar(other, table)
+    if eps is None:
+        return f"eps ({getattr(other, 'name', other)!r}) is not a constant number"
+    if not math.isfinite(eps) or eps < 0:
+        return f"eps is {eps!r}; rms_norm needs a finite, non-negative eps"
+    return eps
+
+
+def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core | Rejection:
+    """Rules 1 to 4: the normalization itself, up to the multiply by the scaled tensor."""
+    squared = mean.args[0] if mean.args else None
+    if not isinstance(squared, Node):
+        return Rejection(mean, "the mean reads no tensor node")
+    value = tensor_meta(squared)
+    if value is None:
+        return Rejection(mean, f"{squared.name} has no tensor metadata (meta['val']); edgefuse reads dtypes from it")
+    base = _square_base(squared, table)
+    if isinstance(base, str):
+        return Rejection(mean, base, nodes=(squared, mean))
+    dims = _mean_dims(mean, value.dim())
+    if isinstance(dims, str):
+        return Rejection(mean, dims, nodes=(squared, mean))
+    rank = value.dim()
+    if dims != list(range(rank - len(dims), rank)):
+        return Rejection(
+            mean, f"the mean reduces dims {dims} of a rank-{rank} tensor, not the trailing dims", nodes=(squared, mean)
+        )
+    shape = tuple(value.shape[d] for d in dims)
+    if not all(isinstance(s, int) for s in shape):
+        return Rejection(mean, f"the normalized shape {list(shape)} is symbolic", nodes=(squared, mean))
+
+    nodes = [squared, mean]
+    step = _single_user(mean, table)
+    eps = 0.0
+    if step is not None and table.is_a(step, Role.ADD):
+        eps = _eps(step, mean, table, constants)
+        if isinstance(eps, str):
+            return Rejection(mean, eps, nodes=tuple(nodes))
+        nodes.append(step)
+        step = _single_user(step, table)
+    if step is None:
+        return Rejection(mean, "the mean of squares is used by more than one node or by none", nodes=tuple(nodes))
+
+    inverse = _inverse(step, table)
+    if isinstance(inverse, str):
+        return Rejection(mean, inverse, nodes=tuple(nodes), eps=eps)
+    form, inverse_nodes, scaled = inverse
+    nodes.extend(inverse_nodes)
+    normalized = inverse_nodes[-1]
+    if not isinstance(scaled, Node):
+        return Rejection(mean, f"{normalized.name} scales a constant, not a tensor", form, tuple(nodes), eps=eps)
+    if not same_values(scaled, base, table):
+        return Rejection(
+            mean,
+            f"it scales {scaled.name} but squares {base.name}: the norm of one tensor scales the tensor it squares",
+            form,
+            tuple(nodes),
+            eps=eps,
+        )
+    return _Core(form, base, scaled, normalized, eps, shape, tuple(nodes))
+
+
+def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str:
+    """(form, nodes up to the normalization, scaled tensor) from the node after ``mean + eps``, or a reason."""
+    role = table.role(step)
+    user = _single_user(step, table)
+    if role is Role.RSQRT:
+        if user is not None and table.is_a(user, Role.MUL) and step in user.args[:2]:
+            return "rsqrt", [step, user], _other_operand(user, step)
+        return "the rsqrt does not scale a tensor"
+    if role is Role.SQRT:
+        if user is not None and table.is_a(user, Role.DIV) and len(user.args) == 2 and user.args[1] is step:
+            return "div-sqrt", [step, user], user.args[0]
+        if user is not None and table.is_a(user, Role.RECIPROCAL):
+            mul = _single_user(user, table)
+            if mul is not None and table.is_a(mul, Role.MUL) and user in mul.args[:2]:
+                return "reciprocal-sqrt", [step, user, mul], _other_operand(mul, user)
+        return "the sqrt does not divide a tensor"
+    return f"{step.name} follows the mean of squares, not rsqrt or sqrt"
+
+
+def _forward_casts(node: Node, table: OpTable) -> list[Node]:
+    """The dtype-only casts that follow ``node`` one after another, each its predecessor's only user."""
+    casts = []
+    while (user := _single_user(node, table)) is not None and cast_source(user, table) is node and changes_only_dtype(user, table):
+        casts.append(user)
+        node = user
+    return casts
+
+
+def _scalar_addend(add: Node, table: OpTable, constants: GraphConstants) -> Node | None:
+    """The tensor operand of ``tensor + scalar`` (either order), or None for any other addition."""
+    if len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+        return None
+    for tensor, scalar in (add.args, reversed(add.args)):
+        meta = tensor_meta(scalar)
+        if isinstance(tensor, Node) and constants.scalar(scalar, table) is not None and (meta is None or meta.dim() == 0):
+            return tensor
+    return None
+
+
+def _weight_chain(node: object, table: OpTable, constants: GraphConstants) -> tuple[Node | None, tuple[Node, ...]]:
+    """The constant behind a weight and the casts and scalar additions from it, or (None, ()) if none."""
+    chain: list[Node] = []
+    while isinstance(node, Node):
+        if constants.is_constant(node):
+            return node, tuple(reversed(chain))
+        previous = cast_source(node, table)
+        if previous is None and table.is_a(node, Role.ADD):
+            previous = _scalar_addend(node, table, constants)
+        if previous is None:
+            break
+        chain.append(node)
+        node = previous
+    return None, ()
+
+
+def _weight(mul: Node, operand: Node, shape: tuple[int, ...], table: OpTable, constants: GraphConstants) -> Weight | None:
+    """The weight a multiply applies, or None when its other operand is not a weight of the normalized shape."""
+    if len(mul.args) != 2:
+        return None
+    other = _other_operand(mul, operand)
+    value = tensor_meta(other)
+    if value is None or tuple(value.shape) != shape:
+        return None
+    root, chain = _weight_chain(other, table, constants)
+    return Weight(other, root, chain)
+
+
+def _group_merge(core: _Core, after: Node | None, table: OpTable) -> bool:
+    """Rule 8: whether the input was split from a wider last dim and ``after`` merges it back."""
+    if after is None or not table.is_a(after, Role.RESHAPE):
+        return False
+    splits = [list(exact_ancestors(start, table))[-1] for start in (core.scaled, core.square_base)]
+    split = next((n for n in splits if table.is_a(n, Role.RESHAPE)), None)
+    source = tensor_meta(split.args[0]) if split is not None and isinstance(split.args[0], Node) else None
+    merged = tensor_meta(after)
+    if source is None or merged is None or source.dim() == 0 or merged.dim() == 0:
+        return False
+    width, size = merged.shape[-1], core.normalized_shape[-1]
+    return isinstance(width, int) and width > size and same_size(source.shape[-1], width)
+
+
+def _input_of(dtype: torch.dtype, core: _Core, table: OpTable) -> Node | None:
+    """Rule 6: the nearest tensor of ``dtype`` holding the scaled values, the scaled side first."""
+    for start in (core.scaled, core.square_base):
+        for node in exact_ancestors(start, table):
+            if dtype_of(node) == dtype:
+                return node
+    return None
+
+
+def _rounding_reason(computed: Sequence[Node], dtype: torch.dtype) -> str | None:
+    """Rule 7: the first computed tensor narrower than the norm dtype, as a reason; None when there is none."""
+    for node in computed:
+        node_dtype = dtype_of(node)
+        if node_dtype is None:
+            return f"{node.name} has no tensor metadata (meta['val'])"
+        if not at_least(node_dtype, dtype):
+            return (
+                f"{node.name} rounds to {_dtype_name(node_dtype)} inside a {_dtype_name(dtype)} norm; "
+                "a rebuilt rms_norm would drop that rounding"
+            )
+    return None
+
+
+def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> list[NormMatch] | Rejection:
+    """The ways to rebuild the norm that starts at ``mean``, longest first, or why there is none.
+
+    Several matches differ only in where the norm ends: after the weight and every trailing cast, or
+    before some of those casts. Each one computes exactly what the matched nodes compute.
+    """
+    core = _match_core(mean, table, constants)
+    if isinstance(core, Rejection):
+        return core
+
+    middle = _forward_casts(core.normalized, table)
+    last = middle[-1] if middle else core.normalized
+    after = _single_user(last, table)
+    if _group_merge(core, after, table):
+        return Rejection(
+            mean,
+            f"grouped norm: groups of {core.normalized_shape[-1]} are normalized and merged back into "
+            f"{after.name} before the weight; one rms_norm over the full width computes another function",
+            core.form,
+            core.nodes,
+            eps=core.eps,
+        )
+
+    weight = None
+    if after is not None and table.is_a(after, Role.MUL):
+        weight = _weight(after, last, core.normalized_shape, table, constants)
+    if weight is not None:
+        body = [*core.nodes, *middle, after]
+        ends = [after, *_forward_casts(after, table)]
+    else:
+        body = list(core.nodes)
+        ends = [core.normalized, *middle]
+
+    reasons = []
+    matches = []
+    for i in reversed(range(len(ends))):
+        end = ends[i]
+        computed = [*body, *ends[1 : i + 1]]
+        dtype = dtype_of(end)
+        if dtype is None or not dtype.is_floating_point:
+            reasons.append(f"{end.name} has no float tensor metadata")
+            continue
+        source = _input_of(dtype, core, table)
+        if source is None:
+            have = sorted({_dtype_name(dtype_of(n)) for n in exact_ancestors(core.scaled, table)})
+            reasons.append(
+                f"it produces {_dtype_name(dtype)} from {'/'.join(have)} values: rms_norm produces its input's "
+                "dtype, and no tensor of the output dtype holds the input"
+            )
+            continue
+        reason = _rounding_reason(computed, dtype)
+        in_meta, out_meta = tensor_meta(source), tensor_meta(end)
+        if reason is None and not same_shape(in_meta, out_meta):
+            reason = f"the output shape of {end.name} differs from the input's"
+        if reason is not None:
+            reasons.append(reason)
+            continue
+        matches.append(
+            NormMatch(
+                form=core.form + ("+weight" if weight is not None else ""),
+                mean=mean,
+                input=source,
+                output=end,
+                weight=weight,
+                eps=core.eps,
+                normalized_shape=core.normalized_shape,
+                dtype=dtype,
+                nodes=tuple(dict.fromkeys([*body, *(weight.chain if weight else ()), *ends[: i + 1]])),
+            )
+        )
+    if matches:
+        return matches
+    return Rejection(
+        mean,
+        reasons[0],
+        core.form,
+        tuple(dict.fromkeys([*body, *ends])),
+        input=None,
+        weight=weight.node if weight is not None else None,
+        eps=core.eps,
+    )

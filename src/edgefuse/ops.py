@@ -1,0 +1,125 @@
+"""The op vocabulary: one table of targets per dialect, read by every pass.
+
+A captured ATen graph (``torch.export``, before or during quantization) and an ExecuTorch edge graph spell
+the same arithmetic with different targets, and edge graphs spell casts two ways (``_to_dim_order_copy``
+by default, ``aten._to_copy`` with ``_skip_dim_order=True``). Passes ask an :class:`OpTable` what a node
+is instead of keeping target lists of their own.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from torch.fx import Graph, Node
+
+from executorch.exir.dialects._ops import ops as exir_ops
+from executorch.exir.dialects.edge._ops import EdgeOpOverload
+
+aten = torch.ops.aten
+edge = exir_ops.edge
+
+
+class Role(enum.Enum):
+    """What an op does, as far as the passes care."""
+
+    CAST = "cast"
+    MEAN = "mean"
+    MUL = "mul"
+    DIV = "div"
+    ADD = "add"
+    POW = "pow"
+    SQUARE = "square"
+    RSQRT = "rsqrt"
+    SQRT = "sqrt"
+    RECIPROCAL = "reciprocal"
+    RESHAPE = "reshape"
+    RMS_NORM = "rms_norm"
+    ASSERT_METADATA = "assert_metadata"
+
+
+@dataclass(frozen=True)
+class OpTable:
+    """Targets of one dialect, by role; ``rms_norm`` is the target a rebuilt norm gets."""
+
+    dialect: str
+    roles: Mapping[Any, Role]
+    rms_norm: Any
+
+    def role(self, node: Node) -> Role | None:
+        """The role of a ``call_function`` node, or None for anything else."""
+        if node.op != "call_function":
+            return None
+        return self.roles.get(node.target)
+
+    def is_a(self, node: Node, *roles: Role) -> bool:
+        """Whether the node plays one of ``roles``."""
+        return self.role(node) in roles
+
+
+CAPTURE = OpTable(
+    dialect="capture",
+    roles={
+        aten.to.dtype: Role.CAST,
+        aten.to.dtype_layout: Role.CAST,
+        aten.to.device: Role.CAST,
+        aten.to.other: Role.CAST,
+        aten.type_as.default: Role.CAST,
+        aten._to_copy.default: Role.CAST,
+        aten.mean.dim: Role.MEAN,
+        aten.mul.Tensor: Role.MUL,
+        aten.mul.Scalar: Role.MUL,
+        aten.div.Tensor: Role.DIV,
+        aten.add.Tensor: Role.ADD,
+        aten.add.Scalar: Role.ADD,
+        aten.pow.Tensor_Scalar: Role.POW,
+        aten.square.default: Role.SQUARE,
+        aten.rsqrt.default: Role.RSQRT,
+        aten.sqrt.default: Role.SQRT,
+        aten.reciprocal.default: Role.RECIPROCAL,
+        aten.view.default: Role.RESHAPE,
+        aten.reshape.default: Role.RESHAPE,
+        aten._unsafe_view.default: Role.RESHAPE,
+        aten.rms_norm.default: Role.RMS_NORM,
+        aten._assert_tensor_metadata.default: Role.ASSERT_METADATA,
+    },
+    rms_norm=aten.rms_norm.default,
+)
+
+EDGE = OpTable(
+    dialect="edge",
+    roles={
+        exir_ops.edge.dim_order_ops._to_dim_order_copy.default: Role.CAST,
+        edge.aten._to_copy.default: Role.CAST,
+        edge.aten.mean.dim: Role.MEAN,
+        edge.aten.mul.Tensor: Role.MUL,
+        edge.aten.mul.Scalar: Role.MUL,
+        edge.aten.div.Tensor: Role.DIV,
+        edge.aten.add.Tensor: Role.ADD,
+        edge.aten.add.Scalar: Role.ADD,
+        edge.aten.pow.Tensor_Scalar: Role.POW,
+        edge.aten.square.default: Role.SQUARE,
+        edge.aten.rsqrt.default: Role.RSQRT,
+        edge.aten.sqrt.default: Role.SQRT,
+        edge.aten.reciprocal.default: Role.RECIPROCAL,
+        edge.aten.view_copy.default: Role.RESHAPE,
+        edge.aten.rms_norm.default: Role.RMS_NORM,
+    },
+    rms_norm=edge.aten.rms_norm.default,
+)
+
+TABLES = (CAPTURE, EDGE)
+
+
+def is_edge_graph(graph: Graph) -> bool:
+    """Whether any node of the graph calls an ExecuTorch edge op."""
+    return any(
+        node.op == "call_function" and isinstance(node.target, EdgeOpOverload) for node in graph.nodes
+    )
+
+
+def table_for(graph: Graph) -> OpTable:
+    """The table of the graph's dialect: edge if it calls any edge op, captured ATen otherwise."""
+    return EDGE if is_edge_graph(graph) else CAPTURE

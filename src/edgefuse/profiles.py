@@ -1,0 +1,65 @@
+"""Backend profiles: what each target ``rms_norm`` accepts, as data the passes read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+@dataclass(frozen=True)
+class BackendProfile:
+    """What one backend's ``rms_norm`` takes.
+
+    ``dtypes`` are the norm dtypes it runs outside quantization capture and ``capture_dtypes`` those it
+    takes while a captured graph is about to be quantized; ``one_dtype`` asks the weight to share the
+    norm's dtype; ``constant_weight`` asks for a weight known when the program is built.
+    """
+
+    name: str
+    dtypes: frozenset[torch.dtype]
+    capture_dtypes: frozenset[torch.dtype]
+    one_dtype: bool
+    constant_weight: bool
+
+    def dtype_reason(self, dtype: torch.dtype, quantization_capture: bool) -> str | None:
+        """Why this backend cannot take a norm in ``dtype``, or None when it can."""
+        allowed = self.capture_dtypes if quantization_capture else self.dtypes
+        if dtype in allowed:
+            return None
+        where = "during quantization capture" if quantization_capture else "outside quantization capture"
+        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in allowed))
+        return f"{self.name} has no {str(dtype).removeprefix('torch.')} rms_norm {where} (it takes {names})"
+
+
+PROFILES: dict[str, BackendProfile] = {
+    "aten": BackendProfile(
+        name="aten",
+        dtypes=_FLOATS,
+        capture_dtypes=_FLOATS,
+        one_dtype=False,
+        constant_weight=False,
+    ),
+    # QNN's RmsNorm takes one dtype for input, weight and output; bfloat16 only as a graph about to be
+    # quantized, since the HTP has no bfloat16 float type.
+    "qnn": BackendProfile(
+        name="qnn",
+        dtypes=frozenset({torch.float16, torch.float32}),
+        capture_dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
+        one_dtype=True,
+        constant_weight=True,
+    ),
+}
+
+
+def get_profile(backend: str | BackendProfile) -> BackendProfile:
+    """The profile named ``backend`` (or ``backend`` itself); a ValueError lists the known names."""
+    if isinstance(backend, BackendProfile):
+        return backend
+    try:
+        return PROFILES[backend]
+    except (KeyError, TypeError):
+        known = ", ".join(sorted(PROFILES))
+        raise ValueError(f"unknown backend {backend!r}: edgefuse knows {known}") from None

@@ -1,0 +1,243 @@
+"""Rebuild each decomposed RMSNorm as one ``rms_norm`` node, or say why it stays decomposed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+from torch._guards import detect_fake_mode
+from torch.export import ExportedProgram
+from torch.fx import GraphModule, Node
+
+from edgefuse.casts import dtype_of, exact_ancestors, tensor_meta, dim_order_of
+from edgefuse.constants import GraphConstants
+from edgefuse.match import NormMatch, Rejection, match_rms_norm
+from edgefuse.ops import OpTable, Role, table_for
+from edgefuse.profiles import BackendProfile, get_profile
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What happened to one candidate norm (one mean of squares): rebuilt or not, and why.
+
+    Node names refer to the graph as it was before the rewrite; ``node`` names the new ``rms_norm``.
+    """
+
+    mean: str
+    module_path: str | None
+    form: str
+    rebuilt: bool
+    reason: str
+    input: str | None = None
+    weight: str | None = None
+    eps: float | None = None
+    dtype: torch.dtype | None = None
+    normalized_shape: tuple[int, ...] | None = None
+    node: str | None = None
+
+
+@dataclass
+class RecomposeResult:
+    """The rewritten graph module (rewritten in place), its program if one was given, and the decisions."""
+
+    graph_module: GraphModule
+    decisions: list[Decision] = field(default_factory=list)
+    exported_program: ExportedProgram | None = None
+
+    @property
+    def rebuilt(self) -> list[Decision]:
+        return [d for d in self.decisions if d.rebuilt]
+
+    @property
+    def left(self) -> list[Decision]:
+        return [d for d in self.decisions if not d.rebuilt]
+
+
+def recompose_rms_norm(
+    graph_module: GraphModule | ExportedProgram,
+    *,
+    backend: str | BackendProfile = "aten",
+    quantization_capture: bool = False,
+) -> RecomposeResult:
+    """Rebuild every decomposed RMSNorm that ``backend`` can run, in place; one decision per candidate.
+
+    ``graph_module`` is a captured ATen graph (``ExportedProgram.module()``) or an edge graph; pass an
+    ``ExportedProgram`` to let edgefuse read lifted constants (edge graphs lift eps and the weights into
+    program inputs). ``quantization_capture`` says that a captured graph is about to be quantized, which
+    lets backends such as QNN take dtypes they would not run in float.
+    """
+    program = None
+    if isinstance(graph_module, ExportedProgram):
+        program, graph_module = graph_module, graph_module.graph_module
+    if not isinstance(graph_module, GraphModule):
+        raise TypeError(
+            f"recompose_rms_norm takes a torch.fx.GraphModule or an ExportedProgram, not {type(graph_module).__name__}"
+        )
+    profile = get_profile(backend)
+    table = table_for(graph_module.graph)
+    if quantization_capture and table.dialect == "edge":
+        raise ValueError(
+            "quantization_capture=True is for captured ATen graphs about to be quantized, "
+            "but this graph holds ExecuTorch edge ops"
+        )
+    rewriter = _Rewriter(graph_module, table, profile, quantization_capture, GraphConstants(graph_module, program))
+    decisions = rewriter.run()
+    return RecomposeResult(graph_module, decisions, program)
+
+
+class _Rewriter:
+    """Applies matches to one graph under one backend profile."""
+
+    def __init__(self, gm: GraphModule, table: OpTable, profile: BackendProfile, capture: bool, constants: GraphConstants):
+        self.gm, self.table, self.profile, self.capture, self.constants = gm, table, profile, capture, constants
+
+    def run(self) -> list[Decision]:
+        means = [n for n in self.gm.graph.nodes if self.table.is_a(n, Role.MEAN)]
+        decisions = []
+        modified = False
+        for mean in means:
+            if mean.graph is not self.gm.graph or mean._erased:
+                continue
+            decision = self._decide(mean)
+            modified |= decision.rebuilt
+            decisions.append(decision)
+        if modified:
+            self.gm.graph.lint()
+            self.gm.recompile()
+        return decisions
+
+    def _decide(self, mean: Node) -> Decision:
+        path = _module_path(mean)
+        try:
+            found = match_rms_norm(mean, self.table, self.constants)
+        except Exception as error:  # a malformed graph must leave the norm alone, never crash the pass
+            return Decision(mean.name, path, "unknown", False, f"edgefuse could not read this graph here: {error!r}")
+        if isinstance(found, Rejection):
+            return _rejected(found, path)
+        reasons = []
+        for match in found:
+            weight = self._weight_for(match)
+            reason = weight if isinstance(weight, str) else self._profile_reason(match)
+            outcome = self._rewrite(match, weight) if reason is None else reason
+            if isinstance(outcome, str):
+                reasons.append(outcome)
+                continue
+            node, weight_node = outcome
+            return Decision(
+                mean.name, path, match.form, True, "rebuilt", match.input.name,
+                weight_node.name if weight_node is not None else None,
+                match.eps, match.dtype, match.normalized_shape, node.name,
+            )
+        longest = found[0]
+        return Decision(
+            mean.name, path, longest.form, False, reasons[0], longest.input.name,
+            longest.weight.node.name if longest.weight else None, longest.eps, longest.dtype, longest.normalized_shape,
+        )
+
+    def _profile_reason(self, match: NormMatch) -> str | None:
+        return self.profile.dtype_reason(match.dtype, self.capture)
+
+    def _weight_for(self, match: NormMatch) -> Node | torch.Tensor | None | str:
+        """The weight the new node reads: a node, a tensor to add as a constant, None, or why there is none."""
+        weight = match.weight
+        if weight is None:
+            return None
+        if not self.profile.constant_weight and not self.profile.one_dtype:
+            return weight.node
+        wanted = match.dtype if self.profile.one_dtype else None
+        for node in exact_ancestors(weight.node, self.table):
+            if (wanted is None or dtype_of(node) == wanted) and (
+                not self.profile.constant_weight or self.constants.is_constant(node)
+            ):
+                return node
+        if weight.root is None:
+            return f"the weight {weight.node.name} is computed at run time; {self.profile.name} needs a constant weight"
+        if wanted is not None and dtype_of(weight.node) != wanted:
+            return (
+                f"the weight {weight.node.name} is {_name(dtype_of(weight.node))} and {self.profile.name} takes one "
+                f"dtype ({_name(wanted)}): rounding the weight would move a rounding"
+            )
+        folded = self.constants.fold(weight.node, self.table)
+        if folded is None:
+            return f"the weight {weight.node.name} could not be folded into a constant"
+        return folded
+
+    def _rewrite(self, match: NormMatch, weight: Node | torch.Tensor | None) -> tuple[Node, Node | None] | str:
+        """Replace the matched nodes with one ``rms_norm`` (and the weight node it reads), or say why not."""
+        value = _rms_norm_meta(match, weight)
+        expected = tensor_meta(match.output)
+        if value is None:
+            return "edgefuse could not compute the rebuilt node's metadata (no fake tensor mode in meta['val'])"
+        if value.dtype != expected.dtype or dim_order_of(value) != dim_order_of(expected):
+            return (
+                f"a rebuilt rms_norm would produce {_name(value.dtype)} in dim order {dim_order_of(value)} where the "
+                f"norm produced {_name(expected.dtype)} in dim order {dim_order_of(expected)}"
+            )
+        if isinstance(weight, torch.Tensor):
+            weight = self.constants.add("rms_norm_weight", weight, before=match.output)
+        graph = self.gm.graph
+        with graph.inserting_before(match.output):
+            node = graph.call_function(self.table.rms_norm, (match.input, list(match.normalized_shape), weight, match.eps))
+        node.meta.update({k: v for k, v in match.output.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        node.meta["val"] = value
+        match.output.replace_all_uses_with(node)
+        _erase_dead(match.nodes, self.table)
+        return node, weight
+
+
+def _rms_norm_meta(match: NormMatch, weight: Node | torch.Tensor | None) -> torch.Tensor | None:
+    """The fake tensor ``aten.rms_norm`` produces for the match's input and weight."""
+    x = tensor_meta(match.input)
+    mode = detect_fake_mode([x]) if x is not None else None
+    if mode is None:
+        return None
+    w = tensor_meta(weight) if isinstance(weight, Node) else weight
+    with mode:
+        if isinstance(w, torch.Tensor) and not isinstance(w, torch._subclasses.FakeTensor):
+            w = mode.from_tensor(w, static_shapes=True)
+        return torch.ops.aten.rms_norm.default(x, list(match.normalized_shape), w, match.eps)
+
+
+def _erase_dead(nodes: Iterable[Node], table: OpTable) -> None:
+    """Erase the given nodes and what they read once nothing uses them; only ops edgefuse knows are pure."""
+    work = list(nodes)
+    while work:
+        node = work.pop()
+        if node._erased or node.op not in ("call_function", "get_attr"):
+            continue
+        if node.op == "call_function" and table.role(node) in (None, Role.ASSERT_METADATA):
+            continue
+        users = list(node.users)
+        if any(not table.is_a(u, Role.ASSERT_METADATA) for u in users):
+            continue
+        for user in users:
+            node.graph.erase_node(user)
+        inputs = [a for a in node.all_input_nodes]
+        node.graph.erase_node(node)
+        work.extend(inputs)
+
+
+def _module_path(node: Node) -> str | None:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return path.removeprefix("L['self'].").removeprefix("L__self__.") or None
+
+
+def _name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _rejected(rejection: Rejection, path: str | None) -> Decision:
+    return Decision(
+        rejection.mean.name,
+        path,
+        rejection.form,
+        False,
+        rejection.reason,
+        rejection.input.name if rejection.input is not None else None,
+        rejection.weight.name if rejection.weight is not None else None,
+        rejection.eps,
+    )

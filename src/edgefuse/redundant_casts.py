@@ -1,0 +1,36 @@
+"""Remove casts that change nothing, and keep every cast that changes a dtype or a dim order.
+
+A cast is redundant only when its output's metadata equals its input's: dtype, shape, layout, device and
+dim order. Keyword arguments do not decide it: ``_to_copy(x, dtype=float16, memory_format=...)`` on a
+float32 tensor changes the dtype whatever its memory format says, and must stay.
+"""
+
+from __future__ import annotations
+
+from torch.fx import GraphModule
+
+from edgefuse.casts import cast_source, is_noop_cast
+from edgefuse.ops import Role, table_for
+
+
+def remove_redundant_casts(graph_module: GraphModule) -> list[str]:
+    """Remove no-op casts in place (and the metadata assertions on them); the names of those removed."""
+    table = table_for(graph_module.graph)
+    removed = []
+    for node in list(graph_module.graph.nodes):
+        if not is_noop_cast(node, table) or _would_return_an_input(node, table):
+            continue
+        for user in [u for u in node.users if table.is_a(u, Role.ASSERT_METADATA)]:
+            graph_module.graph.erase_node(user)
+        node.replace_all_uses_with(cast_source(node, table))
+        graph_module.graph.erase_node(node)
+        removed.append(node.name)
+    if removed:
+        graph_module.graph.lint()
+        graph_module.recompile()
+    return removed
+
+
+def _would_return_an_input(node, table) -> bool:
+    """Whether removing the cast would make a graph input a graph output, which ExecuTorch rejects."""
+    return cast_source(node, table).op == "placeholder" and any(u.op == "output" for u in node.users)

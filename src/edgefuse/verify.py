@@ -1,0 +1,69 @@
+"""Verification: run two programs on the same inputs and compare with a tolerance from the dtype."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils import _pytree as pytree
+
+
+def ulp(dtype: torch.dtype) -> float:
+    """The distance from 1 to the next value of a float dtype (machine epsilon)."""
+    return torch.finfo(dtype).eps
+
+
+def tolerance(dtype: torch.dtype, reference: torch.Tensor, ulps: float = 2.0) -> float:
+    """The absolute error allowed against ``reference``: ``ulps`` units in the last place of its largest value.
+
+    One rebuilt norm may round once where the decomposed one rounded twice (about one unit in the last
+    place of its output), and the backend computes in its own order; two units cover both.
+    """
+    scale = float(reference.detach().abs().max()) if reference.numel() else 0.0
+    return ulps * ulp(dtype) * max(scale, 1.0)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """How one output of a rewritten program compares with the reference."""
+
+    dtype_ok: bool
+    shape_ok: bool
+    max_error: float
+    allowed: float
+
+    @property
+    def ok(self) -> bool:
+        return self.dtype_ok and self.shape_ok and self.max_error <= self.allowed
+
+
+def compare(reference: torch.Tensor, actual: torch.Tensor, ulps: float = 2.0) -> Comparison:
+    """Compare ``actual`` with ``reference`` at the tolerance of the reference's dtype."""
+    dtype_ok = actual.dtype == reference.dtype
+    shape_ok = actual.shape == reference.shape
+    if not shape_ok:
+        return Comparison(dtype_ok, False, float("inf"), 0.0)
+    error = (actual.double() - reference.double()).abs()
+    both_nan = torch.isnan(actual.double()) & torch.isnan(reference.double())
+    error = torch.where(both_nan, torch.zeros_like(error), error)
+    max_error = float(error.max()) if error.numel() else 0.0
+    return Comparison(dtype_ok, True, max_error, tolerance(reference.dtype, reference, ulps))
+
+
+def outputs(program: Callable[..., Any], inputs: Sequence[Any]) -> list[torch.Tensor]:
+    """The flattened tensor outputs of ``program`` on a copy of ``inputs``."""
+    with torch.no_grad():
+        result = program(*copy.deepcopy(tuple(inputs)))
+    return [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+
+
+def compare_programs(
+    reference: Callable[..., Any], rewritten: Callable[..., Any], inputs: Sequence[Any], ulps: float = 2.0
+) -> list[Comparison]:
+    """Run both programs on the same inputs and compare each output at its dtype's tolerance."""
+    expected, actual = outputs(reference, inputs), outputs(rewritten, inputs)
+    if len(expected) != len(actual):
+        raise ValueError(f"the programs return {len(expected)} and {len(actual)} tensors")
+    return [compare(e, a, ulps) for e, a in zip(expected, actual)]

@@ -1,0 +1,67 @@
+"""Export a module in each mode, rewrite it, and describe what the rebuilt nodes read."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.export import export
+from torch.fx import GraphModule, Node
+
+from executorch.exir import to_edge
+
+import edgefuse
+from edgefuse.casts import cast_source, dtype_of, is_noop_cast
+from edgefuse.ops import Role, table_for
+
+#: capture: ``ExportedProgram.module()``; edge: ``to_edge`` with dim order; edge-no-dim-order: ``_to_copy``.
+MODES = ("capture", "edge", "edge-no-dim-order")
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+@dataclass
+class Rewritten:
+    result: edgefuse.RecomposeResult
+    graph_module: GraphModule
+    run: Callable
+
+
+def exported(module: torch.nn.Module, inputs: tuple, mode: str, dynamic_shapes=None):
+    """The graph (capture) or ExportedProgram (edge modes) of ``module`` in ``mode``."""
+    program = export(module, inputs, dynamic_shapes=dynamic_shapes)
+    if mode == "capture":
+        return program.module()
+    config = edgefuse.edge_compile_config(_skip_dim_order=mode == "edge-no-dim-order")
+    return to_edge(program, compile_config=config).exported_program()
+
+
+def rewrite(module, inputs, mode, backend="aten", quantization_capture=False, dynamic_shapes=None) -> Rewritten:
+    """Export ``module`` in ``mode`` and recompose its norms for ``backend``."""
+    target = exported(module, inputs, mode, dynamic_shapes)
+    result = edgefuse.recompose_rms_norm(target, backend=backend, quantization_capture=quantization_capture)
+    run = target if mode == "capture" else target.module()
+    return Rewritten(result, result.graph_module, run)
+
+
+def rms_norm_nodes(gm: GraphModule) -> list[Node]:
+    table = table_for(gm.graph)
+    return [n for n in gm.graph.nodes if table.is_a(n, Role.RMS_NORM)]
+
+
+def cast_path(node: Node) -> tuple[str, tuple[torch.dtype, ...]]:
+    """The graph input a tensor comes from and the dtypes of the value-changing casts on the way.
+
+    ``("x", ())`` is the input itself; ``("x", (float16, float32))`` is ``x`` rounded to float16, then
+    upcast to float32. Casts that change nothing are skipped.
+    """
+    table = table_for(node.graph)
+    dtypes = []
+    while node.op != "placeholder":
+        source = cast_source(node, table)
+        if source is None:
+            return node.name, tuple(reversed(dtypes))
+        if not is_noop_cast(node, table):
+            dtypes.append(dtype_of(node))
+        node = source
+    return node.name, tuple(reversed(dtypes))
