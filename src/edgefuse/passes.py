@@ -16,6 +16,7 @@ from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPa
 from edgefuse.profiles import BackendProfile
 from edgefuse.recompose import Decision, recompose_rms_norm
 from edgefuse.redundant_casts import remove_redundant_casts
+from edgefuse.signature import sync_signature
 
 
 class _DualPass(ExportedProgramPassBase):
@@ -56,4 +57,6 @@ class RemoveRedundantCasts(_DualPass):
     def _run(self, target: ExportedProgram | GraphModule) -> bool:
         gm = target.graph_module if isinstance(target, ExportedProgram) else target
         self.removed = remove_redundant_casts(gm)
+        if self.removed and isinstance(target, ExportedProgram):
+            sync_signature(target)
         return bool(self.removed)

@@ -15,6 +15,7 @@ from edgefuse.constants import GraphConstants
 from edgefuse.match import NormMatch, Rejection, match_rms_norm
 from edgefuse.ops import OpTable, Role, table_for
 from edgefuse.profiles import BackendProfile, get_profile
+from edgefuse.signature import sync_signature
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ def recompose_rms_norm(
         )
     rewriter = _Rewriter(graph_module, table, profile, quantization_capture, GraphConstants(graph_module, program))
     decisions = rewriter.run()
+    if program is not None and any(d.rebuilt for d in decisions):
+        sync_signature(program)
     return RecomposeResult(graph_module, decisions, program)
 
 

@@ -1,0 +1,59 @@
+"""Redundant-cast removal drops casts that change nothing and keeps every other."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.export import export
+
+from executorch.exir import EdgeCompileConfig, to_edge
+
+from edgefuse import remove_redundant_casts
+from edgefuse.casts import dtype_of
+from edgefuse.ops import Role, table_for
+from edgefuse.verify import compare
+from forms import LlamaNorm
+
+
+def _casts(graph_module):
+    table = table_for(graph_module.graph)
+    return [n for n in graph_module.graph.nodes if table.is_a(n, Role.CAST)]
+
+
+def test_no_op_casts_are_removed():
+    module = LlamaNorm()  # h.to(float32) on a float32 model, and h.to(x.dtype) back
+    x = torch.randn(2, 16)
+    graph = export(module, (x,)).module()
+    assert len(_casts(graph)) == 2
+    removed = remove_redundant_casts(graph)
+    assert len(removed) == 2 and _casts(graph) == []
+    assert compare(module(x), graph(x), ulps=0).ok
+
+
+class MemoryFormatCasts(nn.Module):
+    def forward(self, x):
+        half = x.to(torch.float16, memory_format=torch.contiguous_format)  # changes the dtype and layout
+        same = x.to(torch.float32, memory_format=torch.contiguous_format)  # changes the layout only
+        return half, same * 2
+
+
+def test_copies_with_a_memory_format_that_change_dtype_or_layout_are_kept_without_dim_order():
+    x = torch.randn(1, 3, 4, 4).to(memory_format=torch.channels_last)
+    edge = to_edge(export(MemoryFormatCasts(), (x,)), compile_config=EdgeCompileConfig(_skip_dim_order=True))
+    graph = edge.exported_program().graph_module
+    before = [(dtype_of(n), n.kwargs.get("memory_format")) for n in _casts(graph)]
+    assert (torch.float16, torch.contiguous_format) in before
+    assert remove_redundant_casts(graph) == []
+    assert [(dtype_of(n), n.kwargs.get("memory_format")) for n in _casts(graph)] == before
+
+
+class ReturnsItsInput(nn.Module):
+    def forward(self, x):
+        return x.to(torch.float32)
+
+
+def test_a_no_op_cast_that_would_make_an_input_an_output_is_kept():
+    edge = to_edge(export(ReturnsItsInput(), (torch.randn(3),)))
+    graph = edge.exported_program().graph_module
+    casts_before = _casts(graph)
+    assert remove_redundant_casts(graph) == [] and _casts(graph) == casts_before

@@ -1,0 +1,330 @@
+"""Each rule of the recomposition, tested by name: the case it protects stays right when it applies."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgefuse.verify import compare
+from forms import (
+    ContiguousUpcastNorm,
+    Cube,
+    DifferentScaled,
+    GemmaNorm,
+    GroupedNorm,
+    LaterMul,
+    LlamaNorm,
+    NoKeepdim,
+    NormThenScale,
+    ProductOfTwo,
+    RoundInsideNorm,
+    RoundThenNorm,
+    WrongDim,
+    EPS,
+)
+from harness import MODES, cast_path, rewrite, rms_norm_nodes
+from torch import nn
+
+
+def _x(dtype=torch.float32, shape=(2, 5, 16), seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).mul(3).to(dtype)
+
+
+def assert_matches_eager(module, inputs, rewritten, ulps=2.0, dtype=None):
+    """Within ``ulps`` units in the last place of ``dtype`` (the norm's, when wider ops follow it)."""
+    expected, actual = module(*inputs), rewritten.run(*inputs)
+    comparison = compare(expected, actual, ulps, dtype)
+    assert comparison.dtype_ok and comparison.ok, (comparison, expected.dtype)
+
+
+def assert_left(rewritten, *phrases):
+    """No rms_norm was built, every candidate says why, and the reason names the rule."""
+    assert rms_norm_nodes(rewritten.graph_module) == []
+    decisions = rewritten.result.decisions
+    assert decisions and not any(d.rebuilt for d in decisions)
+    reasons = " | ".join(d.reason for d in decisions)
+    for phrase in phrases:
+        assert phrase in reasons, reasons
+
+
+# Rule 1: the mean keeps its dims and reduces exactly the trailing dims.
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_mean_over_a_leading_dim_stays(mode):
+    module = WrongDim()
+    rewritten = rewrite(module, (_x(),), mode)
+    assert_left(rewritten, "not the trailing dims")
+    assert_matches_eager(module, (_x(),), rewritten, ulps=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_mean_without_keepdim_stays(mode):
+    rewritten = rewrite(NoKeepdim(), (_x(),), mode)
+    assert_left(rewritten, "keepdim=False")
+
+
+# Rule 2: the square is pow(x, 2), square(x) or x * x of one tensor.
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_a_cube_stays(mode):
+    rewritten = rewrite(Cube(), (_x(),), mode)
+    assert_left(rewritten, "pow(x, 3)")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_a_product_of_two_tensors_stays(mode):
+    inputs = (_x(), _x(seed=1))
+    rewritten = rewrite(ProductOfTwo(), inputs, mode)
+    assert_left(rewritten, "product of two different tensors")
+
+
+# Rule 3: the scaled tensor holds the squared tensor's values.
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_a_different_scaled_tensor_stays(mode):
+    inputs = (_x(), _x(seed=1))
+    module = DifferentScaled()
+    rewritten = rewrite(module, inputs, mode)
+    assert_left(rewritten, "scales the tensor it squares")
+    assert_matches_eager(module, inputs, rewritten, ulps=0)
+
+
+# Rule 4: eps is a finite, non-negative constant.
+
+
+class EpsNorm(nn.Module):
+    def __init__(self, eps):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+
+@pytest.mark.parametrize("eps", [float("nan"), float("inf"), -1e-3])
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_eps_must_be_finite_and_non_negative(eps, mode):
+    rewritten = rewrite(EpsNorm(eps), (_x(),), mode)
+    assert_left(rewritten, "finite, non-negative eps")
+
+
+class EpsInput(nn.Module):
+    def forward(self, x, eps):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_eps_from_a_graph_input_stays(mode):
+    rewritten = rewrite(EpsInput(), (_x(), torch.tensor(1e-6)), mode)
+    assert_left(rewritten, "eps is the graph input")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_no_eps_is_eps_zero(mode):
+    module = EpsNorm(0.0)
+    rewritten = rewrite(module, (_x(),), mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert node.args[3] == 0.0
+    assert_matches_eager(module, (_x(),), rewritten)
+
+
+# Rule 5: only dtype-only casts between normalization and weight; the weight has the normalized shape.
+
+
+@pytest.mark.parametrize("scale", [2.0, torch.tensor(2.0)], ids=["python-scalar", "0-d-constant"])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_rule_a_scalar_after_the_norm_is_never_the_weight(scale, mode, dtype):
+    module = LaterMul(scale)
+    inputs = (_x(dtype),)
+    rewritten = rewrite(module, inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert node.args[2] is None  # the scale stays a multiply after the norm
+    assert [u.name for u in node.users] and all("mul" in u.name for u in node.users)
+    assert cast_path(node.args[0]) == ("x", ())
+    assert_matches_eager(module, inputs, rewritten)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_a_weight_of_another_shape_is_not_the_weight(mode):
+    module = LaterMul(torch.linspace(0.5, 2, 16).reshape(1, 16))
+    inputs = (_x(torch.float16),)
+    rewritten = rewrite(module, inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert node.args[2] is None
+    assert_matches_eager(module, inputs, rewritten)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_rule_a_tensor_multiply_after_the_norm_stays_outside(mode, dtype):
+    module = NormThenScale(scale_dtype=torch.float32).to(dtype)
+    module.scale = module.scale.float()  # a float32 scale after a half norm, as in the released pass's bug
+    inputs = (_x(dtype),)
+    rewritten = rewrite(module, inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert node.args[2].name.endswith("weight")  # the norm's own weight, not the scale
+    assert cast_path(node.args[0]) == ("x", ())
+    assert_matches_eager(module, inputs, rewritten, dtype=dtype)  # a float32 multiply follows the norm
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_a_half_norm_left_for_qnn_lends_no_weight_to_a_later_multiply(mode):
+    module = NormThenScale().to(torch.bfloat16)
+    module.scale = module.scale.float()
+    rewritten = rewrite(module, (_x(torch.bfloat16),), mode, backend="qnn")
+    assert_left(rewritten, "no bfloat16 rms_norm")
+
+
+# Rule 6: the input is the nearest tensor of the output dtype, reached only past value-keeping casts.
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_rounding_before_the_norm_is_kept(mode):
+    module = RoundThenNorm()
+    inputs = (_x(),)
+    rewritten = rewrite(module, inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert cast_path(node.args[0]) == ("x", (torch.float16, torch.float32))  # the rounded tensor
+    assert_matches_eager(module, inputs, rewritten)
+
+
+class NarrowBeforeNorm(nn.Module):
+    """float16 in and out, but the input is rounded to bfloat16 before a float32 norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = LlamaNorm()
+
+    def forward(self, x):
+        h = x.to(torch.bfloat16).to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+        return self.norm.weight.to(torch.float16) * h.to(torch.float16)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_the_walk_back_never_passes_a_narrowing_cast(mode):
+    rewritten = rewrite(NarrowBeforeNorm(), (_x(torch.float16),), mode)
+    assert_left(rewritten, "no tensor of the output dtype holds the input")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_the_walk_back_never_passes_a_dim_order_change(mode):
+    module = ContiguousUpcastNorm().to(torch.float16)
+    inputs = (_x(torch.float16, (2, 3, 4, 16)).to(memory_format=torch.channels_last),)
+    rewritten = rewrite(module, inputs, mode)
+    assert_left(rewritten, "no tensor of the output dtype holds the input")
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_channels_last_input_with_a_cast_that_keeps_its_dim_order(mode, dtype):
+    module = LlamaNorm().to(dtype)
+    inputs = (_x(dtype, (2, 3, 4, 16)).to(memory_format=torch.channels_last),)
+    rewritten = rewrite(module, inputs, mode)
+    [decision] = rewritten.result.decisions
+    nodes = rms_norm_nodes(rewritten.graph_module)
+    if decision.rebuilt:
+        [node] = nodes
+        assert cast_path(node.args[0]) == ("x", ())
+    else:
+        assert "dim order" in decision.reason and not nodes
+    assert_matches_eager(module, inputs, rewritten)
+
+
+# Rule 7: input and output share a dtype D, and everything the norm computes is D or wider.
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_rounding_inside_the_norm_stays(mode):
+    module = RoundInsideNorm()
+    rewritten = rewrite(module, (_x(),), mode)
+    assert_left(rewritten, "rounds to float16 inside a float32 norm")
+    assert_matches_eager(module, (_x(),), rewritten, ulps=0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_a_half_norm_with_a_float32_weight_stays(mode):
+    module = LlamaNorm().to(torch.float16)
+    module.weight.data = module.weight.data.float()
+    rewritten = rewrite(module, (_x(torch.float16),), mode)
+    assert_left(rewritten)
+    assert rewritten.run(_x(torch.float16)).dtype == torch.float32
+
+
+# Rule 8: a grouped norm is never rebuilt over the full width.
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_rule_a_grouped_norm_stays(mode, dtype):
+    module = GroupedNorm().to(dtype)
+    rewritten = rewrite(module, (_x(dtype),), mode)
+    assert_left(rewritten, "grouped norm")
+
+
+# Backend profiles.
+
+
+@pytest.mark.parametrize("mode", ("edge", "edge-no-dim-order"))
+def test_qnn_takes_no_bfloat16_outside_quantization_capture(mode):
+    rewritten = rewrite(LlamaNorm().to(torch.bfloat16), (_x(torch.bfloat16),), mode, backend="qnn")
+    assert_left(rewritten, "qnn has no bfloat16 rms_norm outside quantization capture")
+
+
+@pytest.mark.parametrize("form", [LlamaNorm, T5Norm := __import__("forms").T5Norm])
+def test_qnn_takes_bfloat16_in_quantization_capture(form):
+    module = form().to(torch.bfloat16)
+    inputs = (_x(torch.bfloat16),)
+    rewritten = rewrite(module, inputs, "capture", backend="qnn", quantization_capture=True)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert cast_path(node.args[0]) == ("x", ()) and node.args[2].op == "get_attr"
+    assert_matches_eager(module, inputs, rewritten)
+
+
+def test_quantization_capture_counts_type_as_as_a_cast():
+    module = __import__("forms").ExecuTorchLlamaNorm().to(torch.bfloat16)
+    inputs = (_x(torch.bfloat16),)
+    rewritten = rewrite(module, inputs, "capture", backend="qnn", quantization_capture=True)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert cast_path(node.args[0]) == ("x", ())
+    assert_matches_eager(module, inputs, rewritten)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qnn_folds_gemmas_one_plus_w_into_a_constant(mode):
+    module = GemmaNorm()
+    inputs = (_x(),)
+    rewritten = rewrite(module, inputs, mode, backend="qnn")
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    weight = node.args[2]
+    assert weight.op in ("get_attr", "placeholder") and "rms_norm_weight" in weight.name
+    assert_matches_eager(module, inputs, rewritten)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qnn_rebuilds_a_half_gemma_norm_in_float32_before_its_cast(mode):
+    # Gemma applies its float32 (1 + w) in float32: QNN takes one dtype, so the norm is rebuilt in
+    # float32 on the float32 upcast, with the folded float32 weight, and the cast back stays after it.
+    module = GemmaNorm().to(torch.float16)
+    inputs = (_x(torch.float16),)
+    rewritten = rewrite(module, inputs, mode, backend="qnn")
+    [decision] = rewritten.result.decisions
+    assert decision.rebuilt and decision.dtype == torch.float32
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert cast_path(node.args[0]) == ("x", (torch.float32,))
+    assert node.args[2].meta["val"].dtype == torch.float32 and "rms_norm_weight" in node.args[2].name
+    assert_matches_eager(module, inputs, rewritten)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qnn_takes_the_weight_in_the_norm_dtype_behind_a_cast(mode):
+    module = __import__("forms").Olmo2Norm().to(torch.float16)
+    inputs = (_x(torch.float16),)
+    rewritten = rewrite(module, inputs, mode, backend="qnn")
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert node.args[2].meta["val"].dtype == torch.float16
+    assert_matches_eager(module, inputs, rewritten)
