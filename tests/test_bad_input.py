@@ -110,3 +110,19 @@ def test_an_edge_graph_without_its_program_says_eps_cannot_be_read():
     result = edgefuse.recompose_rms_norm(program.graph_module)
     [decision] = result.decisions
     assert not decision.rebuilt and "pass the program" in decision.reason
+
+
+def test_qnn_on_a_lifted_graph_without_its_program_cannot_tell_a_parameter_from_an_input():
+    program = export(LlamaNorm().to(torch.float16), (_x(),))
+    result = edgefuse.recompose_rms_norm(program.graph_module, backend="qnn")
+    [decision] = result.decisions
+    assert not decision.rebuilt and "pass the ExportedProgram" in decision.reason
+
+
+def test_qnn_on_the_same_program_reads_its_parameters():
+    module = LlamaNorm().to(torch.float16)
+    program = export(module, (_x(),))
+    result = edgefuse.recompose_rms_norm(program, backend="qnn")
+    [decision] = result.decisions
+    assert decision.rebuilt and decision.weight == "p_weight"
+    assert compare(module(_x()), program.module()(_x())).ok

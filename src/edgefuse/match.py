@@ -293,6 +293,8 @@ def _weight(mul: Node, operand: Node, shape: tuple[int, ...], table: OpTable, co
     if len(mul.args) != 2:
         return None
     other = _other_operand(mul, operand)
+    if other is operand:
+        return None
     value = tensor_meta(other)
     if value is None or tuple(value.shape) != shape:
         return None

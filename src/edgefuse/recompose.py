@@ -155,6 +155,12 @@ class _Rewriter:
             ):
                 return node
         if weight.root is None:
+            source = list(exact_ancestors(weight.node, self.table))[-1]
+            if source.op == "placeholder" and self.constants.program is None:
+                return (
+                    f"the weight {source.name} is a graph input; pass the ExportedProgram so edgefuse can tell a "
+                    f"parameter from a user input ({self.profile.name} needs a constant weight)"
+                )
             return f"the weight {weight.node.name} is computed at run time; {self.profile.name} needs a constant weight"
         if wanted is not None and dtype_of(weight.node) != wanted:
             return (
