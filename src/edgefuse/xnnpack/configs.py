@@ -1,0 +1,108 @@
+"""Partitioner configs: which means, casts and squares edgefuse hands to the XNNPACK delegate.
+
+Each config is a stock ``XNNPartitionerConfig``: the partitioner builds it with every keyword argument
+it was given, so edgefuse's options (``single_row``) reach the configs the same way ``enable_bf16``
+does. A config that shares a stock config's ``target_name`` replaces it (see
+:mod:`edgefuse.xnnpack.partitioner`); duplicate target names raise in the stock partitioner.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx import Node
+
+from executorch.backends.xnnpack.partition.config.generic_node_configs import GenericNodePartitionerConfig
+from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
+from executorch.exir.backend.utils import WhyNoPartition
+
+from edgefuse.xnnpack.mean_plan import PlanError, rows
+from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy, keep_portable
+from edgefuse.xnnpack.visitors import input_shape, mean_plan_of
+
+logger = logging.getLogger(__name__)
+why = WhyNoPartition(logger=logger)
+
+#: Casts XNNPACK's convert runs: float16 <-> float32 always, bfloat16 <-> float32 with ``enable_bf16``.
+CONVERT_PAIRS = frozenset(
+    {
+        (torch.float16, torch.float32),
+        (torch.float32, torch.float16),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.bfloat16),
+    }
+)
+
+
+class XnnMeanConfig(GenericNodePartitionerConfig):
+    """Takes an ``edgefuse.xnn_mean`` that has a plan and that the single-row policy does not keep out."""
+
+    target_name = "xnn_mean.default"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.single_row = check_policy(kwargs.get("single_row", DEFAULT_SINGLE_ROW_POLICY))
+
+    def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
+        if not self.check_common_constraints(node, ep):
+            return False
+        try:
+            mean_plan_of(node)
+        except PlanError as error:
+            why(node, reason=str(error))
+            return False
+        shape, _ = input_shape(node)
+        reason = keep_portable(self.single_row, rows(shape, list(node.args[1])), node.args[0].meta["val"].dtype)
+        if reason:
+            why(node, reason=reason)
+            return False
+        return True
+
+    def supported_precision_types(self) -> List[ConfigPrecisionType]:
+        return [ConfigPrecisionType.FP32]
+
+
+class XnnConvertConfig(GenericNodePartitionerConfig):
+    """Takes an ``edgefuse.xnn_convert`` between float32 and a half type the delegate is enabled for."""
+
+    target_name = "xnn_convert.default"
+
+    def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
+        if not self.check_common_constraints(node, ep):
+            return False
+        pair = (node.args[0].meta["val"].dtype, node.meta["val"].dtype)
+        if pair not in CONVERT_PAIRS:
+            why(node, reason=f"XNNPACK has no convert from {pair[0]} to {pair[1]}")
+            return False
+        return True
+
+    def supported_precision_types(self) -> List[ConfigPrecisionType]:
+        return [ConfigPrecisionType.FP32]
+
+
+class SquarePowConfig(GenericNodePartitionerConfig):
+    """Replaces the stock ``PowConfig``: takes ``pow(x, 2)`` with the exponent an int or the float 2.0.
+
+    The stock visitor serializes every ``pow.Tensor_Scalar`` it is given as ``XNNSquare``, so only the
+    exponent check changes; ``x * x`` already lowers as a multiply.
+    """
+
+    target_name = "pow.Tensor_Scalar"
+
+    def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
+        if not self.check_common_constraints(node, ep):
+            return False
+        power = node.args[1]
+        if isinstance(power, bool) or not isinstance(power, (int, float)) or power != 2:
+            why(node, reason=f"only pow(x, 2) is a square, got exponent {power!r}")
+            return False
+        return True
+
+    def supported_precision_types(self) -> List[ConfigPrecisionType]:
+        return [ConfigPrecisionType.FP32]
+
+
+EDGEFUSE_CONFIGS = (XnnMeanConfig, XnnConvertConfig, SquarePowConfig)

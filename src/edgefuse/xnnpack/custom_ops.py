@@ -1,0 +1,44 @@
+"""Two placeholder ops that carry a mean and a cast through the XNNPACK delegate's preprocessing.
+
+The released delegate keys its node visitors and its layout rules by op target: ``aten.mean.dim`` always
+becomes global average pooling in NHWC, and every ``aten._to_copy`` whose input and output are both NCHW
+is deleted by ``RemoveRedundantCopyPass``, dtype casts included. Giving the means and casts edgefuse
+delegates its own targets (``edgefuse::xnn_mean`` and ``edgefuse::xnn_convert``) lets edgefuse choose
+their serialization without touching the installed package or any other program's lowering.
+
+Both ops have a CPU kernel that computes exactly what the ATen op they replace computes, so the edge
+program can still be run in Python. They have no ExecuTorch kernel: :mod:`edgefuse.xnnpack.substitute`
+turns every one the partitioner leaves outside a delegate back into the ATen op.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.library import Library
+
+from executorch.exir.dialects._ops import ops as exir_ops
+
+NAMESPACE = "edgefuse"
+
+_lib = Library(NAMESPACE, "DEF")
+_lib.define("xnn_mean(Tensor self, int[] dims, bool keepdim) -> Tensor")
+_lib.define("xnn_convert(Tensor self, ScalarType dtype) -> Tensor")
+
+
+def _mean(x: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
+    """``aten.mean.dim``: an empty ``dims`` averages over every dim, as in PyTorch."""
+    return torch.mean(x, dim=list(dims) if dims else list(range(x.dim())), keepdim=keepdim)
+
+
+def _convert(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return x.to(dtype=dtype, copy=True)
+
+
+_lib.impl("xnn_mean", _mean, "CompositeExplicitAutograd")
+_lib.impl("xnn_convert", _convert, "CompositeExplicitAutograd")
+
+#: The ops as ``torch.ops`` overloads and as edge-dialect targets (what the graph holds after ``to_edge``).
+XNN_MEAN = torch.ops.edgefuse.xnn_mean.default
+XNN_CONVERT = torch.ops.edgefuse.xnn_convert.default
+EDGE_XNN_MEAN = exir_ops.edge.edgefuse.xnn_mean.default
+EDGE_XNN_CONVERT = exir_ops.edge.edgefuse.xnn_convert.default

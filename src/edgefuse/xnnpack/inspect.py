@@ -1,0 +1,123 @@
+"""Read back what a lowered program holds, and run it in the released ExecuTorch runtime.
+
+Used by the tests, the benchmark and the acceptance check: how many delegates, which edge ops run
+outside them, which XNNPACK node types each delegate serialized (decoded from the delegate's own
+flatbuffer with the installed schema, so a claim about a node type is checked on the bytes the runtime
+loads), and the outputs of the ``.pte`` in ``executorch.runtime.Runtime``.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import os
+import tempfile
+from collections import Counter
+from typing import Any, Sequence
+
+import torch
+from torch.fx import GraphModule
+
+from executorch.backends.xnnpack import serialization as _xnn_serialization
+from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import XNNHeader
+from executorch.exir import EdgeProgramManager
+from executorch.exir._serialize._flatbuffer import _flatc_decompile
+from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+#: Calls that are plumbing, not computation: the delegate call, tuple access, and (once
+#: ``to_executorch`` has planned memory) the allocations of out-variant kernels.
+_PLUMBING = ("executorch_call_delegate", "getitem", "alloc")
+
+
+def _top_graph(program: EdgeProgramManager | Any) -> GraphModule:
+    if isinstance(program, EdgeProgramManager):
+        return program.exported_program().graph_module
+    if isinstance(program, GraphModule):
+        return program
+    return program.graph_module
+
+
+def lowered_modules(program) -> list[LoweredBackendModule]:
+    """The delegates of a lowered program, in graph order."""
+    gm = _top_graph(program)
+    return [m for _, m in gm.named_children() if isinstance(m, LoweredBackendModule)]
+
+
+def ops_outside(program) -> list[str]:
+    """Names of the edge ops the top-level graph calls outside any delegate, in graph order."""
+    gm = _top_graph(program)
+    names = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", str(node.target))
+        if any(p in name for p in _PLUMBING):
+            continue
+        names.append(name.removesuffix(".out"))
+    return names
+
+
+def xnn_graph(blob: bytes) -> dict:
+    """The XNNGraph of one XNNPACK delegate blob, as the JSON ``flatc`` decodes with the installed schema."""
+    header = XNNHeader.from_bytes(blob[: XNNHeader.EXPECTED_LENGTH])
+    if not header.is_valid():
+        raise ValueError("not an XNNPACK delegate blob: invalid header")
+    payload = blob[header.flatbuffer_offset : header.flatbuffer_offset + header.flatbuffer_size]
+    schema = importlib.resources.files(_xnn_serialization).joinpath("schema.fbs").read_bytes()
+    with tempfile.TemporaryDirectory() as directory:
+        schema_path = os.path.join(directory, "schema.fbs")
+        bin_path = os.path.join(directory, "graph.bin")
+        with open(schema_path, "wb") as f:
+            f.write(schema)
+        with open(bin_path, "wb") as f:
+            f.write(payload)
+        _flatc_decompile(directory, schema_path, bin_path)
+        with open(os.path.join(directory, "graph.json"), "rb") as f:
+            return json.loads(f.read())
+
+
+def node_types(program) -> list[list[str]]:
+    """For each delegate, the XNNPACK node types it serialized, in order (``XNNFullyConnected``, ...)."""
+    result = []
+    for module in lowered_modules(program):
+        graph = xnn_graph(module.processed_bytes)
+        result.append([node["xnode_union_type"] for node in graph.get("xnodes", [])])
+    return result
+
+
+def node_type_counts(program) -> Counter:
+    """How many nodes of each XNNPACK type all delegates of the program hold together."""
+    return Counter(t for types in node_types(program) for t in types)
+
+
+def to_pte(program: EdgeProgramManager) -> bytes:
+    """The ``.pte`` bytes of a lowered program."""
+    return program.to_executorch().buffer
+
+
+class LoadedMethod:
+    """A method of a loaded ``.pte``, holding its program: a method outlived by its program is invalid."""
+
+    def __init__(self, program, method) -> None:
+        self.program = program
+        self.method = method
+
+    def execute(self, inputs: Sequence[torch.Tensor]) -> Sequence[Any]:
+        return self.method.execute(list(inputs))
+
+
+def load_method(pte: bytes, name: str = "forward") -> LoadedMethod:
+    """The method ``name`` of a ``.pte`` loaded in the released ``executorch.runtime.Runtime``."""
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(pte)
+    method = program.load_method(name)
+    if method is None:
+        raise ValueError(f"the program has no method {name!r}")
+    return LoadedMethod(program, method)
+
+
+def run_pte(pte: bytes, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Run a ``.pte`` once in the released runtime and return its tensor outputs."""
+    outputs = load_method(pte).execute(list(inputs))
+    return [o for o in outputs if isinstance(o, torch.Tensor)]

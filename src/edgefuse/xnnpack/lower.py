@@ -1,0 +1,51 @@
+"""``lower``: an exported program to a lowered ``EdgeProgramManager`` with every mean and norm cast delegated.
+
+The flow is ExecuTorch's ``to_edge_transform_and_lower`` with edgefuse's substitution as a transform
+pass and edgefuse's partitioner, followed by the restoration of anything left outside a delegate. The
+result is an ordinary ``EdgeProgramManager``: ``.to_executorch()`` gives a program that loads on the
+released 1.5.1 runtime, since every node it serializes is a node type that runtime has.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.export import ExportedProgram
+
+from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
+
+from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner
+from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy
+from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
+
+
+def lower(
+    exported_program: ExportedProgram,
+    *,
+    single_row: str = DEFAULT_SINGLE_ROW_POLICY,
+    means: bool = True,
+    casts: bool = True,
+    compile_config: EdgeCompileConfig | None = None,
+    **partitioner_kwargs: Any,
+) -> EdgeProgramManager:
+    """Lower ``exported_program`` to XNNPACK with edgefuse's means, casts and squares.
+
+    ``single_row`` is the single-row mean policy (:mod:`edgefuse.xnnpack.policy`); ``means`` and
+    ``casts`` turn the two substitutions off one at a time (to measure them); ``compile_config`` goes to
+    ``to_edge_transform_and_lower``; every other keyword goes to :class:`EdgefuseXnnpackPartitioner`
+    and from there to ``XnnpackPartitioner`` (``enable_bf16``, ``config_precisions``, ...).
+    """
+    if not isinstance(exported_program, ExportedProgram):
+        raise TypeError(
+            f"lower takes a torch.export.ExportedProgram, got {type(exported_program).__name__}; "
+            "call torch.export.export(module, inputs) first"
+        )
+    check_policy(single_row)
+    partitioner = EdgefuseXnnpackPartitioner(single_row=single_row, **partitioner_kwargs)
+    manager = to_edge_transform_and_lower(
+        exported_program,
+        transform_passes=[SubstituteForXnnpack(means=means, casts=casts)],
+        partitioner=[partitioner],
+        compile_config=compile_config,
+    )
+    return manager.transform([RestoreUndelegated()])

@@ -1,0 +1,48 @@
+"""The drop-in for ``XnnpackPartitioner``: the stock configs, with edgefuse's mean, cast and square.
+
+``EdgefuseXnnpackPartitioner(**kwargs)`` takes every keyword argument ``XnnpackPartitioner`` takes
+(``configs``, ``config_precisions``, ``per_op_mode``, ``verbose``, ``enable_bf16``, ...) plus
+edgefuse's own ``single_row`` (see :mod:`edgefuse.xnnpack.policy`). Given ``configs``, it adds
+edgefuse's configs to that list instead of to the stock one.
+
+The partitioner only chooses nodes; ExecuTorch forbids a partitioner to change the graph. The means and
+casts it delegates are the ``edgefuse`` ops that :class:`~edgefuse.xnnpack.substitute.SubstituteForXnnpack`
+puts in the graph before partitioning, and :class:`~edgefuse.xnnpack.substitute.RestoreUndelegated`
+must run after it; :func:`edgefuse.xnnpack.lower` does all three. On a graph without edgefuse ops it
+partitions like stock, except that ``pow(x, 2.0)`` is taken as a square.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Type
+
+from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+from executorch.backends.xnnpack.partition.config.xnnpack_config import XNNPartitionerConfig
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+import edgefuse.xnnpack.visitors  # noqa: F401  (registers the visitors the delegated ops need)
+from edgefuse.xnnpack.configs import EDGEFUSE_CONFIGS
+from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy
+
+
+def edgefuse_configs(base: Optional[List[Type[XNNPartitionerConfig]]] = None) -> list[Type[XNNPartitionerConfig]]:
+    """``base`` (by default every stock config) with edgefuse's configs replacing same-named ones."""
+    ours = {config.target_name: config for config in EDGEFUSE_CONFIGS}
+    kept = [config for config in (base or ALL_PARTITIONER_CONFIGS) if getattr(config, "target_name", None) not in ours]
+    return kept + list(EDGEFUSE_CONFIGS)
+
+
+class EdgefuseXnnpackPartitioner(XnnpackPartitioner):
+    """``XnnpackPartitioner`` with edgefuse's configs; ``single_row`` picks the single-row mean policy."""
+
+    def __init__(self, configs=None, config_precisions=None, per_op_mode=False, verbose=False,
+                 single_row: str = DEFAULT_SINGLE_ROW_POLICY, **kwargs):
+        self.single_row = check_policy(single_row)
+        super().__init__(
+            configs=edgefuse_configs(configs),
+            config_precisions=config_precisions,
+            per_op_mode=per_op_mode,
+            verbose=verbose,
+            single_row=single_row,
+            **kwargs,
+        )

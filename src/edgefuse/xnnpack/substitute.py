@@ -1,0 +1,158 @@
+"""The two graph passes around partitioning: swap means and casts for edgefuse's ops, and swap back.
+
+:class:`SubstituteForXnnpack` runs on the edge program before partitioning. It replaces
+
+- every float ``mean.dim`` except the ones stock lowers already (a 4-D mean over dims [2, 3] with
+  keepdim in float32 or float16, which stays global average pooling so its ``.pte`` is byte-identical
+  to stock), a mean with an explicit ``dtype``, and a mean of a dequantized tensor (quantized graphs
+  keep the stock path), with ``edgefuse.xnn_mean``;
+- every cast that changes only the dtype, between float32 and float16 or bfloat16, with
+  ``edgefuse.xnn_convert``.
+
+:class:`RestoreUndelegated` runs on the lowered program and turns every edgefuse op left outside a
+delegate (refused by a config, or by the single-row policy) back into the op it replaced, with the
+same arguments, so the program needs no kernel ExecuTorch does not have. Each substituted node keeps
+what it replaced in ``node.meta[ORIGINAL]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.fx import GraphModule, Node
+from torch.fx.passes.infra.pass_base import PassBase, PassResult
+
+from edgefuse.casts import changes_only_dtype, dtype_of
+from edgefuse.ops import EDGE, Role
+from edgefuse.xnnpack.custom_ops import EDGE_XNN_CONVERT, EDGE_XNN_MEAN
+from edgefuse.xnnpack.mean_plan import PlanError, normalize_dims
+
+#: ``node.meta`` key holding ``(target, args after the tensor, kwargs)`` of the op a node replaced.
+ORIGINAL = "edgefuse_xnnpack_original"
+
+_FLOATS = frozenset({torch.float32, torch.float16, torch.bfloat16})
+_CONVERT_PAIRS = frozenset(
+    {
+        (torch.float16, torch.float32),
+        (torch.float32, torch.float16),
+        (torch.bfloat16, torch.float32),
+        (torch.float32, torch.bfloat16),
+    }
+)
+
+
+def is_stock_global_avg_pool(node: Node) -> bool:
+    """Whether stock XNNPACK already lowers this mean: 4-D, dims [2, 3], keepdim, float32 or float16."""
+    value = node.args[0].meta.get("val")
+    if value is None or value.dim() != 4 or value.dtype not in (torch.float32, torch.float16):
+        return False
+    keepdim = len(node.args) > 2 and bool(node.args[2])
+    try:
+        dims = normalize_dims(node.args[1] if len(node.args) > 1 else None, 4)
+    except PlanError:
+        return False
+    return keepdim and dims == (2, 3)
+
+
+def _is_dequantized(node: object) -> bool:
+    return isinstance(node, Node) and node.op == "call_function" and "dequantize" in str(node.target)
+
+
+def mean_reason(node: Node) -> str | None:
+    """Why a ``mean.dim`` node is not substituted, or None when it is."""
+    source = node.args[0]
+    dtype = dtype_of(source)
+    if dtype not in _FLOATS or dtype_of(node) != dtype:
+        return f"mean of {dtype} producing {dtype_of(node)}: edgefuse substitutes float means only"
+    if node.kwargs.get("dtype") is not None:
+        return "mean with an explicit dtype"
+    if _is_dequantized(source):
+        return "mean of a dequantized tensor: quantized graphs keep the stock path"
+    if is_stock_global_avg_pool(node):
+        return "4-D mean over dims [2, 3] with keepdim: stock global average pooling"
+    try:
+        normalize_dims(node.args[1] if len(node.args) > 1 else None, source.meta["val"].dim())
+    except PlanError as error:
+        return str(error)
+    return None
+
+
+def cast_reason(node: Node) -> str | None:
+    """Why a cast node is not substituted, or None when it is."""
+    if not changes_only_dtype(node, EDGE):
+        return "the cast changes more than the dtype (or its dim order is ambiguous)"
+    pair = (dtype_of(node.args[0]), dtype_of(node))
+    if pair not in _CONVERT_PAIRS:
+        return f"no XNNPACK convert from {pair[0]} to {pair[1]}"
+    return None
+
+
+def _replace(graph, node: Node, target, args: tuple, original) -> Node:
+    with graph.inserting_before(node):
+        new = graph.call_function(target, args)
+    new.meta = dict(node.meta)
+    new.meta[ORIGINAL] = original
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return new
+
+
+class SubstituteForXnnpack(PassBase):
+    """Swap delegable means and casts for edgefuse's ops; ``substituted`` names the replaced nodes."""
+
+    def __init__(self, means: bool = True, casts: bool = True) -> None:
+        super().__init__()
+        self.means = means
+        self.casts = casts
+        self.substituted: list[str] = []
+
+    def call(self, graph_module: GraphModule) -> PassResult:
+        self.substituted = []
+        graph = graph_module.graph
+        for node in list(graph.nodes):
+            if self.means and EDGE.is_a(node, Role.MEAN) and mean_reason(node) is None:
+                rank = node.args[0].meta["val"].dim()
+                dims = list(normalize_dims(node.args[1] if len(node.args) > 1 else None, rank))
+                keepdim = len(node.args) > 2 and bool(node.args[2])
+                original = (node.target, tuple(node.args[1:]), dict(node.kwargs))
+                _replace(graph, node, EDGE_XNN_MEAN, (node.args[0], dims, keepdim), original)
+                self.substituted.append(node.name)
+            elif self.casts and EDGE.is_a(node, Role.CAST) and cast_reason(node) is None:
+                original = (node.target, tuple(node.args[1:]), dict(node.kwargs))
+                _replace(graph, node, EDGE_XNN_CONVERT, (node.args[0], dtype_of(node)), original)
+                self.substituted.append(node.name)
+        if self.substituted:
+            graph.lint()
+            graph_module.recompile()
+        return PassResult(graph_module, bool(self.substituted))
+
+
+class RestoreUndelegated(PassBase):
+    """Turn every edgefuse op left in the top-level graph back into the op it replaced."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.restored: list[str] = []
+
+    def call(self, graph_module: GraphModule) -> PassResult:
+        self.restored = []
+        graph = graph_module.graph
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target not in (EDGE_XNN_MEAN, EDGE_XNN_CONVERT):
+                continue
+            original = node.meta.get(ORIGINAL)
+            if original is None:
+                raise RuntimeError(
+                    f"{node.name}: an edgefuse {node.target} node without the op it replaced; only "
+                    "SubstituteForXnnpack may create these nodes"
+                )
+            target, rest, kwargs = original
+            with graph.inserting_before(node):
+                new = graph.call_function(target, (node.args[0], *rest), kwargs)
+            new.meta = {k: v for k, v in node.meta.items() if k != ORIGINAL}
+            node.replace_all_uses_with(new)
+            graph.erase_node(node)
+            self.restored.append(new.name)
+        if self.restored:
+            graph.lint()
+            graph_module.recompile()
+        return PassResult(graph_module, bool(self.restored))

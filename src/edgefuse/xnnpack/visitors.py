@@ -1,0 +1,213 @@
+"""Node visitors that serialize edgefuse's mean and cast with node types the released runtime has.
+
+``edgefuse.xnn_mean`` becomes the nodes of :func:`edgefuse.xnnpack.mean_plan.plan_mean`
+(``XNNFullyConnected`` against a constant ``1/W`` row, ``XNNGlobalAvgPooling2d``, ``XNNStaticReshape``);
+a bfloat16 mean, which XNNPACK cannot reduce, runs in float32 between two ``XNNConvert`` nodes.
+``edgefuse.xnn_convert`` becomes one ``XNNConvert``. No node type is new, so the programs load on the
+released 1.5.1 runtime.
+
+Importing this module registers both visitors with the delegate (``register_node_visitor`` keys them by
+their own targets, so no stock visitor is replaced) and adds the mean to the layout pass's set of ops
+that need NCHW inputs: the plan reduces NCHW dims, and a channels-last input (a graph input, or a
+convolution's output) then gets the one transpose it needs instead of averaging the wrong axes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Dict
+
+import torch
+from torch.fx import Node
+
+from executorch.backends.transforms import get_shape
+from executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass import (
+    ChannelsLastTaggedReshapePass,
+)
+from executorch.backends.xnnpack.operators.node_visitor import NodeVisitor, register_node_visitor
+from executorch.backends.xnnpack.serialization.xnnpack_graph_schema import (
+    ConstantDataOffset,
+    XNNConvert,
+    XNNDatatype,
+    XNNFullyConnected,
+    XNNGlobalAvgPooling2d,
+    XNNGraph,
+    XNNStaticReshape,
+    XNNTensorValue,
+    XNode,
+    XValue,
+)
+from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import CONSTANT_TENSOR_ALIGNMENT
+from executorch.backends.xnnpack.utils.xnnpack_constants import (
+    UINT64_MAX,
+    XNN_FLAG_KEEP_DIMS,
+    XNN_INVALID_VALUE_ID,
+)
+
+from edgefuse.xnnpack.custom_ops import EDGE_XNN_CONVERT, EDGE_XNN_MEAN
+from edgefuse.xnnpack.mean_plan import DYNAMIC, PlanError, Step, plan_mean
+
+_XNN_DTYPES = {
+    torch.float32: XNNDatatype.xnn_datatype_fp32,
+    torch.float16: XNNDatatype.xnn_datatype_fp16,
+    torch.bfloat16: XNNDatatype.xnn_datatype_bf16,
+}
+
+#: Dtypes XNNPACK reduces in directly; any other float mean runs in float32.
+_REDUCE_DTYPES = frozenset({torch.float32, torch.float16})
+
+
+class LayoutError(RuntimeError):
+    """The delegate's layout pass handed a mean an input in a layout edgefuse did not ask for."""
+
+
+def input_shape(node: Node) -> tuple[tuple[int | None, ...], tuple[int, ...]]:
+    """The shape of a node's first input (None for a run-time dim) and its upper bounds."""
+    source = node.args[0]
+    value = source.meta["val"]
+    shape = tuple(int(s) if isinstance(s, int) else DYNAMIC for s in value.shape)
+    bounds = tuple(int(b) for b in get_shape(source))
+    return shape, bounds
+
+
+def mean_plan_of(node: Node) -> list[Step]:
+    """The plan for an ``edgefuse.xnn_mean`` node; raises :class:`PlanError` when there is none."""
+    shape, bounds = input_shape(node)
+    return plan_mean(shape, list(node.args[1]), bool(node.args[2]), bounds)
+
+
+def _is_nhwc(node: Node) -> bool:
+    return bool(node.meta.get(ChannelsLastTaggedReshapePass.XNN_NHWC_NODE, False))
+
+
+class _EdgefuseVisitor(NodeVisitor):
+    """Helpers to define values that have no node in the edge graph."""
+
+    def _internal_value(self, xnn_graph: XNNGraph, dims, dtype: torch.dtype) -> int:
+        value_id = len(xnn_graph.xvalues)
+        dims = [int(d) for d in dims] or [1]
+        xnn_graph.xvalues.append(
+            XValue(
+                xvalue_union=XNNTensorValue(
+                    datatype=_XNN_DTYPES[dtype],
+                    num_dims=len(dims),
+                    dims=dims,
+                    constant_buffer_idx=0,
+                    external_id=XNN_INVALID_VALUE_ID,
+                    flags=0,
+                    id_out=value_id,
+                )
+            )
+        )
+        return value_id
+
+    def _constant_value(self, xnn_graph: XNNGraph, tensor: torch.Tensor) -> int:
+        data = tensor.contiguous().numpy().tobytes() if tensor.dtype != torch.bfloat16 else (
+            tensor.contiguous().view(torch.int16).numpy().tobytes()
+        )
+        key = hashlib.sha256(data).hexdigest()
+        buffer_index = len(xnn_graph.constant_data)
+        xnn_graph.constant_data.append(ConstantDataOffset(offset=UINT64_MAX, size=len(data), named_key=key))
+        self._named_data_store.add_named_data(key, data, alignment=CONSTANT_TENSOR_ALIGNMENT)
+        value_id = len(xnn_graph.xvalues)
+        xnn_graph.xvalues.append(
+            XValue(
+                xvalue_union=XNNTensorValue(
+                    datatype=_XNN_DTYPES[tensor.dtype],
+                    num_dims=tensor.dim(),
+                    dims=list(tensor.shape),
+                    constant_buffer_idx=buffer_index,
+                    external_id=XNN_INVALID_VALUE_ID,
+                    flags=0,
+                    id_out=value_id,
+                )
+            )
+        )
+        return value_id
+
+    @staticmethod
+    def _append(xnn_graph: XNNGraph, union, debug_handle: int) -> None:
+        xnn_graph.xnodes.append(XNode(xnode_union=union, debug_handle=debug_handle))
+
+
+@register_node_visitor
+class XnnMeanVisitor(_EdgefuseVisitor):
+    """Serializes ``edgefuse.xnn_mean`` as the nodes of its plan, reading and writing NCHW."""
+
+    target = EDGE_XNN_MEAN.__name__
+
+    def define_node(self, node: Node, xnn_graph: XNNGraph, vals_to_ids: Dict[Node, int], debug_handle: int) -> None:
+        source = node.args[0]
+        if _is_nhwc(source) or _is_nhwc(node):
+            raise LayoutError(
+                f"{node.name}: the layout pass gave the mean a channels-last tensor, but edgefuse registers "
+                "the mean as an op that needs NCHW inputs; was edgefuse.xnnpack.visitors imported before "
+                "lowering?"
+            )
+        try:
+            steps = mean_plan_of(node)
+        except PlanError as error:
+            raise PlanError(f"{node.name}: {error} (the partitioner should not have taken this mean)") from None
+        self.define_tensor(source, xnn_graph, vals_to_ids)
+        self.define_tensor(node, xnn_graph, vals_to_ids)
+        dtype = source.meta["val"].dtype
+        compute = dtype if dtype in _REDUCE_DTYPES else torch.float32
+
+        current = vals_to_ids[source]
+        if compute != dtype:
+            widened = self._internal_value(xnn_graph, get_shape(source), compute)
+            self._append(xnn_graph, XNNConvert(input_id=current, output_id=widened, flags=0), debug_handle)
+            current = widened
+        for index, step in enumerate(steps):
+            last = index == len(steps) - 1 and compute == dtype
+            out = vals_to_ids[node] if last else self._internal_value(xnn_graph, step.bound, compute)
+            if step.kind == "reshape":
+                new_shape = [0 if s is DYNAMIC else s for s in step.shape]
+                union = XNNStaticReshape(
+                    num_dims=len(new_shape), new_shape=new_shape, input_id=current, output_id=out, flags=0
+                )
+            elif step.kind == "fully_connected":
+                row = torch.full((1, step.width), 1.0 / step.width, dtype=torch.float64).to(compute)
+                union = XNNFullyConnected(
+                    input1_id=current,
+                    filter_id=self._constant_value(xnn_graph, row),
+                    bias_id=XNN_INVALID_VALUE_ID,
+                    output_id=out,
+                    flags=0,
+                )
+            elif step.kind == "fully_connected_rows":
+                row = torch.full((1, step.width), 1.0 / step.width, dtype=torch.float64).to(compute)
+                union = XNNFullyConnected(
+                    input1_id=self._constant_value(xnn_graph, row),
+                    filter_id=current,
+                    bias_id=XNN_INVALID_VALUE_ID,
+                    output_id=out,
+                    flags=0,
+                )
+            elif step.kind == "global_avg_pool":
+                union = XNNGlobalAvgPooling2d(input_id=current, output_id=out, flags=XNN_FLAG_KEEP_DIMS)
+            else:
+                raise PlanError(f"{node.name}: unknown plan step {step.kind!r}")
+            self._append(xnn_graph, union, debug_handle)
+            current = out
+        if compute != dtype:
+            self._append(xnn_graph, XNNConvert(input_id=current, output_id=vals_to_ids[node], flags=0), debug_handle)
+
+
+@register_node_visitor
+class XnnConvertVisitor(_EdgefuseVisitor):
+    """Serializes ``edgefuse.xnn_convert`` as one ``XNNConvert`` in whatever layout its input has."""
+
+    target = EDGE_XNN_CONVERT.__name__
+
+    def define_node(self, node: Node, xnn_graph: XNNGraph, vals_to_ids: Dict[Node, int], debug_handle: int) -> None:
+        self.define_nodes_tensor_inputs_outputs(node, xnn_graph, vals_to_ids)
+        source = node.args[0]
+        self._append(
+            xnn_graph,
+            XNNConvert(input_id=vals_to_ids[source], output_id=vals_to_ids[node], flags=0),
+            debug_handle,
+        )
+
+
+ChannelsLastTaggedReshapePass.memory_sensitive_ops_nchw.add(EDGE_XNN_MEAN)
