@@ -52,3 +52,33 @@ def test_a_pass_that_changes_nothing_says_so():
     recompose = RecomposeRmsNorm(backend="qnn")  # no bfloat16 outside quantization capture
     assert not recompose(graph).modified
     assert recompose.decisions and not recompose.decisions[0].rebuilt
+
+
+def test_weights_folded_in_two_runs_over_one_program_keep_their_own_constants():
+    from forms import GemmaNorm
+
+    class TwoNorms(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = GemmaNorm(), GemmaNorm()
+            self.b.weight.data = -self.b.weight.data
+
+        def forward(self, x, y):
+            return self.a(x), self.b(y)
+
+    module = TwoNorms()
+    inputs = (_x(torch.float32), _x(torch.float32, (3, 16)))
+    edge = to_edge(export(module, inputs), compile_config=edgefuse.edge_compile_config())
+    # The first run rebuilds only the first norm (the second reads a graph input edgefuse is told to skip).
+    first = RecomposeRmsNorm(backend="qnn")
+    program = edge.exported_program()
+    second_mean = [n for n in program.graph.nodes if "mean" in n.name][1]
+    second_mean.meta["val"], kept = None, second_mean.meta["val"]
+    edge = edge.transform([first], compile_config=edgefuse.edge_compile_config())
+    second_mean.meta["val"] = kept
+    edge = edge.transform([RecomposeRmsNorm(backend="qnn")], compile_config=edgefuse.edge_compile_config())
+    program = edge.exported_program()
+    weights = [n.args[2].name for n in rms_norm_nodes(program.graph_module)]
+    assert len(weights) == 2 and len(set(weights)) == 2
+    for expected, actual in zip(module(*inputs), program.module()(*inputs)):
+        assert compare(expected, actual).ok

@@ -328,3 +328,40 @@ def test_qnn_takes_the_weight_in_the_norm_dtype_behind_a_cast(mode):
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2].meta["val"].dtype == torch.float16
     assert_matches_eager(module, inputs, rewritten)
+
+
+class ScaledEpsNorm(nn.Module):
+    """``mean + alpha * eps`` through ``aten.add.Scalar``, whose alpha is positional."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(torch.ops.aten.add.Scalar(x.pow(2).mean(-1, keepdim=True), 0.5, 4))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_eps_scaled_by_a_positional_alpha_stays(mode):
+    module = ScaledEpsNorm()
+    rewritten = rewrite(module, (_x(),), mode)
+    assert_left(rewritten, "alpha")
+    assert_matches_eager(module, (_x(),), rewritten, ulps=0)
+
+
+class StatefulEpsNorm(nn.Module):
+    """eps is a buffer the model updates on every call: state, not a constant to fold."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("eps", torch.tensor(1.0))
+
+    def forward(self, x):
+        out = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        self.eps.add_(1.0)
+        return out
+
+
+@pytest.mark.parametrize("mode", ("edge", "edge-no-dim-order"))
+def test_rule_a_buffer_the_model_mutates_is_never_folded_into_eps(mode):
+    rewritten = rewrite(StatefulEpsNorm(), (_x(),), mode)
+    assert_left(rewritten, "eps")
+    reference = StatefulEpsNorm()
+    for _ in range(3):  # the buffer grows on every call: eps must follow it
+        assert compare(reference(_x()), rewritten.run(_x()), ulps=0).ok

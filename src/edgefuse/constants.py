@@ -31,7 +31,11 @@ class GraphConstants:
             return False
         if node.op == "get_attr":
             return True
-        return node.op == "placeholder" and self.program is not None and is_param_node(self.program, node)
+        if node.op != "placeholder" or self.program is None or not is_param_node(self.program, node):
+            return False
+        signature = self.program.graph_signature
+        # A buffer the program updates is state, not a constant: folding it would freeze its first value.
+        return signature.inputs_to_buffers.get(node.name) not in signature.buffers_to_mutate.values()
 
     def value(self, node: object) -> torch.Tensor | None:
         """The tensor behind a constant node, or None when it is not a constant or cannot be read."""
@@ -90,6 +94,10 @@ class GraphConstants:
                 node = graph.get_attr(attr)
             node.meta["val"] = _fake_like(before, data)
             return node
+        taken = {n.name for n in graph.nodes} | {n.meta.get("requested_name") for n in graph.nodes}
+        taken |= set(self.program.constants) | set(self.program.state_dict)
+        while f"_edgefuse_{name}_{self._count}" in taken:
+            self._count += 1
         first_input = next(n for n in graph.nodes if n.op == "placeholder")
         with graph.inserting_before(first_input):
             return create_constant_placeholder(

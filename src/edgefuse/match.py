@@ -17,6 +17,8 @@ weight and trailing dtype-only casts. The rules, each with its reason:
    back passes only casts that keep every value, never a narrowing cast or a dim-order change.
 7. Input and output share one dtype D and every tensor the norm computes is D or wider: a rebuilt
    ``rms_norm`` reads and produces D and computes in at least D, so it must not drop a rounding below D.
+   Computing in a wider dtype may also remove an overflow that a norm computed wholly in float16 had
+   (its square overflowing to inf): the rebuilt norm then returns the value float64 would.
 8. A grouped norm (a split of the last dim into groups, normalized, then merged back before the weight,
    as in Mamba2) is never rebuilt: one ``rms_norm`` over the full width computes another function.
 """
@@ -112,6 +114,11 @@ def _single_user(node: Node, table: OpTable) -> Node | None:
     return users[0] if len(users) == 1 else None
 
 
+def _alpha(add: Node) -> object:
+    """The ``alpha`` an addition scales its second operand by: keyword in ``add.Tensor``, positional in ``add.Scalar``."""
+    return add.args[2] if len(add.args) > 2 else add.kwargs.get("alpha", 1)
+
+
 def _other_operand(node: Node, operand: Node) -> object:
     """The argument of a binary op that is not ``operand`` (the second one when both are)."""
     a, b = node.args[0], node.args[1]
@@ -162,7 +169,7 @@ def _mean_dims(mean: Node, rank: int) -> list[int] | str:
 def _eps(add: Node, mean: Node, table: OpTable, constants: GraphConstants) -> float | str:
     """The eps an addition adds to the mean, or why it is not a usable eps."""
     other = _other_operand(add, mean)
-    if add.kwargs.get("alpha", 1) != 1:
+    if _alpha(add) != 1:
         return "the eps addition scales its operand (alpha != 1)"
     if isinstance(other, Node) and other.op == "placeholder" and not constants.is_constant(other):
         if constants.program is None and other.meta.get("val") is not None and other.meta["val"].dim() == 0:
@@ -263,7 +270,7 @@ def _forward_casts(node: Node, table: OpTable) -> list[Node]:
 
 def _scalar_addend(add: Node, table: OpTable, constants: GraphConstants) -> Node | None:
     """The tensor operand of ``tensor + scalar`` (either order), or None for any other addition."""
-    if len(add.args) != 2 or add.kwargs.get("alpha", 1) != 1:
+    if len(add.args) != 2 or _alpha(add) != 1:
         return None
     for tensor, scalar in (add.args, reversed(add.args)):
         meta = tensor_meta(scalar)
@@ -355,8 +362,9 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
     if _group_merge(core, after, table):
         return Rejection(
             mean,
-            f"grouped norm: groups of {core.normalized_shape[-1]} are normalized and merged back into "
-            f"{after.name} before the weight; one rms_norm over the full width computes another function",
+            f"grouped norm: groups of {core.normalized_shape[-1]} are normalized separately and merged back in "
+            f"{after.name} before a full-width weight; edgefuse leaves grouped norms decomposed, since an "
+            "rms_norm over the full width computes another function",
             core.form,
             core.nodes,
             eps=core.eps,

@@ -1,0 +1,32 @@
+"""The comparison the tests rely on: tolerances from the dtype, and infinities and NaNs handled."""
+
+from __future__ import annotations
+
+import torch
+
+from edgefuse.verify import compare, tolerance, ulp
+
+
+def test_tolerance_is_units_in_the_last_place_at_the_largest_magnitude():
+    reference = torch.tensor([0.5, -8.0], dtype=torch.float16)
+    assert tolerance(torch.float16, reference, ulps=2) == 2 * ulp(torch.float16) * 8.0
+
+
+def test_one_unit_in_the_last_place_passes_and_three_fail():
+    reference = torch.tensor([1.0, 2.0], dtype=torch.float16)
+    step = torch.tensor([0.0, 2 * ulp(torch.float16)], dtype=torch.float16)  # one unit at 2.0
+    assert compare(reference, reference + step).ok
+    assert not compare(reference, reference + 3 * step).ok
+
+
+def test_equal_infinities_and_nans_agree_and_a_finite_value_against_infinity_fails():
+    reference = torch.tensor([float("inf"), float("nan"), 1.0])
+    assert compare(reference, reference.clone()).ok
+    assert not compare(torch.tensor([float("inf"), 1.0]), torch.tensor([60000.0, 1.0])).ok
+    assert not compare(torch.tensor([1.0, 1.0]), torch.tensor([float("nan"), 1.0])).ok
+
+
+def test_a_different_dtype_or_shape_fails():
+    reference = torch.ones(3)
+    assert not compare(reference, reference.half()).ok
+    assert not compare(reference, torch.ones(4)).ok
