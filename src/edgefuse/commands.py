@@ -1,0 +1,159 @@
+"""The ``report``, ``lower``, ``bench`` and ``fuzz`` commands: each takes parsed arguments, returns an exit code.
+
+They glue the parts together (MODEL resolution, the report, the two lowerings, the runtime, the map)
+and print results to stdout; progress goes to the ``say`` callable (stderr). Errors are raised as
+:mod:`edgefuse.errors` exceptions, which ``edgefuse.cli`` turns into messages and exit codes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+from edgefuse.errors import CHECK_FAILED, OK, UsageError
+
+Say = Callable[[str], None]
+
+
+def _spec(args):
+    from edgefuse.modelspec import dtype_named, resolve
+
+    return resolve(args.model, dtype_named(args.dtype))
+
+
+def _check_backend(name: str) -> None:
+    from edgefuse.profiles import PROFILES
+
+    if name not in PROFILES:
+        raise UsageError(f"unknown backend {name!r}; edgefuse knows {', '.join(sorted(PROFILES))}")
+
+
+def default_map_path(beside: str) -> str:
+    """``out.pte`` -> ``out.delegates.svg``: the map goes next to the file it describes."""
+    root, _ = os.path.splitext(beside)
+    return root + ".delegates.svg"
+
+
+def _check_output(path: str, what: str) -> None:
+    """Fail before the slow work, not after it, when ``path`` cannot be written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise UsageError(f"cannot write the {what} to {path}: no directory {directory}")
+
+
+def _write_map(path: str, summaries, title: str, say: Say) -> None:
+    from edgefuse.delegate_map import write
+
+    write(path, summaries, title)
+    say(f"wrote the delegate map to {path}")
+
+
+def report(args, say: Say) -> int:
+    """``edgefuse report MODEL``: the per-norm table (or JSON) and its summary line."""
+    from edgefuse.report import build_report, format_report, to_json
+
+    _check_backend(args.backend)
+    if args.map:
+        _check_output(args.map, "delegate map")
+    spec = _spec(args)
+    result = build_report(spec, backend=args.backend, stage=args.stage, progress=say)
+    if args.json:
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        print(format_report(result))
+    if args.map:
+        from edgefuse.flows import lower_to_pte
+
+        program = spec.export()
+        summaries = [lower_to_pte(program, how, say, serialize=False).summary for how in ("stock", "edgefuse")]
+        _write_map(args.map, summaries, f"delegate map: {spec.name} ({_dtype(spec)})", say)
+    return OK if result.ok else CHECK_FAILED
+
+
+def lower(args, say: Say) -> int:
+    """``edgefuse lower MODEL -o out.pte``: edgefuse's XNNPACK flow, compared with stock, and the map."""
+    from edgefuse.errors import Unavailable
+    from edgefuse.flows import comparison_lines, flat_tensors, lower_to_pte, run_and_check
+
+    output = args.output
+    if not output.endswith(".pte"):
+        raise UsageError(f"-o {output}: the output is an ExecuTorch program and its name must end in .pte")
+    map_path = args.map or default_map_path(output)
+    _check_output(output, ".pte")
+    _check_output(map_path, "delegate map")
+    spec = _spec(args)
+    say(f"exporting {spec.name}")
+    program = spec.export()
+    expected = flat_tensors(spec.eager())
+    stock = run_and_check(lower_to_pte(program, "stock", say), spec.inputs, expected)
+    try:
+        ours = lower_to_pte(program, "edgefuse", say)
+    except Unavailable as error:
+        print(f"{spec.name} ({_dtype(spec)}), XNNPACK:")
+        print("\n".join(comparison_lines(stock, None)))
+        error.args = (f"{error.args[0]}; no .pte was written",)
+        raise
+    run_and_check(ours, spec.inputs, expected, stock)
+    with open(output, "wb") as f:
+        f.write(ours.pte)
+    print(f"{spec.name} ({_dtype(spec)}), XNNPACK, before (stock) and after (edgefuse):")
+    print("\n".join(comparison_lines(stock, ours)))
+    print(f"wrote {output} ({len(ours.pte)} bytes, edgefuse lowering)")
+    _write_map(map_path, [stock.summary, ours.summary], f"delegate map: {spec.name} ({_dtype(spec)})", say)
+    print(f"delegate map: {map_path}")
+    return OK if ours.ok else CHECK_FAILED
+
+
+def bench(args, say: Say) -> int:
+    """``edgefuse bench MODEL``: stock against edgefuse in the runtime, alternating, with ratios."""
+    from edgefuse.flows import flat_tensors, lower_to_pte, run_and_check
+    from edgefuse.runtime import alternate, set_threads
+    from edgefuse.table import format_table
+
+    if args.runs < 10:
+        raise UsageError("--runs must be at least 10")
+    if args.threads < 1:
+        raise UsageError("--threads must be at least 1")
+    spec = _spec(args)
+    say(f"exporting {spec.name}")
+    program = spec.export()
+    expected = flat_tensors(spec.eager())
+    stock = lower_to_pte(program, "stock", say)
+    ours = lower_to_pte(program, "edgefuse", say)
+    threads = set_threads(args.threads)
+    run_and_check(stock, spec.inputs, expected)
+    run_and_check(ours, spec.inputs, expected, stock)
+    warmup = args.warmup if args.warmup is not None else max(1, args.runs // 10)
+    say(f"timing {args.runs} runs of each program, alternating, after {warmup} warm-up rounds")
+    stock_time, our_time = alternate([stock.loaded, ours.loaded], spec.inputs, args.runs, warmup)
+    rows = []
+    for lowered, timing in ((stock, stock_time), (ours, our_time)):
+        rows.append([
+            lowered.how, lowered.summary.delegates, len(lowered.summary.outside), f"{lowered.error:.2e}",
+            "yes" if lowered.ok else "NO", f"{timing.median:.1f}", f"{timing.median / stock_time.median:.2f}",
+        ])
+    print(f"{spec.name} ({_dtype(spec)}) in executorch.runtime, {threads} thread(s), {args.runs} runs each "
+          f"alternating after {warmup} warm-up rounds; ratio is the median against stock's (below 1 is faster)")
+    print(format_table(("program", "delegates", "outside", "err vs eager", "ok", "median us", "ratio"), rows))
+    return OK if stock.ok and ours.ok else CHECK_FAILED
+
+
+def fuzz(args, say: Say) -> int:
+    """``edgefuse fuzz ...``: hands its arguments to ``edgefuse.fuzz.main``, which another part provides."""
+    from edgefuse.errors import Unavailable
+
+    try:
+        from edgefuse.fuzz import main
+    except ImportError as error:
+        raise Unavailable(
+            f"edgefuse fuzz is unavailable in this installation: the module edgefuse.fuzz could not be "
+            f"imported ({type(error).__name__}: {error})"
+        ) from error
+    code = main(list(args.fuzz_args))
+    return int(code or 0)
+
+
+def _dtype(spec) -> str:
+    dtype = spec.dtype
+    return str(dtype).removeprefix("torch.") if dtype is not None else "no float weights"

@@ -1,0 +1,115 @@
+"""The XNNPACK comparison that ``demo``, ``lower`` and ``bench`` share: lower, serialize, load, run, check.
+
+One exported program is lowered stock and with edgefuse (:mod:`edgefuse.lowering`); each result is
+serialized to ``.pte`` bytes, loaded in the released runtime (:mod:`edgefuse.runtime`) and run on the
+model's inputs, and its outputs are compared with eager. A lowered program passes when its max error is
+within 8 units in the last place of the output's dtype at the output's largest magnitude (the delegate
+sums in another order than ATen, and a half-precision program may round each intermediate once more or
+less), or when it is no worse than stock's by more than one unit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch.export import ExportedProgram
+
+from edgefuse.lowering import DelegateSummary, lower, summarize
+from edgefuse.runtime import LoadedProgram
+from edgefuse.verify import tolerance
+
+ULPS = 8
+
+
+@dataclass
+class Lowered:
+    """One lowered program: what it holds, its bytes, the loaded program and its errors against eager."""
+
+    how: str
+    summary: DelegateSummary
+    pte: bytes
+    loaded: LoadedProgram | None = None
+    errors: list[float] | None = None  # per output, against eager; None until run
+    allowed: list[float] | None = None  # per output
+
+    @property
+    def ok(self) -> bool:
+        return self.errors is not None and all(e <= a for e, a in zip(self.errors, self.allowed))
+
+    @property
+    def error(self) -> float | None:
+        """The largest error over the outputs."""
+        return None if self.errors is None else max(self.errors, default=0.0)
+
+    @property
+    def worst_allowed(self) -> float | None:
+        """The tolerance of the output that comes closest to (or goes furthest past) its tolerance."""
+        if not self.errors:
+            return None
+        def ratio(e: float, a: float) -> float:
+            return e / a if a > 0 else (0.0 if e == 0 else float("inf"))
+
+        return max(zip(self.errors, self.allowed), key=lambda pair: ratio(*pair))[1]
+
+
+def lower_to_pte(
+    program: ExportedProgram, how: str, say: Callable[[str], None] = lambda _: None, serialize: bool = True
+) -> Lowered:
+    """Lower ``program`` with ``how`` and serialize it (unless not ``serialize``, for a map alone).
+
+    Raises :class:`~edgefuse.errors.Unavailable` when edgefuse's flow is unavailable.
+    """
+    say(f"lowering for XNNPACK ({how})")
+    manager = lower(program, how)
+    summary = summarize(manager, how)
+    if not serialize:
+        return Lowered(how, summary, b"")
+    say(f"serializing the {how} program to .pte")
+    return Lowered(how, summary, manager.to_executorch().buffer)
+
+
+def run_and_check(
+    lowered: Lowered, inputs: tuple, expected: list[torch.Tensor], stock: Lowered | None = None
+) -> Lowered:
+    """Load ``lowered`` in the runtime, run it once on ``inputs`` and measure its errors against ``expected``.
+
+    With ``stock`` (already checked), an output also passes when it is no worse than stock's by more
+    than one unit in the last place.
+    """
+    lowered.loaded = LoadedProgram(lowered.pte)
+    actual = lowered.loaded.run(inputs)
+    if len(actual) != len(expected) or any(a.shape != e.shape or a.dtype != e.dtype for a, e in zip(actual, expected)):
+        lowered.errors, lowered.allowed = [float("inf")], [0.0]
+        return lowered
+    lowered.errors = [
+        float((a.double() - e.double()).abs().max()) if e.numel() else 0.0 for a, e in zip(actual, expected)
+    ]
+    lowered.allowed = [tolerance(e.dtype, e, ULPS) if e.is_floating_point() else 0.0 for e in expected]
+    if stock is not None and stock.errors is not None and len(stock.errors) == len(expected):
+        lowered.allowed = [
+            max(allowed, theirs + (tolerance(e.dtype, e, 1) if e.is_floating_point() else 0.0))
+            for allowed, theirs, e in zip(lowered.allowed, stock.errors, expected)
+        ]
+    return lowered
+
+
+def flat_tensors(value) -> list[torch.Tensor]:
+    from torch.utils import _pytree as pytree
+
+    return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def comparison_lines(stock: Lowered | None, ours: Lowered | None) -> list[str]:
+    """Two summary lines (stock, edgefuse) with the error of each program against eager."""
+    lines = []
+    for lowered in (stock, ours):
+        if lowered is None:
+            continue
+        error = "" if lowered.error is None else (
+            f"; max error against eager {lowered.error:.2e} "
+            f"({'within' if lowered.ok else 'OUTSIDE'} {lowered.worst_allowed:.2e})"
+        )
+        lines.append(f"  {lowered.summary.line()}{error}")
+    return lines

@@ -1,0 +1,329 @@
+"""The norm report: one row per candidate norm of a model, what edgefuse decided and how close it stays.
+
+``build_report`` exports the model, recomposes its norms for a backend at a stage (the captured ATen
+graph a quantizer sees, or the ExecuTorch edge program), runs the rewritten program and compares:
+
+- each norm's output (the output of the module the norm belongs to) with the same module's output in
+  eager (for a saved ``.pt2``, in the saved program, since there is no eager module);
+- the program's outputs with the unrewritten program's, at the tolerance of their dtype: this is the
+  check (``Report.ok``), since it isolates what edgefuse changed from what export and the edge
+  decompositions already change.
+
+``to_json`` gives the machine form, documented by ``report.schema.json`` next to this file.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any, Iterable
+
+import torch
+from torch.export import ExportedProgram
+from torch.fx import GraphModule, Interpreter, Node
+from torch.utils import _pytree as pytree
+
+from edgefuse.modelspec import ModelSpec
+from edgefuse.recompose import Decision, recompose_rms_norm
+from edgefuse.table import format_table
+from edgefuse.verify import compare, outputs
+
+SCHEMA_VERSION = 1
+STAGES = ("capture", "edge")
+#: Units in the last place of an output's largest value allowed between the rewritten and the
+#: unrewritten program: each rebuilt norm may round once where the model rounded twice.
+ULPS = 4
+
+
+@dataclass
+class NormRow:
+    """One candidate norm: the decision, where it is in the model and its error against the reference."""
+
+    decision: Decision
+    layer: str | None
+    max_error: float | None
+
+    def cells(self) -> list[object]:
+        d = self.decision
+        return [
+            self.layer, d.module_path or d.mean, d.form, _dtype_name(d.dtype), "yes" if d.rebuilt else "no",
+            d.input, _error(self.max_error), d.reason,
+        ]
+
+
+@dataclass
+class Report:
+    """Everything ``edgefuse report`` prints, for one model, backend, stage and dtype."""
+
+    model: str
+    kind: str
+    dtype: torch.dtype | None
+    backend: str
+    stage: str
+    reference: str  # "eager" or "program"
+    rows: list[NormRow] = field(default_factory=list)
+    output_error: float = 0.0  # rewritten program against the reference
+    unrewritten_error: float = 0.0  # unrewritten program against the reference
+    difference: float = 0.0  # rewritten against unrewritten program
+    allowed: float = 0.0
+    ok: bool = True
+
+    @property
+    def rebuilt(self) -> list[NormRow]:
+        return [r for r in self.rows if r.decision.rebuilt]
+
+    @property
+    def left(self) -> list[NormRow]:
+        return [r for r in self.rows if not r.decision.rebuilt]
+
+
+def build_report(
+    spec: ModelSpec, backend: str = "qnn", stage: str = "edge", progress=None, program: ExportedProgram | None = None
+) -> Report:
+    """Export ``spec`` (unless ``program`` is its export), recompose its norms for ``backend`` at ``stage``
+    and compare; see the module doc."""
+    say = progress or (lambda _: None)
+    if stage not in STAGES:
+        raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+    if program is None:
+        say(f"exporting {spec.name}")
+        program = spec.export()
+    if stage == "capture":
+        unrewritten = program.module()
+        rewritten = program.module()
+        say(f"recomposing the norms of the captured graph for {backend}")
+        result = recompose_rms_norm(rewritten, backend=backend, quantization_capture=True)
+    else:
+        from executorch.exir import to_edge
+
+        from edgefuse.edge import edge_compile_config
+
+        say("converting to the ExecuTorch edge dialect")
+        edge = to_edge(program, compile_config=edge_compile_config()).exported_program()
+        unrewritten = edge.module()
+        say(f"recomposing the norms of the edge program for {backend}")
+        result = recompose_rms_norm(edge, backend=backend)
+        rewritten = edge.module()
+    return compare_decisions(spec, result.decisions, unrewritten, rewritten, backend, stage, say)
+
+
+def compare_decisions(
+    spec: ModelSpec, decisions: list[Decision], unrewritten: GraphModule, rewritten: GraphModule,
+    backend: str, stage: str, say=lambda _: None,
+) -> Report:
+    """Run the programs and the reference, and make the report of ``decisions``."""
+    say("running the rewritten program and its reference")
+    paths = sorted({d.module_path for d in decisions if d.module_path})
+    inputs = spec.inputs
+    if spec.module is not None:
+        reference_name = "eager"
+        expected, expected_at = _eager_with_module_outputs(spec.module, inputs, paths)
+    else:
+        reference_name = "program"
+        expected, expected_at = _graph_with_module_outputs(unrewritten, inputs, paths)
+    actual, actual_at = _graph_with_module_outputs(rewritten, inputs, paths)
+    before = outputs(unrewritten, inputs)
+
+    rows = []
+    for d in decisions:
+        error = None
+        if d.module_path in expected_at and d.module_path in actual_at:
+            error = _max_error(expected_at[d.module_path], actual_at[d.module_path])
+        rows.append(NormRow(d, layer_of(d.module_path), error))
+
+    report = Report(spec.name, spec.kind, spec.dtype, backend, stage, reference_name, rows)
+    if len(actual) != len(before) or len(actual) != len(expected):
+        report.ok, report.output_error = False, math.inf
+        return report
+    report.output_error = max((_max_error(e, a) or 0.0 for e, a in zip(expected, actual)), default=0.0)
+    report.unrewritten_error = max((_max_error(e, b) or 0.0 for e, b in zip(expected, before)), default=0.0)
+    comparisons = [compare(b, a, ulps=ULPS) for b, a in zip(before, actual)]
+    if comparisons:
+        # show the output that comes closest to (or goes furthest past) its tolerance
+        worst = max(comparisons, key=lambda c: (not c.ok, c.max_error / c.allowed if c.allowed > 0 else math.inf))
+        report.difference, report.allowed = worst.max_error, worst.allowed
+    report.ok = all(c.ok for c in comparisons)
+    return report
+
+
+def layer_of(path: str | None) -> str | None:
+    """The layer a module path lies in: ``layers.1`` or ``encoder.block.0``; None outside any layer."""
+    if not path:
+        return None
+    parts = path.split(".")
+    for i, part in enumerate(parts):
+        if part.isdigit() and 0 < i < len(parts) - 1:  # a numbered block the norm lies inside
+            stack = [p for p in parts[:i - 1] if p in ("encoder", "decoder", "vision", "text")]
+            return ".".join(stack + [parts[i - 1], part])
+    return None
+
+
+# --- running -------------------------------------------------------------------------------------------
+
+def _eager_with_module_outputs(module: torch.nn.Module, inputs: tuple, paths: Iterable[str]):
+    """The eager outputs and, for each module path, that module's (last) output tensor."""
+    captured: dict[str, torch.Tensor] = {}
+    handles = []
+    for path in paths:
+        try:
+            sub = module.get_submodule(path)
+        except AttributeError:
+            continue
+
+        def hook(_module, _args, output, path=path):
+            if isinstance(output, torch.Tensor):
+                captured[path] = output.detach().clone()
+
+        handles.append(sub.register_forward_hook(hook))
+    try:
+        result = outputs(module, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return result, captured
+
+
+class _Recorder(Interpreter):
+    def __init__(self, gm: GraphModule, wanted: dict[str, str]):
+        super().__init__(gm)
+        self.wanted, self.values = wanted, {}
+
+    def run_node(self, node: Node) -> Any:
+        value = super().run_node(node)
+        path = self.wanted.get(node.name)
+        if path is not None and isinstance(value, torch.Tensor):
+            self.values[path] = value.detach().clone()
+        return value
+
+
+def _graph_with_module_outputs(gm: GraphModule, inputs: tuple, paths: Iterable[str]):
+    """The outputs of a graph module and, for each module path, the tensor that module's code produced."""
+    wanted = {node.name: path for path, node in module_outputs(gm, paths).items()}
+    recorder = _Recorder(gm, wanted)
+    flat = pytree.tree_leaves(tuple(inputs))
+    with torch.no_grad():
+        result = recorder.run(*flat)
+    tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
+    return tensors, recorder.values
+
+
+def module_outputs(gm: GraphModule, paths: Iterable[str]) -> dict[str, Node]:
+    """For each module path, the last node its code produced that something outside that module reads."""
+    wanted = set(paths)
+    members: dict[Node, set[str]] = {}
+    for node in gm.graph.nodes:
+        stack = node.meta.get("nn_module_stack") or {}
+        members[node] = {_clean_path(v[0]) for v in stack.values()} & wanted
+    found: dict[str, Node] = {}
+    for node in gm.graph.nodes:
+        for path in members[node]:
+            if any(path not in members.get(user, ()) for user in node.users):
+                found[path] = node
+    return found
+
+
+def _clean_path(path: str) -> str:
+    return path.removeprefix("L['self'].").removeprefix("L__self__.")
+
+
+def _max_error(expected: torch.Tensor, actual: torch.Tensor) -> float | None:
+    if expected.shape != actual.shape:
+        return None
+    if expected.numel() == 0:
+        return 0.0
+    diff = (actual.double() - expected.double()).abs()
+    both_nan = torch.isnan(actual.double()) & torch.isnan(expected.double())
+    return float(torch.where(both_nan, torch.zeros_like(diff), diff).max())
+
+
+# --- presenting ----------------------------------------------------------------------------------------
+
+HEADER = ("layer", "module", "form", "dtype", "rebuilt", "input", "max err", "reason")
+
+
+def format_report(report: Report) -> str:
+    """The terminal table: one row per norm, then the summary line."""
+    lines = [
+        f"{report.model} ({_dtype_name(report.dtype)}), {report.stage} stage, backend {report.backend}: "
+        f"{len(report.rows)} norms"
+    ]
+    if report.rows:
+        lines.append(format_table(HEADER, [r.cells() for r in report.rows]))
+    lines.append(summary_line(report))
+    return "\n".join(lines)
+
+
+def summary_line(report: Report) -> str:
+    verdict = "within" if report.ok else "OUTSIDE"
+    reasons = sorted({r.decision.reason for r in report.left})
+    distinct = f" ({len(reasons)} distinct reason{'s' if len(reasons) != 1 else ''})" if reasons else ""
+    left = f"{len(report.left)} left decomposed{distinct}"
+    return (
+        f"{len(report.rebuilt)} of {len(report.rows)} norms rebuilt, {left}; max error against "
+        f"{report.reference} {_error(report.output_error)} (unrewritten program {_error(report.unrewritten_error)}); "
+        f"rewritten vs unrewritten {_error(report.difference)}, {verdict} the allowed {_error(report.allowed)}"
+    )
+
+
+def to_json(report: Report) -> dict:
+    """The report as JSON data that validates against ``report.schema.json``."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "model": {
+            "name": report.model, "kind": report.kind, "dtype": _dtype_name(report.dtype) if report.dtype else None,
+        },
+        "backend": report.backend,
+        "stage": report.stage,
+        "reference": report.reference,
+        "norms": [
+            {
+                "mean": r.decision.mean,
+                "layer": r.layer,
+                "module_path": r.decision.module_path,
+                "form": r.decision.form,
+                "dtype": _dtype_name(r.decision.dtype) if r.decision.dtype else None,
+                "rebuilt": r.decision.rebuilt,
+                "reason": r.decision.reason,
+                "input": r.decision.input,
+                "weight": r.decision.weight,
+                "eps": _number(r.decision.eps),
+                "normalized_shape": list(r.decision.normalized_shape) if r.decision.normalized_shape else None,
+                "node": r.decision.node,
+                "max_error": _number(r.max_error),
+            }
+            for r in report.rows
+        ],
+        "summary": {
+            "norms": len(report.rows),
+            "rebuilt": len(report.rebuilt),
+            "left": len(report.left),
+            "output_max_error": _number(report.output_error),
+            "unrewritten_max_error": _number(report.unrewritten_error),
+            "rewritten_vs_unrewritten": _number(report.difference),
+            "allowed": _number(report.allowed),
+            "ok": report.ok,
+        },
+    }
+
+
+def schema() -> dict:
+    """The JSON schema of :func:`to_json`'s output (``report.schema.json``)."""
+    import json
+
+    return json.loads(resources.files("edgefuse").joinpath("report.schema.json").read_text())
+
+
+def _number(value: float | None) -> float | None:
+    """JSON has no NaN or infinity: those, and None, become null."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.") if dtype is not None else "-"
+
+
+def _error(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"

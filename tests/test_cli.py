@@ -1,0 +1,310 @@
+"""The ``edgefuse`` command line, driven as a user drives it.
+
+Subprocess runs (``python -m edgefuse ...``) cover what only a real process shows: bad input ends
+with exit 2 and a message instead of a traceback, the JSON on stdout validates against the documented
+schema, ``lower`` writes a ``.pte`` that loads and a delegate map that is a valid SVG naming the
+delegates. Each such run pays torch's and ExecuTorch's import (seconds), so
+the rest runs in-process through ``edgefuse.cli.main``: every built-in model reports every norm, the
+benchmark, the fuzz hand-off and the parts behind them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("transformers")
+
+from edgefuse import cli  # noqa: E402
+from edgefuse.errors import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Unavailable  # noqa: E402
+from edgefuse.lowering import DelegateSummary, Segment  # noqa: E402
+from edgefuse.models import MODEL_NAMES  # noqa: E402
+from edgefuse.modelspec import resolve  # noqa: E402
+from edgefuse.report import build_report, layer_of, schema, to_json  # noqa: E402
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+MODELS_PY = textwrap.dedent(
+    '''
+    import torch
+    from torch import nn
+
+
+    class Norm(nn.Module):
+        """Hugging Face Llama's RMSNorm."""
+
+        def __init__(self, width):
+            super().__init__()
+            self.weight = nn.Parameter(1 + 0.1 * torch.randn(width))
+
+        def forward(self, x):
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return self.weight * h.to(x.dtype)
+
+
+    class Block(nn.Module):
+        def __init__(self, width=32):
+            super().__init__()
+            self.norm = Norm(width)
+            self.linear = nn.Linear(width, width, bias=False)
+
+        def forward(self, x):
+            return x + self.linear(self.norm(x))
+
+
+    def block():
+        torch.manual_seed(0)
+        return Block(), (torch.randn(1, 8, 32),)
+
+
+    def raises():
+        raise RuntimeError("the checkpoint is not here")
+
+
+    def data_dependent():
+        class M(nn.Module):
+            def forward(self, x):
+                if x.sum() > 0:
+                    return x
+                return -x
+
+        return M(), (torch.randn(3),)
+    '''
+)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """A folder with models.py (the file models above) and block.pt2 (a saved float16 program)."""
+    path = tmp_path_factory.mktemp("cli")
+    (path / "models.py").write_text(MODELS_PY)
+    spec = resolve(f"{path / 'models.py'}:block", torch.float16)
+    torch.export.save(spec.export(), str(path / "block.pt2"))
+    return path
+
+
+def run(*args: str, cwd) -> subprocess.CompletedProcess:
+    """``python -m edgefuse -q ARGS`` in ``cwd``; stdout and stderr as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "edgefuse", "-q", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=600,
+    )
+
+
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+# --- bad input, as a user meets it (subprocess) ---------------------------------------------------------
+
+def test_unknown_model_exits_2_and_lists_every_known_name(workdir):
+    done = run("report", "tiny-nope", cwd=workdir)
+    assert done.returncode == USAGE, done.stderr
+    message = last_line(done.stderr)
+    assert "unknown model 'tiny-nope'" in message
+    for name in MODEL_NAMES:
+        assert name in message
+    assert "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_a_file_function_that_raises_exits_2_and_says_where(workdir):
+    done = run("report", "models.py:raises", cwd=workdir)
+    assert done.returncode == USAGE, done.stderr
+    message = last_line(done.stderr)
+    assert "raises() raised RuntimeError: the checkpoint is not here" in message
+    assert "models.py:" in message  # the line it was raised at
+    assert "Traceback" not in done.stderr
+
+
+def test_a_missing_pt2_exits_2(workdir):
+    done = run("lower", "missing.pt2", "-o", "out.pte", cwd=workdir)
+    assert done.returncode == USAGE, done.stderr
+    assert "no such file 'missing.pt2'" in last_line(done.stderr)
+    assert not (workdir / "out.pte").exists()
+
+
+# --- the machine form (subprocess) ----------------------------------------------------------------------
+
+def test_report_json_of_a_real_model_validates_against_the_schema(workdir):
+    done = run("report", "tiny-qwen3", "--json", "--stage", "capture", "--dtype", "float16", cwd=workdir)
+    assert done.returncode == OK, done.stderr
+    data = json.loads(done.stdout)
+    jsonschema.validate(data, schema(), cls=jsonschema.Draft202012Validator)
+    assert data["model"] == {"name": "tiny-qwen3", "kind": "builtin", "dtype": "float16"}
+    assert data["summary"]["norms"] == len(data["norms"]) == 9  # 2 layers x (2 + q, k) + the final norm
+    assert data["summary"]["ok"] is True
+    paths = {n["module_path"] for n in data["norms"]}
+    assert "model.model.layers.1.self_attn.q_norm" in paths and "model.model.norm" in paths
+    assert all(n["max_error"] is not None for n in data["norms"])
+
+
+# --- lowering and the delegate map (subprocess) ---------------------------------------------------------
+
+def test_lower_writes_a_pte_and_a_delegate_map_that_names_the_delegates(workdir):
+    done = run("lower", "models.py:block", "-o", "block.pte", cwd=workdir)
+    assert done.returncode == OK, done.stderr
+    out = done.stdout
+    assert "before (stock) and after (edgefuse)" in out
+    stock = next(line for line in out.splitlines() if line.strip().startswith("stock:"))
+    ours = next(line for line in out.splitlines() if line.strip().startswith("edgefuse:"))
+    assert "delegate" in stock and "ops outside" in stock and "within" in stock
+    assert "delegate" in ours and "ops outside" in ours and "within" in ours
+
+    pte = (workdir / "block.pte").read_bytes()
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(pte).load_method("forward")
+    assert method is not None
+
+    svg = workdir / "block.delegates.svg"  # the default: next to the .pte
+    root = ET.parse(svg).getroot()
+    assert root.tag == f"{SVG}svg"
+    assert float(root.get("width")) > 0 and float(root.get("height")) > 0
+    text = " ".join(t.text or "" for t in root.iter(f"{SVG}text"))
+    assert "XnnpackBackend" in text
+    headers = [t.text for t in root.iter(f"{SVG}text") if t.text and t.text.startswith(("stock:", "edgefuse:"))]
+    assert [h.split(":")[0] for h in headers] == ["stock", "edgefuse"]
+    assert headers[0].split(",")[0] in stock  # "stock: N delegates" agrees with the printed summary
+
+
+def test_the_console_script_is_edgefuse_cli_main():
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("edgefuse") == "edgefuse.cli:main"
+    assert "edgefuse-demo" not in scripts
+
+
+# --- in-process: every built-in model, the benchmark, the fuzz hand-off ---------------------------------
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_every_built_in_model_reports_every_norm(name):
+    report = build_report(resolve(name), backend="qnn", stage="capture")
+    assert report.rows, "no norm found"
+    for row in report.rows:
+        decision = row.decision
+        assert decision.rebuilt or (decision.reason and decision.reason != "rebuilt"), decision
+        assert decision.module_path, decision  # where the norm is, for every norm of a real model
+    assert report.ok, report
+    data = to_json(report)
+    jsonschema.validate(data, schema(), cls=jsonschema.Draft202012Validator)
+    assert data["summary"]["rebuilt"] + data["summary"]["left"] == data["summary"]["norms"]
+
+
+def test_report_of_a_saved_program_compares_with_that_program(workdir, capsys):
+    assert cli.main(["-q", "report", str(workdir / "block.pt2")]) == OK
+    out = capsys.readouterr().out
+    assert "block.pt2 (float16), edge stage, backend qnn: 1 norms" in out
+    assert "1 of 1 norms rebuilt" in out and "max error against program" in out
+
+
+def test_bench_alternates_and_prints_ratios(workdir, capsys):
+    code = cli.main(["-q", "bench", f"{workdir / 'models.py'}:block", "--runs", "10", "--warmup", "1"])
+    out = capsys.readouterr().out
+    assert code == OK, out
+    assert "10 runs each alternating after 1 warm-up" in out
+    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("stock ", "edgefuse "))}
+    assert set(rows) == {"stock", "edgefuse"}
+    assert rows["stock"][-1] == "1.00" and float(rows["edgefuse"][-1]) > 0
+
+
+def test_fuzz_hands_its_arguments_over(monkeypatch, capsys):
+    seen = []
+    module = type(sys)("edgefuse.fuzz")
+    module.main = lambda argv: seen.append(argv) or 0
+    monkeypatch.setitem(sys.modules, "edgefuse.fuzz", module)
+    assert cli.main(["fuzz", "--cases", "3", "--help"]) == OK
+    assert seen == [["--cases", "3", "--help"]]
+
+
+def test_fuzz_says_so_when_the_fuzzer_is_missing(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "edgefuse.fuzz", None)  # import edgefuse.fuzz now raises ImportError
+    assert cli.main(["fuzz"]) == UNAVAILABLE
+    assert "edgefuse fuzz is unavailable" in capsys.readouterr().err
+
+
+def test_edgefuse_lowering_missing_is_unavailable_not_a_crash(monkeypatch):
+    from edgefuse.lowering import edgefuse_lower
+
+    monkeypatch.setitem(sys.modules, "edgefuse.xnnpack", None)
+    with pytest.raises(Unavailable, match="edgefuse's XNNPACK lowering is unavailable"):
+        edgefuse_lower(object())
+
+
+def test_bad_usage_in_process(workdir, capsys):
+    assert cli.main(["report", str(workdir / "models.py")]) == USAGE
+    assert "names a file but no function" in capsys.readouterr().err
+    assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
+    assert "functions defined there: block, data_dependent, raises" in capsys.readouterr().err
+    assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE
+    assert "unknown backend 'npu9'" in capsys.readouterr().err
+    assert cli.main(["report", str(workdir / "block.pt2"), "--dtype", "float32"]) == USAGE
+    assert "saved program" in capsys.readouterr().err
+    assert cli.main(["lower", f"{workdir / 'models.py'}:block", "-o", "out.bin"]) == USAGE
+    assert "must end in .pte" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["report"])  # argparse: MODEL is required
+    assert exit_.value.code == USAGE
+
+
+def test_a_file_that_does_not_export_says_why(workdir, capsys):
+    assert cli.main(["-q", "report", f"{workdir / 'models.py'}:data_dependent"]) == USAGE
+    err = capsys.readouterr().err
+    assert "does not export with torch.export" in err and "data-dependent" in err
+    assert "def forward" not in err  # torch's partial graph dump is kept out of the message
+
+
+def test_a_mismatch_exits_1(workdir, monkeypatch, capsys):
+    import edgefuse.report as report
+
+    real = report.compare
+
+    def off_by_a_lot(reference, actual, ulps=2.0, dtype=None):
+        return real(reference, actual + 1.0, ulps, dtype)
+
+    monkeypatch.setattr(report, "compare", off_by_a_lot)
+    assert cli.main(["-q", "report", f"{workdir / 'models.py'}:block", "--stage", "capture"]) == CHECK_FAILED
+    assert "OUTSIDE the allowed" in capsys.readouterr().out
+
+
+# --- the parts ------------------------------------------------------------------------------------------
+
+def test_the_schema_is_a_valid_draft_2020_12_schema():
+    jsonschema.Draft202012Validator.check_schema(schema())
+
+
+def test_layers_are_read_from_module_paths():
+    assert layer_of("model.model.layers.1.self_attn.q_norm") == "layers.1"
+    assert layer_of("model.encoder.block.0.layer.1.layer_norm") == "encoder.block.0"
+    assert layer_of("model.model.norm") is None
+    assert layer_of("norms.0") is None  # a list of norms is not a list of layers
+    assert layer_of(None) is None
+
+
+def test_the_delegate_map_marks_splits_and_escapes_names():
+    from edgefuse.delegate_map import render
+
+    stock = DelegateSummary("stock", [
+        Segment("delegate", ["linear"], "XnnpackBackend", 0),
+        Segment("outside", ["mean.dim", "_to_dim_order_copy"]),
+        Segment("delegate", ["mul.Tensor"], "XnnpackBackend", 1),
+    ])
+    ours = DelegateSummary("edgefuse <&>", [Segment("delegate", ["linear", "xnn_mean", "mul.Tensor"], "XnnpackBackend", 0)])
+    assert stock.delegates == 2 and stock.splits == 1 and stock.outside == ["mean.dim", "_to_dim_order_copy"]
+    root = ET.fromstring(render([stock, ours], "map"))
+    assert root.tag == f"{SVG}svg"
+    texts = [t.text for t in root.iter(f"{SVG}text")]
+    assert any(t.startswith("split: 2 ops") for t in texts)
+    assert "edgefuse <&>: 1 delegate, 0 ops outside, 0 splits" in texts
+    assert sum("XnnpackBackend #" in t for t in texts) == 3
