@@ -128,7 +128,50 @@ def test_rule_no_eps_is_eps_zero(mode):
     rewritten = rewrite(module, (_x(),), mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[3] == 0.0
+    assert cast_path(node.args[0]) == ("x", ())
     assert_matches_eager(module, (_x(),), rewritten)
+
+
+def _with_a_zero_row(dtype):
+    x = _x(dtype)
+    x[0, 0] = 0  # a padding row: its mean of squares is exactly 0
+    return x
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_an_eps_that_underflows_where_it_is_added_is_eps_zero(mode):
+    """1e-12 is 0 in float16: the model's zero row is 0 * rsqrt(0) = NaN, and the rebuilt norm must agree."""
+    module, inputs = EpsNorm(1e-12), (_with_a_zero_row(torch.float16),)
+    rewritten = rewrite(module, inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert node.args[3] == 0.0
+    assert cast_path(node.args[0]) == ("x", ())
+    [decision] = rewritten.result.decisions
+    if mode == "capture":  # edge graphs lift eps into a float16 constant, already 0
+        assert "1e-12 is 0 in float16" in decision.note
+    assert torch.isnan(module(*inputs)[0, 0]).all()
+    assert_matches_eager(module, inputs, rewritten)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_an_eps_that_fits_keeps_its_value_and_has_no_note(mode):
+    module, inputs = EpsNorm(1e-12), (_with_a_zero_row(torch.float32),)
+    rewritten = rewrite(module, inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    written = 1e-12 if mode == "capture" else torch.tensor(1e-12).item()  # edge lifts it into a float32 constant
+    assert node.args[3] == written
+    assert rewritten.result.decisions[0].note is None
+    assert cast_path(node.args[0]) == ("x", ())
+    assert_matches_eager(module, inputs, rewritten)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_an_eps_that_overflows_where_it_is_added_stays(mode):
+    """1e5 is inf in float16: every sum is inf and the model's norm is 0; rms_norm in float32 would not be."""
+    module, inputs = EpsNorm(1e5), (_x(torch.float16),)
+    rewritten = rewrite(module, inputs, mode)
+    assert_left(rewritten, "overflows float16" if mode == "capture" else "eps is inf")  # edge lifts a float16 inf
+    assert_matches_eager(module, inputs, rewritten, ulps=0)
 
 
 # Rule 5: only dtype-only casts between normalization and weight; the weight has the normalized shape.
@@ -155,6 +198,7 @@ def test_rule_a_weight_of_another_shape_is_not_the_weight(mode):
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2] is None
+    assert cast_path(node.args[0]) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -298,6 +342,53 @@ def test_rule_rounding_inside_the_norm_stays(mode):
     assert_matches_eager(module, (_x(),), rewritten, ulps=0)
 
 
+class HalfRoundInsideNorm(nn.Module):
+    """A ``dtype`` norm computed in float32 that rounds the normalized tensor to the other half dtype."""
+
+    def __init__(self, inside: torch.dtype):
+        super().__init__()
+        self.inside = inside
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return h.to(self.inside).to(x.dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "dtype, inside", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)], ids=["f16-via-bf16", "bf16-via-f16"]
+)
+def test_rule_rounding_to_the_other_half_dtype_inside_the_norm_stays(mode, dtype, inside):
+    """Neither half dtype holds the other's values: a rounding to it inside the norm is below D."""
+    module, inputs = HalfRoundInsideNorm(inside), (_x(dtype),)
+    rewritten = rewrite(module, inputs, mode)
+    for node in rms_norm_nodes(rewritten.graph_module):  # only a float32 norm before the rounding may be rebuilt
+        assert node.meta["val"].dtype == torch.float32
+        assert cast_path(node.args[0]) == ("x", (torch.float32,))
+    assert not any(d.rebuilt and d.dtype == dtype for d in rewritten.result.decisions)
+    assert_matches_eager(module, inputs, rewritten, dtype=dtype)
+
+
+class UpcastThroughTheOtherHalfNorm(nn.Module):
+    """A bfloat16 norm whose upcast goes through float16, which rounds bfloat16 values."""
+
+    def forward(self, x):
+        h = x.to(torch.float16).float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return h.to(x.dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_the_walk_back_never_passes_a_cast_between_half_dtypes(mode):
+    module, inputs = UpcastThroughTheOtherHalfNorm(), (_x(torch.bfloat16),)
+    rewritten = rewrite(module, inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)  # rebuilt in float32, on the float16-rounded copy
+    assert node.meta["val"].dtype == torch.float32
+    assert cast_path(node.args[0]) == ("x", (torch.float16, torch.float32))
+    assert_matches_eager(module, inputs, rewritten, dtype=torch.bfloat16)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_rule_a_half_norm_with_a_float32_weight_stays(mode):
     module = LlamaNorm().to(torch.float16)
@@ -354,6 +445,7 @@ def test_qnn_folds_gemmas_one_plus_w_into_a_constant(mode):
     [node] = rms_norm_nodes(rewritten.graph_module)
     weight = node.args[2]
     assert weight.op in ("get_attr", "placeholder") and "rms_norm_weight" in weight.name
+    assert cast_path(node.args[0]) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -379,6 +471,7 @@ def test_qnn_takes_the_weight_in_the_norm_dtype_behind_a_cast(mode):
     rewritten = rewrite(module, inputs, mode, backend="qnn")
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2].meta["val"].dtype == torch.float16
+    assert cast_path(node.args[0]) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 

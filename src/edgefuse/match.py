@@ -10,7 +10,9 @@ weight and trailing dtype-only casts. The rules, each with its reason:
    tensors is another function.
 3. The scaled tensor holds the squared tensor's values (the two may differ by casts that widen and change
    nothing else, as in T5, which squares a float32 copy): otherwise a rebuilt norm would drop one of them.
-4. eps is a finite, non-negative number known when the program is built.
+4. eps is a finite, non-negative number known when the program is built, taken as the model adds it:
+   an eps too small for the dtype of the addition (1e-12 in float16) adds nothing there, so the norm is
+   rebuilt with eps 0 and a zero row still gives NaN as in the model; one that overflows it stays.
 5. Only dtype-only casts sit between the normalization and the weight multiply, the weight has exactly
    the normalized shape, and a scalar is never a weight: so a later ``* s`` is never taken as the weight.
 6. The input is the nearest tensor of the output dtype among those holding the scaled values: the walk
@@ -80,6 +82,7 @@ class NormMatch:
     normalized_shape: tuple[int, ...]
     dtype: torch.dtype
     nodes: tuple[Node, ...]
+    note: str | None = None
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,7 @@ class _Core:
     eps: float
     normalized_shape: tuple[int, ...]
     nodes: tuple[Node, ...]
+    note: str | None = None
 
 
 def _single_user(node: Node, table: OpTable) -> Node | None:
@@ -186,6 +190,22 @@ def _eps(add: Node, mean: Node, table: OpTable, constants: GraphConstants) -> fl
     return eps
 
 
+def _eps_as_added(eps: float, dtype: torch.dtype | None) -> tuple[float, str | None] | str:
+    """eps as an addition in ``dtype`` applies it, with a note when that differs from the written value.
+
+    The sum is rounded to ``dtype``: an eps that rounds to zero there adds nothing to any mean (0 on a zero
+    row stays 0), while one that rounds to inf makes every sum inf.
+    """
+    if dtype is None or not dtype.is_floating_point or eps == 0:
+        return eps, None
+    added = torch.tensor(eps, dtype=torch.float64).to(dtype).item()
+    if not math.isfinite(added):
+        return f"eps {eps!r} overflows {_dtype_name(dtype)}, the dtype the model adds it in"
+    if added == 0:
+        return 0.0, f"eps {eps!r} is 0 in {_dtype_name(dtype)}, where the model adds it: rebuilt with eps 0"
+    return eps, None
+
+
 def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core | Rejection:
     """Rules 1 to 4: the normalization itself, up to the multiply by the scaled tensor."""
     squared = mean.args[0] if mean.args else None
@@ -211,11 +231,13 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
 
     nodes = [squared, mean]
     step = _single_user(mean, table)
-    eps = 0.0
+    eps, note = 0.0, None
     if step is not None and table.is_a(step, Role.ADD):
-        eps = _eps(step, mean, table, constants)
-        if isinstance(eps, str):
-            return Rejection(mean, eps, nodes=tuple(nodes))
+        written = _eps(step, mean, table, constants)
+        added = written if isinstance(written, str) else _eps_as_added(written, dtype_of(step))
+        if isinstance(added, str):
+            return Rejection(mean, added, nodes=tuple(nodes))
+        eps, note = added
         nodes.append(step)
         step = _single_user(step, table)
     if step is None:
@@ -237,7 +259,7 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
             tuple(nodes),
             eps=eps,
         )
-    return _Core(form, base, scaled, normalized, eps, shape, tuple(nodes))
+    return _Core(form, base, scaled, normalized, eps, shape, tuple(nodes), note)
 
 
 def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str:
@@ -415,6 +437,7 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
                 normalized_shape=core.normalized_shape,
                 dtype=dtype,
                 nodes=tuple(dict.fromkeys([*body, *(weight.chain if weight else ()), *ends[: i + 1]])),
+                note=core.note,
             )
         )
     if matches:

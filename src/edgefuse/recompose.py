@@ -22,7 +22,8 @@ from edgefuse.signature import sync_signature
 class Decision:
     """What happened to one candidate norm (one mean of squares): rebuilt or not, and why.
 
-    Node names refer to the graph as it was before the rewrite; ``node`` names the new ``rms_norm``.
+    Node names refer to the graph as it was before the rewrite; ``node`` names the new ``rms_norm``;
+    ``note`` says where the rebuilt node's arguments differ from how the model writes them, and why.
     """
 
     mean: str
@@ -36,6 +37,7 @@ class Decision:
     dtype: torch.dtype | None = None
     normalized_shape: tuple[int, ...] | None = None
     node: str | None = None
+    note: str | None = None
 
 
 @dataclass
@@ -130,7 +132,7 @@ class _Rewriter:
             return Decision(
                 mean.name, path, match.form, True, "rebuilt", match.input.name,
                 weight_node.name if weight_node is not None else None,
-                match.eps, match.dtype, match.normalized_shape, node.name,
+                match.eps, match.dtype, match.normalized_shape, node.name, match.note,
             )
         longest = found[0]
         return Decision(
