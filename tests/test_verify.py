@@ -12,6 +12,19 @@ def test_tolerance_is_units_in_the_last_place_at_the_largest_magnitude():
     assert tolerance(torch.float16, reference, ulps=2) == 2 * ulp(torch.float16) * 8.0
 
 
+def test_small_outputs_get_a_small_tolerance():
+    """A norm scaled by a weight of 1e-3 is judged at its own magnitude, not at 1."""
+    reference = torch.tensor([1e-3, -2e-3], dtype=torch.float16)
+    assert tolerance(torch.float16, reference, ulps=2) == 2 * ulp(torch.float16) * float(reference.abs().max())
+    assert not compare(reference, reference + 1e-4).ok  # about 50 units in the last place at 2e-3
+
+
+def test_an_all_zero_output_is_compared_at_the_smallest_normal_value():
+    reference = torch.zeros(3)
+    assert compare(reference, reference.clone()).ok
+    assert not compare(reference, reference + 1e-30).ok
+
+
 def test_one_unit_in_the_last_place_passes_and_three_fail():
     reference = torch.tensor([1.0, 2.0], dtype=torch.float16)
     step = torch.tensor([0.0, 2 * ulp(torch.float16)], dtype=torch.float16)  # one unit at 2.0
