@@ -178,6 +178,54 @@ def test_lower_writes_a_pte_and_a_delegate_map_that_names_the_delegates(workdir)
     assert headers[0].split(",")[0] in stock  # "stock: N delegates" agrees with the printed summary
 
 
+# --- what a command imports (subprocess: a fresh sys.modules) ---------------------------------------------
+
+def fresh_python(code: str) -> dict:
+    """Run ``code`` in a new interpreter; it prints one JSON object, returned here."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_edgefuse_does_not_import_executorch_and_its_names_still_work():
+    data = fresh_python(
+        """
+        import json, sys
+        import edgefuse
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in ("executorch", "torch"))
+        from edgefuse import edge_compile_config, recompose_rms_norm
+        names = {name: getattr(edgefuse, name) is not None for name in edgefuse.__all__}
+        print(json.dumps({"loaded": loaded, "names": names, "public": recompose_rms_norm.__module__,
+                          "config": type(edge_compile_config()).__name__}))
+        """
+    )
+    assert not [m for m in data["loaded"] if m.partition(".")[0] == "executorch"], data["loaded"][:5]
+    assert set(data["names"]) >= {"recompose_rms_norm", "edge_compile_config", "Decision", "PROFILES"}
+    assert all(data["names"].values())
+    assert data["public"] == "edgefuse.recompose" and data["config"] == "EdgeCompileConfig"
+
+
+def test_help_and_usage_errors_do_not_import_torch():
+    data = fresh_python(
+        """
+        import contextlib, io, json, sys
+        from edgefuse import cli
+        codes = []
+        for argv in (["--help"], ["demo", "--help"], ["report"], ["lower", "m.py:f", "-o", "out.bin"],
+                     ["bench", "m.py:f", "--runs", "3"]):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                try:
+                    codes.append(cli.main(argv))
+                except SystemExit as exit_:
+                    codes.append(exit_.code)
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in ("executorch", "torch"))
+        print(json.dumps({"codes": codes, "loaded": loaded}))
+        """
+    )
+    assert data["codes"] == [OK, OK, USAGE, USAGE, USAGE]
+    assert data["loaded"] == []
+
+
 def test_the_console_script_is_edgefuse_cli_main():
     from importlib.metadata import entry_points
 

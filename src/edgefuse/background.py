@@ -2,8 +2,9 @@
 
 Lowering a transformer for XNNPACK takes tens of seconds of one core; ``edgefuse demo`` has two such
 steps that do not depend on each other, and a machine with two cores can run them side by side. The
-worker is forked (it inherits the imported modules, so it pays no import time again) before this
-process has run any tensor code, so no OpenMP threads exist to be broken by the fork. Where ``fork`` is
+worker is forked (it inherits the imported modules and built programs, so it pays for neither again);
+the caller keeps torch to one thread before it runs any tensor code, so no OpenMP pool exists to be
+broken by the fork. Where ``fork`` is
 not available, or there is a single core, the step runs in this process when its result is asked for:
 the same code, in sequence.
 """

@@ -45,9 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "demo", parents=[common],
         help="tiny Qwen3: rebuild its norms for QNN, lower it for XNNPACK stock and with edgefuse",
-        description="Build tiny-qwen3 from its embedded config (no network), export it in float32 and "
-        "float16, rebuild its norms for QNN, lower the float16 program for XNNPACK stock and with edgefuse, "
-        "run both .pte in executorch.runtime and print the per-norm tables and the delegate counts.",
+        description="Build tiny-qwen3 with one decoder layer from its embedded config (no network), export "
+        "it in float32 and float16, rebuild its norms for QNN in the captured graph, lower the float16 program "
+        "for XNNPACK stock and with edgefuse, run both .pte in executorch.runtime and print the per-norm "
+        "tables and the delegate counts.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
 

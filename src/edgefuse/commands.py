@@ -2,7 +2,9 @@
 
 They glue the parts together (MODEL resolution, the report, the two lowerings, the runtime, the map)
 and print results to stdout; progress goes to the ``say`` callable (stderr). Errors are raised as
-:mod:`edgefuse.errors` exceptions, which ``edgefuse.cli`` turns into messages and exit codes.
+:mod:`edgefuse.errors` exceptions, which ``edgefuse.cli`` turns into messages and exit codes. Each
+command checks its arguments and resolves MODEL before it imports ExecuTorch, so bad input is reported
+without waiting for it.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import json
 import os
 from typing import Callable
 
-from edgefuse.errors import CHECK_FAILED, OK, UsageError
+from edgefuse.errors import CHECK_FAILED, OK, Unavailable, UsageError
 
 Say = Callable[[str], None]
 
@@ -51,12 +53,12 @@ def _write_map(path: str, summaries, title: str, say: Say) -> None:
 
 def report(args, say: Say) -> int:
     """``edgefuse report MODEL``: the per-norm table (or JSON) and its summary line."""
-    from edgefuse.report import build_report, format_report, to_json
-
     _check_backend(args.backend)
     if args.map:
         _check_output(args.map, "delegate map")
     spec = _spec(args)
+    from edgefuse.report import build_report, format_report, to_json  # ExecuTorch: only once the input is good
+
     result = build_report(spec, backend=args.backend, stage=args.stage, progress=say)
     if args.json:
         print(json.dumps(to_json(result), indent=2))
@@ -73,9 +75,6 @@ def report(args, say: Say) -> int:
 
 def lower(args, say: Say) -> int:
     """``edgefuse lower MODEL -o out.pte``: edgefuse's XNNPACK flow, compared with stock, and the map."""
-    from edgefuse.errors import Unavailable
-    from edgefuse.flows import comparison_lines, flat_tensors, lower_to_pte, run_and_check
-
     output = args.output
     if not output.endswith(".pte"):
         raise UsageError(f"-o {output}: the output is an ExecuTorch program and its name must end in .pte")
@@ -83,6 +82,8 @@ def lower(args, say: Say) -> int:
     _check_output(output, ".pte")
     _check_output(map_path, "delegate map")
     spec = _spec(args)
+    from edgefuse.flows import comparison_lines, flat_tensors, lower_to_pte, run_and_check
+
     say(f"exporting {spec.name}")
     program = spec.export()
     expected = flat_tensors(spec.eager())
@@ -107,15 +108,15 @@ def lower(args, say: Say) -> int:
 
 def bench(args, say: Say) -> int:
     """``edgefuse bench MODEL``: stock against edgefuse in the runtime, alternating, with ratios."""
-    from edgefuse.flows import flat_tensors, lower_to_pte, run_and_check
-    from edgefuse.runtime import alternate, set_threads
-    from edgefuse.table import format_table
-
     if args.runs < 10:
         raise UsageError("--runs must be at least 10")
     if args.threads < 1:
         raise UsageError("--threads must be at least 1")
     spec = _spec(args)
+    from edgefuse.flows import flat_tensors, lower_to_pte, run_and_check
+    from edgefuse.runtime import alternate, set_threads
+    from edgefuse.table import format_table
+
     say(f"exporting {spec.name}")
     program = spec.export()
     expected = flat_tensors(spec.eager())
@@ -141,8 +142,6 @@ def bench(args, say: Say) -> int:
 
 def fuzz(args, say: Say) -> int:
     """``edgefuse fuzz ...``: hands its arguments to ``edgefuse.fuzz.main``, which another part provides."""
-    from edgefuse.errors import Unavailable
-
     try:
         from edgefuse.fuzz import main
     except ImportError as error:

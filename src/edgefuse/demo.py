@@ -1,16 +1,21 @@
 """``edgefuse demo``: tiny Qwen3 from an embedded config, its norms rebuilt for QNN, lowered for XNNPACK.
 
 No arguments and no network: the model is built from the config in :mod:`edgefuse.models` with random
-weights. In float32 and float16 the demo exports it, converts it to the edge dialect and rebuilds its
-RMSNorms for QNN, printing one row per norm (with the error of the norm's output against eager); then
-it lowers the float16 program for XNNPACK twice, stock and with edgefuse, runs both ``.pte`` files in
-``executorch.runtime`` and prints the delegate counts, with a delegate map written to a temporary
-directory.
+weights and one decoder layer, which holds every kind of norm Qwen3 has (the input and post-attention
+norms, and the q and k norms inside attention), followed by the final norm. The demo exports it once in
+float32 and once in float16. In each, it rebuilds the RMSNorms for QNN in the captured graph, the graph
+QNN's quantizer works on, and prints one row per norm with the error of the norm's output against
+eager. Then it lowers the float16 program for XNNPACK twice, stock and with edgefuse, runs both ``.pte``
+files in ``executorch.runtime``, checks them against eager and prints the delegate counts, with a
+delegate map written to a temporary directory.
 
-XNNPACK lowering is the slow part (tens of seconds of one core per lowering of this model), so the
-demo lowers one dtype, float16, where edgefuse changes most (stock splits its delegate at every norm's
-casts and mean; ``edgefuse lower tiny-qwen3 --dtype float32 -o out.pte`` shows float32), and runs the
-stock half in a forked worker (:mod:`edgefuse.background`) while this process does the edgefuse half.
+XNNPACK lowering is the slow part, so the demo lowers one dtype, float16, where edgefuse changes most
+(stock splits its delegate at every norm's casts and mean; ``edgefuse lower tiny-qwen3 --dtype float32
+-o out.pte`` shows float32). It builds the XNNPACK backend's pattern graphs once
+(:func:`edgefuse.lowering.build_xnnpack_patterns`), then forks a worker (:mod:`edgefuse.background`)
+that lowers stock while this process rebuilds the QNN norms and lowers with edgefuse. No step runs
+twice: one export per dtype serves every use of that dtype, and the eager run that the float16 norm
+table compares with is also the reference for both ``.pte`` files.
 """
 
 from __future__ import annotations
@@ -19,16 +24,22 @@ import os
 import tempfile
 
 import torch
+from torch.export import ExportedProgram
 
 from edgefuse.background import Background
-from edgefuse.errors import CHECK_FAILED, OK, UNAVAILABLE, Unavailable
+from edgefuse.errors import CHECK_FAILED, OK, UNAVAILABLE, Unavailable, UsageError
 from edgefuse.flows import Lowered, comparison_lines, flat_tensors, lower_to_pte, run_and_check
-from edgefuse.modelspec import resolve
+from edgefuse.lowering import build_xnnpack_patterns
+from edgefuse.modelspec import ModelSpec
 from edgefuse.progress import Progress
 from edgefuse.report import Report, build_report, format_report
 
 MODEL = "tiny-qwen3"
+LAYERS = 1  # `edgefuse report tiny-qwen3` builds the config's two
 XNNPACK_DTYPE = torch.float16
+
+#: The float16 program, for the worker: a forked worker inherits it, where an argument would be pickled.
+_for_worker: dict[str, ExportedProgram] = {}
 
 
 def map_path() -> str:
@@ -41,36 +52,49 @@ def map_path() -> str:
 def run(say: Progress | None = None) -> int:
     """Run the demo, printing results to stdout and progress to ``say``; returns the exit code."""
     say = say or Progress(enabled=False)
-    print(f"edgefuse demo: {MODEL}, a 2-layer Qwen3 built from a config embedded in edgefuse, random weights")
-    with Background() as background:
-        other_half = background.submit(_float16_qnn_and_stock, say.start, say.enabled)
+    # One intra-op thread: no OpenMP pool is started for the forked worker to inherit, and the worker and
+    # this process have a core each.
+    torch.set_num_threads(1)
+    print(f"edgefuse demo: {MODEL} with {LAYERS} decoder layer (input, post-attention, q and k norms) and "
+          f"the final norm, built from a config embedded in edgefuse, random weights")
 
-        print("\n1. Rebuilding the decomposed RMSNorms for QNN, in the edge program\n")
-        float32 = _qnn_report(torch.float32, say)
-        print(format_report(float32), flush=True)
+    say(f"building {MODEL} and exporting it in {_name(XNNPACK_DTYPE)}")
+    spec16 = _build(XNNPACK_DTYPE)
+    program16 = spec16.export()
+    say("building the XNNPACK backend's pattern graphs, once for both lowerings")
+    build_xnnpack_patterns()
+    _for_worker["program"] = program16
+    try:
+        with Background() as background:
+            pending = background.submit(_stock_lowering, say.start, say.enabled)
 
-        say(f"building and exporting {MODEL} in {_name(XNNPACK_DTYPE)}")
-        spec = resolve(MODEL, XNNPACK_DTYPE)
-        program = spec.export()
-        unavailable = None
-        try:
-            ours = lower_to_pte(program, "edgefuse", say)
-        except Unavailable as error:
-            ours, unavailable = None, error
-        say("waiting for the worker (QNN in float16, stock XNNPACK lowering)")
-        float16, stock = other_half.result()
+            print("\n1. Rebuilding the decomposed RMSNorms for QNN, in the captured graph its quantizer sees\n")
+            say(f"building {MODEL} and exporting it in float32")
+            spec32 = _build(torch.float32)
+            float32, _ = _qnn_report(spec32, spec32.export(), say)
+            print(format_report(float32), flush=True)
+            float16, eager16 = _qnn_report(spec16, program16, say)
+            print()
+            print(format_report(float16), flush=True)
 
-    print()
-    print(format_report(float16))
+            unavailable = None
+            try:
+                ours = lower_to_pte(program16, "edgefuse", say)
+            except Unavailable as error:
+                ours, unavailable = None, error
+            say("waiting for the worker (stock XNNPACK lowering)")
+            stock = pending.result()
+    finally:
+        _for_worker.clear()
     ok = float32.ok and float16.ok
 
     print(f"\n2. Lowering the {_name(XNNPACK_DTYPE)} program for XNNPACK, stock and with edgefuse, and running "
           "both .pte in executorch.runtime\n")
     say("running both programs in executorch.runtime")
-    expected = flat_tensors(spec.eager())
-    run_and_check(stock, spec.inputs, expected)
+    expected = flat_tensors(eager16 if eager16 is not None else spec16.eager())
+    run_and_check(stock, spec16.inputs, expected)
     if ours is not None:
-        run_and_check(ours, spec.inputs, expected, stock)
+        run_and_check(ours, spec16.inputs, expected, stock)
     print("\n".join(comparison_lines(stock, ours)))
     if unavailable is not None:
         print(f"  edgefuse: {unavailable}")
@@ -86,21 +110,32 @@ def run(say: Progress | None = None) -> int:
     return OK if ok else CHECK_FAILED
 
 
-def _qnn_report(dtype: torch.dtype, say) -> Report:
-    say(f"building and exporting {MODEL} in {_name(dtype)}")
-    spec = resolve(MODEL, dtype)
-    return build_report(spec, backend="qnn", stage="edge", progress=say, program=spec.export())
+def _build(dtype: torch.dtype) -> ModelSpec:
+    from edgefuse.models import build_model
+
+    try:
+        module, inputs = build_model(MODEL, dtype=dtype, layers=LAYERS)
+    except ImportError as error:
+        raise UsageError(f"the demo needs transformers: pip install 'edgefuse[models]' ({error})") from error
+    return ModelSpec(MODEL, "builtin", tuple(inputs), module=module)
 
 
-def _float16_qnn_and_stock(start: float, enabled: bool) -> tuple[Report, Lowered]:
-    """The worker's half: the float16 QNN report and the stock XNNPACK lowering of the float16 program."""
+def _qnn_report(spec: ModelSpec, program: ExportedProgram, say) -> tuple[Report, object]:
+    """The QNN report of ``program`` at the capture stage, and the eager output it compared with (or None)."""
+    eager = []
+    hook = spec.module.register_forward_hook(lambda _module, _args, output: eager.append(output))
+    try:
+        report = build_report(spec, backend="qnn", stage="capture", progress=say, program=program)
+    finally:
+        hook.remove()
+    return report, (eager[0] if len(eager) == 1 else None)
+
+
+def _stock_lowering(start: float, enabled: bool) -> Lowered:
+    """The worker's half: the stock XNNPACK lowering of the float16 program, serialized."""
     say = Progress(enabled=enabled)
     say.start = start
-    worker = lambda what: say(f"(worker) {what}")  # noqa: E731
-    report = _qnn_report(torch.float16, worker)
-    spec = resolve(MODEL, XNNPACK_DTYPE)
-    stock = lower_to_pte(spec.export(), "stock", worker)
-    return report, stock
+    return lower_to_pte(_for_worker["program"], "stock", lambda what: say(f"(worker) {what}"))
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -46,6 +46,23 @@ def edgefuse_lower(program: ExportedProgram):
     return lower(program)
 
 
+def build_xnnpack_patterns() -> None:
+    """Build the subgraph patterns ExecuTorch's XNNPACK backend matches in every delegate it preprocesses.
+
+    The backend builds them when it first needs them (it exports and converts a small module per
+    pattern: seconds of CPU) and keeps them for the life of the process. Building them before a
+    process forks a worker means that the worker and the process, each lowering one program, build them
+    once between them. The lowered programs are the same either way.
+    """
+    try:
+        from executorch.backends.xnnpack.partition.graphs import bilinear_2d, sdpa
+    except ImportError:  # another ExecuTorch layout: each lowering builds what it needs, as without this
+        return
+    for build in (getattr(sdpa, "get_graphs", None), getattr(bilinear_2d, "get_graphs_dict", None)):
+        if build is not None:
+            build()
+
+
 def lower(program: ExportedProgram, how: str):
     """Lower ``program`` with ``how`` (``"stock"`` or ``"edgefuse"``); returns an ``EdgeProgramManager``."""
     if how == STOCK:

@@ -145,6 +145,7 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     seq_len: int = 8,
+    layers: int | None = None,
 ) -> tuple[torch.nn.Module, tuple]:
     """Build a tiny model by name and example inputs for it.
 
@@ -154,13 +155,16 @@ def build_model(
     random init under ``torch.manual_seed(seed)``, the module is in eval mode
     and converted with ``.to(dtype)``, so each norm keeps its own casts. Norm
     weights are the HF init plus N(0, 0.1) noise (see ``_jitter_norm_weights``).
+    ``layers`` replaces the config's number of layers (2; for T5, in the
+    encoder and in the decoder).
     """
     spec = _SPECS.get(name)
     if spec is None:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(MODEL_NAMES)}")
     import transformers
 
-    config = getattr(transformers, spec.config_cls)(**spec.config)
+    values = spec.config if layers is None else _with_layers(spec.config, layers)
+    config = getattr(transformers, spec.config_cls)(**values)
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model_cls)(config)
     gen = torch.Generator().manual_seed(seed)
@@ -173,3 +177,14 @@ def build_model(
         dec = torch.randint(3, config.vocab_size, (1, seq_len), generator=gen, dtype=torch.int64)
         return module, (ids, dec)
     return module, (ids,)
+
+
+def _with_layers(config: dict[str, Any], layers: int) -> dict[str, Any]:
+    """``config`` with ``layers`` layers (a per-layer ``layer_types`` list repeats its pattern)."""
+    if layers < 1:
+        raise ValueError(f"layers must be at least 1, got {layers}")
+    values = {**config, **{k: layers for k in ("num_hidden_layers", "num_layers", "num_decoder_layers") if k in config}}
+    if "layer_types" in config:
+        pattern = config["layer_types"]
+        values["layer_types"] = [pattern[i % len(pattern)] for i in range(layers)]
+    return values
