@@ -510,3 +510,20 @@ def test_rule_a_buffer_the_model_mutates_is_never_folded_into_eps(mode):
     reference = StatefulEpsNorm()
     for _ in range(3):  # the buffer grows on every call: eps must follow it
         assert compare(reference(_x()), rewritten.run(_x()), ulps=0).ok
+
+
+class SharedRsqrtNorm(nn.Module):
+    """The inverse root is also an output: a rebuilt norm would have to compute it twice."""
+
+    def forward(self, x):
+        r = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x * r, r
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_shared_inverse_root_stays_and_says_so(mode):
+    module, inputs = SharedRsqrtNorm(), (_x(),)
+    rewritten = rewrite(module, inputs, mode)
+    assert_left(rewritten, "is used by 2 nodes")
+    for expected, actual in zip(module(*inputs), rewritten.run(*inputs)):
+        assert compare(expected, actual, ulps=0).ok

@@ -14,6 +14,7 @@ from torch.fx import GraphModule, Node
 from executorch.backends.transforms.utils import create_constant_placeholder, get_param_tensor, is_param_node
 from torch.export.graph_signature import InputKind
 
+from edgefuse.mutation import Mutations
 from edgefuse.ops import OpTable, Role
 
 
@@ -23,6 +24,7 @@ class GraphConstants:
     def __init__(self, graph_module: GraphModule, program: ExportedProgram | None = None):
         self.graph_module = graph_module
         self.program = program
+        self.mutations = Mutations(graph_module.graph)
         self._count = 0
 
     def is_constant(self, node: object) -> bool:
@@ -30,7 +32,8 @@ class GraphConstants:
         if not isinstance(node, Node):
             return False
         if node.op == "get_attr":
-            return True
+            # A buffer the graph writes in place is state, not a constant: folding it would freeze its first value.
+            return not self.mutations.is_written(node)
         if node.op != "placeholder" or self.program is None or not is_param_node(self.program, node):
             return False
         signature = self.program.graph_signature

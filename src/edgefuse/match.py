@@ -13,14 +13,16 @@ weight and trailing dtype-only casts. The rules, each with its reason:
 4. eps is a finite, non-negative number known when the program is built, taken as the model adds it:
    an eps too small for the dtype of the addition (1e-12 in float16) adds nothing there, so the norm is
    rebuilt with eps 0 and a zero row still gives NaN as in the model; one that overflows it stays.
+   (Squares that underflow in such a norm are rule 7's caveat.)
 5. Only dtype-only casts sit between the normalization and the weight multiply, the weight has exactly
    the normalized shape, and a scalar is never a weight: so a later ``* s`` is never taken as the weight.
 6. The input is the nearest tensor of the output dtype among those holding the scaled values: the walk
    back passes only casts that keep every value, never a narrowing cast or a dim-order change.
 7. Input and output share one dtype D and every tensor the norm computes is D or wider: a rebuilt
    ``rms_norm`` reads and produces D and computes in at least D, so it must not drop a rounding below D.
-   Computing in a wider dtype may also remove an overflow that a norm computed wholly in float16 had
-   (its square overflowing to inf): the rebuilt norm then returns the value float64 would.
+   Computing in a wider dtype may also remove an overflow or underflow that a norm computed wholly in
+   float16 had (a square rounding to inf, or to 0 for values below about 2e-4): the rebuilt norm then
+   returns the value float64 would, where the model returned inf, NaN or a value off by its rounding.
 8. A grouped norm (a split of the last dim into groups, normalized, then merged back before the weight,
    as in Mamba2) is never rebuilt: one ``rms_norm`` over the full width computes another function.
 """
@@ -266,6 +268,8 @@ def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str
     """(form, nodes up to the normalization, scaled tensor) from the node after ``mean + eps``, or a reason."""
     role = table.role(step)
     user = _single_user(step, table)
+    if role in (Role.RSQRT, Role.SQRT) and user is None:
+        return f"the {step.name} is used by {len(step.users)} nodes: a rebuilt norm would hide it from the others"
     if role is Role.RSQRT:
         if user is not None and table.is_a(user, Role.MUL) and step in user.args[:2]:
             return "rsqrt", [step, user], _other_operand(user, step)
@@ -423,6 +427,12 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
         in_meta, out_meta = tensor_meta(source), tensor_meta(end)
         if reason is None and not same_shape(in_meta, out_meta):
             reason = f"the output shape of {end.name} differs from the input's"
+        trailing = tuple(in_meta.shape[in_meta.dim() - len(core.normalized_shape) :]) if reason is None else ()
+        if reason is None and (in_meta.dim() < len(core.normalized_shape) or trailing != core.normalized_shape):
+            reason = (
+                f"the mean normalizes {list(core.normalized_shape)} but the input {source.name} ends in "
+                f"{list(trailing)}: the graph's metadata disagrees with itself"
+            )
         if reason is not None:
             reasons.append(reason)
             continue

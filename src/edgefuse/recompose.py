@@ -10,7 +10,7 @@ from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from edgefuse.casts import dtype_of, exact_ancestors, tensor_meta, dim_order_of
+from edgefuse.casts import cast_source, dim_order_of, dtype_of, exact_ancestors, tensor_meta
 from edgefuse.constants import GraphConstants
 from edgefuse.match import NormMatch, Rejection, match_rms_norm
 from edgefuse.ops import OpTable, Role, table_for
@@ -122,9 +122,13 @@ class _Rewriter:
             return _rejected(found, path)
         reasons = []
         for match in found:
-            weight = self._weight_for(match)
-            reason = weight if isinstance(weight, str) else self._profile_reason(match)
-            outcome = self._rewrite(match, weight) if reason is None else reason
+            try:  # everything before the graph is changed; a malformed graph must leave the norm alone
+                weight = self._weight_for(match)
+                reason = weight if isinstance(weight, str) else self._profile_reason(match)
+                value = _rms_norm_meta(match, weight) if reason is None else None
+            except Exception as error:
+                reason = f"edgefuse could not read this graph here: {error!r}"
+            outcome = self._rewrite(match, weight, value) if reason is None else reason
             if isinstance(outcome, str):
                 reasons.append(outcome)
                 continue
@@ -174,9 +178,10 @@ class _Rewriter:
             return f"the weight {weight.node.name} could not be folded into a constant"
         return folded
 
-    def _rewrite(self, match: NormMatch, weight: Node | torch.Tensor | None) -> tuple[Node, Node | None] | str:
-        """Replace the matched nodes with one ``rms_norm`` (and the weight node it reads), or say why not."""
-        value = _rms_norm_meta(match, weight)
+    def _rewrite(
+        self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor | None
+    ) -> tuple[Node, Node | None] | str:
+        """Replace the matched nodes with one ``rms_norm`` reading ``weight`` and producing ``value``, or say why not."""
         expected = tensor_meta(match.output)
         if value is None:
             return "edgefuse could not compute the rebuilt node's metadata (no fake tensor mode in meta['val'])"
@@ -184,6 +189,12 @@ class _Rewriter:
             return (
                 f"a rebuilt rms_norm would produce {_name(value.dtype)} in dim order {dim_order_of(value)} where the "
                 f"norm produced {_name(expected.dtype)} in dim order {dim_order_of(expected)}"
+            )
+        blocker = self.constants.mutations.between(_reads(match, self.table), match.output)
+        if blocker is not None:
+            return (
+                f"the in-place op {blocker.name} runs inside the norm: a rebuilt rms_norm would read its input "
+                "and weight after it, where the model read them before"
             )
         if isinstance(weight, torch.Tensor):
             weight = self.constants.add("rms_norm_weight", weight, before=match.output)
@@ -195,6 +206,15 @@ class _Rewriter:
         match.output.replace_all_uses_with(node)
         _erase_dead(match.nodes, self.table)
         return node, weight
+
+
+def _reads(match: NormMatch, table: OpTable) -> set[Node]:
+    """The nodes at which the model reads the norm's input and weight: the matched nodes and the casts they read."""
+    reads = set(match.nodes)
+    for node in match.nodes:
+        for arg in node.all_input_nodes:
+            reads.update(a for a in exact_ancestors(arg, table) if cast_source(a, table) is not None)
+    return reads
 
 
 def _rms_norm_meta(match: NormMatch, weight: Node | torch.Tensor | None) -> torch.Tensor | None:

@@ -2,7 +2,9 @@
 
 A cast is redundant only when its output's metadata equals its input's: dtype, shape, layout, device and
 dim order. Keyword arguments do not decide it: ``_to_copy(x, dtype=float16, memory_format=...)`` on a
-float32 tensor changes the dtype whatever its memory format says, and must stay.
+float32 tensor changes the dtype whatever its memory format says, and must stay. In a graph with
+in-place ops (a captured graph may keep them), a cast that copies is kept too: with the copy gone, a
+write to one tensor would reach the other.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from torch.fx import GraphModule
 
 from edgefuse.casts import cast_source, is_noop_cast
+from edgefuse.mutation import Mutations, returns_an_alias
 from edgefuse.ops import Role, table_for
 
 
@@ -17,8 +20,11 @@ def remove_redundant_casts(graph_module: GraphModule) -> list[str]:
     """Remove no-op casts in place (and the metadata assertions on them); the names of those removed."""
     table = table_for(graph_module.graph)
     removed = []
+    in_place = bool(Mutations(graph_module.graph))
     for node in list(graph_module.graph.nodes):
         if not is_noop_cast(node, table) or _would_return_an_input(node, table):
+            continue
+        if in_place and not returns_an_alias(node):
             continue
         for user in [u for u in node.users if table.is_a(u, Role.ASSERT_METADATA)]:
             graph_module.graph.erase_node(user)

@@ -1,0 +1,94 @@
+"""In-place ops in captured graphs: where a tensor read at one node may hold other values at another.
+
+Graphs from ``export(...).module()`` keep in-place ops (``add_``, ``copy_``, ``index_put_``) on inputs,
+buffers and intermediate tensors; edge graphs are functional. A rewrite that moves a read past such an
+op, freezes a buffer the model writes into a constant, or removes a cast that copies would change what
+the model computes, so the passes ask this module first. The answers are conservative: an op whose
+effects edgefuse cannot read from a schema (a higher-order op) counts as writing everything it reads.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+from torch.fx import Graph, Node
+
+
+def is_in_place(node: Node) -> bool:
+    """Whether the node may write to a tensor it reads."""
+    if node.op != "call_function":
+        return False
+    if isinstance(node.target, torch._ops.OpOverload):
+        return node.target._schema.is_mutable
+    return isinstance(node.target, torch._ops.HigherOrderOperator)
+
+
+def returns_an_alias(node: Node) -> bool:
+    """Whether the node's output may share storage with its first input (a view, or ``to`` without a copy)."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    schema = node.target._schema
+    if not schema.returns or schema.returns[0].alias_info is None:
+        return False
+    return not _argument(node, "copy", False)
+
+
+def _argument(node: Node, name: str, default: object) -> object:
+    """An argument of an ``OpOverload`` call by its schema name, positional or keyword."""
+    for i, argument in enumerate(node.target._schema.arguments):
+        if argument.name == name:
+            return node.args[i] if i < len(node.args) else node.kwargs.get(name, default)
+    return default
+
+
+def _written_args(node: Node) -> list[Node]:
+    """The tensors an in-place op writes: those its schema marks as written, or every input of a higher-order op."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        return list(node.all_input_nodes)
+    written = []
+    for argument in node.target._schema.arguments:
+        if argument.alias_info is None or not argument.alias_info.is_write:
+            continue
+        value = _argument(node, argument.name, None)
+        written.extend(v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, Node))
+    return written
+
+
+class Mutations:
+    """The in-place ops of one graph, in program order, and the tensors they may write."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.order = {node: i for i, node in enumerate(graph.nodes)}
+        self.in_place = [node for node in graph.nodes if is_in_place(node)]
+        self.written: set[Node] = set()
+        for node in self.in_place:
+            for target in _written_args(node):
+                self._add_with_bases(target)
+
+    def _add_with_bases(self, node: Node) -> None:
+        """Mark ``node`` written, and the tensors it is a view of, since a write through a view writes them."""
+        while node not in self.written:
+            self.written.add(node)
+            if not returns_an_alias(node) or not node.args or not isinstance(node.args[0], Node):
+                return
+            node = node.args[0]
+
+    def __bool__(self) -> bool:
+        return bool(self.in_place)
+
+    def is_written(self, node: Node) -> bool:
+        """Whether an in-place op may write the tensor ``node`` holds (or a view of it)."""
+        return node in self.written
+
+    def between(self, reads: Iterable[Node], last: Node) -> Node | None:
+        """The first in-place op after the earliest of ``reads`` and before ``last``, or None."""
+        if not self.in_place:
+            return None
+        reads = list(reads)
+        if any(node not in self.order for node in [*reads, last]):  # nodes added since: number the graph again
+            self.order = {node: i for i, node in enumerate(self.graph.nodes)}
+        first = min(self.order[node] for node in reads)
+        end = self.order[last]
+        return next((node for node in self.in_place if first < self.order[node] < end), None)
