@@ -1,0 +1,384 @@
+"""The seeded generator: case ``index`` of run ``seed`` is a pure function of the two numbers.
+
+Each case draws from its own ``random.Random`` seeded with a string of ``seed`` and ``index``, so any
+single case can be regenerated without replaying the cases before it, and a run of N cases is the first
+N cases of a longer run with the same seed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from typing import Sequence
+
+from edgefuse.fuzz.spec import (
+    DTYPES,
+    FORMS,
+    NEAR_MISSES,
+    Cast,
+    CaseSpec,
+    NormSpec,
+    Tail,
+    WeightSpec,
+)
+
+HALF = ("float16", "bfloat16")
+#: Input magnitudes. A norm computed wholly in float16 squares its input in float16, which overflows
+#: above 256 and loses its precision below 1e-4 (subnormal squares); rms_norm computes in float32 and
+#: does neither, as match.py's rule 7 documents. Cases with float16 anywhere (the input, a cast of the
+#: norm or of the norm that feeds it) stay within 0.1-10, so that the checks judge the rewrite and not
+#: that documented difference; the others also get 1e-3 and 100.
+FLOAT16_SCALES = (0.1, 0.5, 1.0, 3.0, 10.0)
+SCALES = (1e-3, 0.1, 1.0, 3.0, 100.0)
+_EPS = (1e-6, 1e-6, 1e-6, 1e-5, 1e-5, 1e-8, 1e-12, 1e-3, 0.1, 1.0, 0.0)
+_LAST_DIMS = (1, 2, 3, 4, 5, 8, 8, 12, 16, 16, 16, 17, 24, 32, 32, 64)
+
+
+def _weighted(rng: random.Random, choices: dict) -> object:
+    keys = list(choices)
+    return rng.choices(keys, weights=[choices[k] for k in keys])[0]
+
+
+def _dtype(rng: random.Random) -> str:
+    return _weighted(rng, {"float32": 35, "float16": 30, "bfloat16": 30, "float64": 5})
+
+
+def _upcast(rng: random.Random) -> str:
+    """The dtype a norm computes in: mostly float32, sometimes the input's own or a narrower one."""
+    return _weighted(rng, {"float32": 70, "float64": 8, "input": 10, "float16": 6, "bfloat16": 6})
+
+
+def _resolve(dtype: str, input_dtype: str) -> str:
+    return input_dtype if dtype == "input" else dtype
+
+
+def _random_cast(rng: random.Random, rank: int) -> Cast:
+    kinds = {"to": 40, "method": 20, "type_as": 20}
+    if rank in (4, 5):
+        kinds.update({"to-contiguous": 12, "to-channels-last": 8})
+    kind = _weighted(rng, kinds)
+    dtype = rng.choice((*DTYPES[:3], "input", "input"))
+    if kind == "method" and dtype == "input":
+        kind = "to"
+    return Cast(kind, dtype)
+
+
+def _weight(rng: random.Random, dtype: str, **overrides) -> WeightSpec:
+    fields = dict(dtype=dtype, seed=rng.randrange(1 << 16))
+    fields.update(overrides)
+    return WeightSpec(**fields)
+
+
+def template(form: str, rng: random.Random, dtype: str) -> NormSpec:
+    """The norm ``form`` as real models write it, for an input of ``dtype``, computing in a random dtype."""
+    up = _upcast(rng)
+    wdtype = dtype if rng.random() < 0.7 else _dtype(rng)
+    if form == "llama":
+        return NormSpec(form, pre=(Cast("to", up),), mid=(Cast("to", "input"),), weight=_weight(rng, wdtype))
+    if form == "executorch-llama":
+        kind = "method" if up != "input" else "to"
+        return NormSpec(
+            form, pre=(Cast(kind, up),), square="mul", mid=(Cast("type_as", "input"),), weight=_weight(rng, wdtype, left=False)
+        )
+    if form == "t5":
+        mid = (Cast("to", wdtype),) if wdtype in HALF else ()
+        return NormSpec(form, var_pre=(Cast("to", up),), mid=mid, weight=_weight(rng, wdtype))
+    if form == "olmo2":
+        return NormSpec(form, pre=(Cast("to", up),), weight=_weight(rng, wdtype), post=(Cast("to", "input"),))
+    if form == "gemma":
+        kind = "method" if up != "input" else "to"
+        weight = _weight(rng, wdtype, offset=True, cast=Cast(kind, up), left=False, around=0.0)
+        return NormSpec(form, pre=(Cast(kind, up),), weight=weight, post=(Cast("type_as", "input"),))
+    if form == "scaleless":
+        kind = "method" if up != "input" else "to"
+        return NormSpec(form, pre=(Cast(kind, up),), post=(Cast("type_as", "input"),))
+    if form == "unit-offset":
+        kind = "method" if up != "input" else "to"
+        weight = _weight(rng, dtype, offset=True, left=False, around=0.0)
+        return NormSpec(form, pre=(Cast(kind, up),), mid=(Cast("type_as", "input"),), weight=weight)
+    if form == "div-sqrt":
+        return NormSpec(form, square="pow2f", inverse="div-sqrt", weight=_weight(rng, wdtype))
+    if form == "reciprocal-sqrt":
+        return NormSpec(form, square="square", inverse="reciprocal-sqrt", weight=_weight(rng, wdtype, left=False))
+    if form == "rsqrt-method":
+        return NormSpec(form, inverse="rsqrt-method", weight=_weight(rng, wdtype, left=False))
+    if form == "rsqrt-left":
+        return NormSpec(form, eps_how="left", scale_left=True, weight=_weight(rng, wdtype, left=False))
+    if form == "functional":
+        weight = _weight(rng, dtype) if rng.random() < 0.8 else None
+        return NormSpec(form, weight=weight)
+    if form == "grouped":
+        return NormSpec(form, pre=(Cast("to", up),), mid=(Cast("to", "input"),), weight=_weight(rng, wdtype), groups=2)
+    if form == "coreml":
+        return NormSpec(form, weight=_weight(rng, wdtype, left=False))
+    raise ValueError(f"unknown form {form!r}")
+
+
+def _perturb_casts(rng: random.Random, casts: tuple[Cast, ...], rank: int) -> tuple[Cast, ...]:
+    casts = list(casts)
+    if casts and rng.random() < 0.3:
+        i = rng.randrange(len(casts))
+        casts[i] = dataclasses.replace(casts[i], kind=_random_cast(rng, rank).kind)
+        if casts[i].kind == "method" and casts[i].dtype == "input":
+            casts[i] = Cast("to", "input")
+    if casts and rng.random() < 0.12:
+        del casts[rng.randrange(len(casts))]
+    if rng.random() < 0.25:
+        casts.insert(rng.randrange(len(casts) + 1), _random_cast(rng, rank))
+    if rng.random() < 0.05:
+        casts.insert(rng.randrange(len(casts) + 1), _random_cast(rng, rank))
+    return tuple(casts)
+
+
+def _perturb(rng: random.Random, norm: NormSpec, dtype: str, shape: tuple[int, ...]) -> NormSpec:
+    """Random variations that keep the norm an rms_norm of one tensor (or not: the casts decide)."""
+    rank = len(shape) if norm.form != "grouped" else 0  # no dim-order casts around a split
+    changes: dict = {}
+    decomposed = norm.form not in ("functional", "coreml")
+    if decomposed:
+        for name in ("pre", "var_pre", "mid", "post"):
+            changes[name] = _perturb_casts(rng, getattr(norm, name), rank)
+        if rng.random() < 0.25:
+            changes["square"] = rng.choice(("pow2", "pow2f", "square", "mul"))
+        if rng.random() < 0.2:
+            changes["inverse"] = rng.choice(
+                ("rsqrt", "rsqrt-method", "div-sqrt", "reciprocal-sqrt", "rsqrt", "div-sqrt", "one-over-sqrt", "pow-neg-half")
+            )
+        if rng.random() < 0.2:
+            changes["dims_style"] = rng.choice(("pos", "list-neg", "list-pos"))
+        if rng.random() < 0.2:
+            changes["scale_left"] = not norm.scale_left
+        if rng.random() < 0.06:
+            changes["also_return_normalized"] = True
+    elif rng.random() < 0.3:
+        changes["pre"] = _perturb_casts(rng, norm.pre, rank)
+        changes["post"] = _perturb_casts(rng, norm.post, rank)
+    eps = rng.choice(_EPS) if rng.random() < 0.85 else float(f"{10 ** rng.uniform(-12, 0):.3g}")
+    if decomposed and rng.random() < 0.05:
+        eps = None
+    changes["eps"] = eps
+    if decomposed and eps is not None:
+        how = _weighted(rng, {"right": 70, "left": 15, "const": 15})
+        if norm.eps_how == "left" and how == "right":
+            how = "left"
+        changes["eps_how"] = how
+        changes["eps_dtype"] = rng.choice(("float32", "float32", dtype, "float64"))
+    if len(shape) >= 3 and norm.form not in ("grouped", "coreml") and rng.random() < 0.15:
+        changes["dims"] = 2
+    weight = norm.weight
+    if weight is not None and norm.form != "functional":
+        w: dict = {}
+        if rng.random() < 0.25:
+            w["dtype"] = _dtype(rng)
+        if rng.random() < 0.2:
+            w["left"] = not weight.left
+        w["kind"] = _weighted(rng, {"param": 80, "buffer": 10, "input": 10})
+        if rng.random() < 0.06:
+            w["shape"] = "row"
+        if weight.cast is None and rng.random() < 0.1:
+            w["cast"] = _random_cast(rng, 1)
+        weight = dataclasses.replace(weight, **w)
+        if rng.random() < 0.08:
+            weight = None
+    elif weight is None and norm.form not in ("scaleless", "functional") and rng.random() < 0.05:
+        weight = _weight(rng, dtype)
+    changes["weight"] = weight
+    return dataclasses.replace(norm, **changes)
+
+
+def _compute_dtype(norm: NormSpec, dtype: str) -> str:
+    """The dtype of ``h``, the tensor the norm squares and scales."""
+    for cast in reversed(norm.pre):
+        return _resolve(cast.dtype, dtype)
+    return dtype
+
+
+def _near_miss(rng: random.Random, kind: str, norm: NormSpec, dtype: str, shape: tuple[int, ...]) -> NormSpec:
+    """Make ``norm`` compute something that is not an rms_norm of one tensor."""
+    if norm.form in ("functional", "coreml") and kind != "coreml":
+        norm = dataclasses.replace(template("llama", rng, dtype), eps=norm.eps or 1e-6)
+    rank = len(shape)
+    if kind == "other-scaled":
+        return dataclasses.replace(norm, scaled="other")
+    if kind == "rounded-scaled":
+        h = _compute_dtype(norm, dtype)
+        via = {"float32": rng.choice(HALF), "float64": rng.choice(("float32", *HALF)), "float16": "bfloat16"}.get(h)
+        if via is None:  # no float dtype rounds every bfloat16 value in 0.1-100: scale another tensor instead
+            return dataclasses.replace(norm, scaled="other")
+        return dataclasses.replace(norm, scaled="rounded", rounded_via=via)
+    if kind == "cube":
+        return dataclasses.replace(norm, square="pow3")
+    if kind == "cube-mul":
+        return dataclasses.replace(norm, square="mul3")
+    if kind == "product":
+        return dataclasses.replace(norm, square="product")
+    if kind == "wrong-dim":
+        options = [(-2,), (0,)] + ([(1,), (-3, -1), (0, -1)] if rank >= 3 else [])
+        dims = rng.choice(options)
+        if norm.form == "grouped":  # the mean reads the split tensor, one rank higher
+            dims = rng.choice([(-2,), (0,), (-3, -1)])
+        return dataclasses.replace(norm, mean_dims=dims, dims=1)
+    if kind == "no-keepdim":
+        return dataclasses.replace(norm, keepdim=False, dims=1)
+    eps = norm.eps if norm.eps not in (None, 0.0) else 1e-6
+    if kind == "eps-input":
+        return dataclasses.replace(norm, eps=eps, eps_how="input")
+    if kind == "eps-row":
+        return dataclasses.replace(norm, eps=eps, eps_how="row")
+    if kind == "eps-vector":
+        if _prod(shape[len(shape) - norm.dims :]) < 2:  # a one-element "vector" is a scalar eps
+            return dataclasses.replace(norm, eps=eps, eps_how="row")
+        return dataclasses.replace(norm, eps=eps, eps_how="vector")
+    if kind == "eps-outside":
+        return dataclasses.replace(norm, eps=eps, eps_how="outside")
+    if kind == "bad-eps":
+        bad = rng.choice((float("nan"), float("inf"), float("-inf"), -1e-3))
+        return dataclasses.replace(norm, eps=bad, eps_how=rng.choice(("right", "left", "const")))
+    if kind == "coreml":
+        return dataclasses.replace(template("coreml", rng, dtype), eps=eps)
+    raise ValueError(f"unknown near miss {kind!r}")
+
+
+def computes_in_float16(dtype: str, *norms: NormSpec | None) -> bool:
+    """Whether the input or any cast of the case's norms (or of their weights) is float16."""
+    dtypes = {dtype}
+    for norm in norms:
+        if norm is None:
+            continue
+        dtypes.update(c.dtype for c in (*norm.pre, *norm.var_pre, *norm.mid, *norm.post))
+        if norm.weight is not None and norm.weight.cast is not None:
+            dtypes.add(norm.weight.cast.dtype)
+    return "float16" in dtypes
+
+
+def _shape(rng: random.Random, rank: int, width: int) -> tuple[int, ...]:
+    lead = [rng.choice((1, 2, 2, 3, 4)) for _ in range(rank - 1)]
+    while lead and _prod(lead) * width > 768:
+        i = max(range(len(lead)), key=lambda j: lead[j])
+        lead[i] = max(1, lead[i] // 2)
+        if all(d == 1 for d in lead):
+            break
+    return (*lead, width)
+
+
+def _prod(values: Sequence[int]) -> int:
+    out = 1
+    for v in values:
+        out *= v
+    return out
+
+
+def _divisor(rng: random.Random, width: int) -> int | None:
+    options = [d for d in (2, 3, 4, 8) if width % d == 0 and width // d >= 2]
+    return rng.choice(options) if options else None
+
+
+def generate(seed: int, index: int, near_miss_rate: float = 0.3) -> CaseSpec:
+    """Case ``index`` of the run seeded ``seed``."""
+    rng = random.Random(f"edgefuse-fuzz:{seed}:{index}")
+    near = rng.choice(NEAR_MISSES) if rng.random() < near_miss_rate else None
+    form = "coreml" if near == "coreml" else rng.choice([f for f in FORMS if f != "coreml"])
+    dtype = _dtype(rng)
+    rank = _weighted(rng, {2: 25, 3: 35, 4: 30, 5: 10})
+    width = rng.choice(_LAST_DIMS)
+    heads = 1
+    if rank <= 4 and form != "grouped" and rng.random() < 0.12:
+        heads = _divisor(rng, width) or 1
+    if form == "grouped":
+        if _divisor(rng, width) is None:
+            width = 16
+    shape = _shape(rng, rank, width)
+    channels_last = rank in (4, 5) and rng.random() < 0.4
+    norm_shape = (*shape[:-1], heads, width // heads) if heads > 1 else shape
+
+    norm = template(form, rng, dtype)
+    if form == "grouped":
+        norm = dataclasses.replace(norm, groups=_divisor(rng, width))
+    norm = _perturb(rng, norm, dtype, norm_shape)
+    if near is not None:
+        norm = _near_miss(rng, near, norm, dtype, norm_shape)
+    if norm.form == "functional":
+        if norm.eps is None:
+            norm = dataclasses.replace(norm, eps=1e-6)
+        if norm.weight is not None:  # F.rms_norm wants a weight of the input's dtype
+            norm = dataclasses.replace(norm, weight=dataclasses.replace(norm.weight, dtype=_compute_dtype(norm, dtype)))
+
+    feed = None
+    if rng.random() < 0.12:
+        feed_form = rng.choice([f for f in FORMS if f not in ("grouped", "coreml")])
+        feed = template(feed_form, rng, dtype)
+        if feed.weight is not None:
+            feed = dataclasses.replace(feed, weight=dataclasses.replace(feed.weight, dtype=dtype))
+        if feed.form == "functional" and feed.weight is not None:
+            feed = dataclasses.replace(feed, weight=dataclasses.replace(feed.weight, dtype=_compute_dtype(feed, dtype)))
+        feed = dataclasses.replace(feed, post=(*feed.post, Cast("to", "input")))
+
+    tails = []
+    for _ in range(_weighted(rng, {0: 60, 1: 30, 2: 10})):
+        kind = rng.choice(("mul-scalar", "mul-0d", "mul-tensor", "residual"))
+        tails.append(Tail(kind, dtype=_dtype(rng), value=rng.choice((2.0, 0.5, -1.5, 3.0)), seed=rng.randrange(1 << 16)))
+
+    scale = rng.choice(FLOAT16_SCALES if computes_in_float16(dtype, norm, feed) else SCALES)
+    return CaseSpec(
+        seed=seed,
+        index=index,
+        shape=shape,
+        dtype=dtype,
+        norm=norm,
+        channels_last=channels_last,
+        scale=scale,
+        zero_row=rng.random() < 0.08,
+        residual=rng.random() < 0.15,
+        feed=feed,
+        heads=heads,
+        heads_view=rng.choice(("view", "reshape")) if not channels_last else "reshape",
+        tails=tuple(tails),
+        return_input=rng.random() < 0.06,
+        near_miss=near,
+        input_seed=rng.randrange(1 << 20),
+    )
+
+
+def features(spec: CaseSpec) -> set[str]:
+    """What a case exercises, for coverage counts: its form, near miss, casts, neighbours, dtypes."""
+    norm = spec.norm
+    out = {f"form:{norm.form}", f"dtype:{spec.dtype}", f"rank:{len(spec.shape)}"}
+    if spec.near_miss:
+        out.add(f"near-miss:{spec.near_miss}")
+    if spec.channels_last:
+        out.add("channels-last")
+    for name in ("pre", "var_pre", "mid", "post"):
+        for cast in getattr(norm, name):
+            out.add(f"cast:{cast.kind}")
+            resolved = _resolve(cast.dtype, spec.dtype)
+            out.add(f"cast-dtype:{resolved}")
+    if spec.residual:
+        out.add("neighbour:residual-in")
+    if spec.feed is not None:
+        out.add("neighbour:feed-norm")
+    if spec.heads > 1:
+        out.add(f"neighbour:heads-{spec.heads_view}")
+    if norm.form == "grouped":
+        out.add("neighbour:grouped-reshape")
+    for tail in spec.tails:
+        out.add(f"neighbour:{tail.kind}")
+    if spec.return_input or norm.also_return_normalized:
+        out.add("neighbour:extra-output")
+    if norm.weight is not None:
+        out.add(f"weight:{norm.weight.kind}")
+        out.add(f"weight-dtype:{norm.weight.dtype}")
+        if norm.weight.shape == "row":
+            out.add("weight:row-shape")
+        if norm.weight.offset:
+            out.add("weight:offset")
+    else:
+        out.add("weight:none")
+    if norm.dims == 2:
+        out.add("normalized-dims:2")
+    out.add(f"square:{norm.square}")
+    out.add(f"inverse:{norm.inverse}")
+    out.add(f"dims:{norm.dims_style}")
+    out.add(f"eps:{norm.eps_how}" if norm.eps is not None else "eps:none")
+    if spec.zero_row:
+        out.add("input:zero-row")
+    return out

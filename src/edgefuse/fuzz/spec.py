@@ -1,0 +1,199 @@
+"""A generated case as plain data: enough to write the module back out as Python source.
+
+Nothing here refers to edgefuse's matcher: a spec says what the model computes (which tensor is cast to
+what, what is squared, averaged, scaled and multiplied), and :mod:`edgefuse.fuzz.render` turns it into
+source code. Every field is a str, int, float, bool, None or a tuple of them, so a spec round-trips
+through :func:`to_dict` / :func:`from_dict` (and ``repr``) and can be embedded in a reproducer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+#: dtype names a spec may use; "input" means the dtype of the tensor the norm reads (``x.dtype``).
+DTYPES = ("float32", "float16", "bfloat16", "float64")
+
+#: Norm forms of real models and hand-written code (DESIGN.md and tests/forms.py).
+FORMS = (
+    "llama",  # HF Llama / Qwen / Mistral / Phi-3 / SmolLM: upcast, normalize, cast back, w * h
+    "executorch-llama",  # x * x, .float(), .type_as(x), * weight
+    "t5",  # variance from a float32 copy scales the original x; half weights cast it back
+    "olmo2",  # (w * h).to(input_dtype): weight applied in float32, cast after it
+    "gemma",  # h * (1.0 + w.float()), cast at the end
+    "scaleless",  # ExecuTorch ScalelessRMSNorm: no weight, type_as
+    "unit-offset",  # ExecuTorch RMSNorm(add_unit_offset=True): norm(x.float()).type_as(x) * (1 + w)
+    "div-sqrt",  # x / sqrt(mean + eps)
+    "reciprocal-sqrt",  # x * reciprocal(sqrt(square(x).mean + eps))
+    "rsqrt-method",  # x * (mean + eps).rsqrt()
+    "rsqrt-left",  # rsqrt(eps + mean) * x, weight on the right
+    "functional",  # torch.nn.functional.rms_norm (edge graphs decompose it)
+    "grouped",  # Mamba2 gated norm: groups normalized, merged back, full-width weight
+    "coreml",  # ExecuTorch RMSNormCoreML: x * sqrt(D) / clamp_min(vector_norm(x), floor): not rms_norm
+)
+
+#: Near misses: each computes something that is not rms_norm of one tensor, so it must never be rebuilt.
+NEAR_MISSES = (
+    "other-scaled",  # y * rsqrt(mean(x^2) + eps): another tensor scaled
+    "rounded-scaled",  # the scaled tensor is a rounded copy of the squared one
+    "cube",  # mean(x.pow(3))
+    "cube-mul",  # mean(x * x * x)
+    "product",  # mean(x * y): a product of two tensors
+    "wrong-dim",  # mean over a dim set that is not the trailing dims
+    "no-keepdim",  # mean(-1) without keepdim, unsqueezed back
+    "eps-input",  # eps inside the sqrt is a graph input (a runtime scalar tensor)
+    "eps-row",  # eps inside the sqrt is another runtime tensor, one value per row
+    "eps-vector",  # eps inside the sqrt is a constant tensor of the normalized shape
+    "eps-outside",  # x / (sqrt(mean) + eps): eps outside the square root
+    "bad-eps",  # eps is NaN, +-inf or negative
+    "coreml",  # the CoreML form: vector_norm and clamp_min, not a mean of squares
+)
+
+#: How a cast is spelled. "to": x.to(dt); "method": x.float()/.half()/.bfloat16()/.double();
+#: "type_as": x.type_as(t) with t of the target dtype; "to-contiguous": x.to(dt, memory_format=
+#: torch.contiguous_format) (changes the dim order of a channels-last tensor); "to-channels-last":
+#: x.to(dt, memory_format=torch.channels_last / channels_last_3d) (changes a contiguous tensor's order).
+CAST_KINDS = ("to", "method", "type_as", "to-contiguous", "to-channels-last")
+
+
+@dataclass(frozen=True)
+class Cast:
+    """One cast: how it is spelled and the dtype it casts to ("input" is the norm's input dtype)."""
+
+    kind: str
+    dtype: str
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    """The tensor a norm multiplies by.
+
+    ``kind``: "param" (an nn.Parameter), "buffer" or "input" (a graph input: a run-time weight);
+    ``shape``: "normalized" (exactly the normalized shape) or "row" (1, *normalized shape: broadcasts
+    the same, but is not the normalized shape); ``offset``: Gemma's ``1.0 + w``; ``cast``: a cast of
+    the weight before the offset and the multiply (Gemma's ``w.float()``); ``left``: ``w * h``.
+    """
+
+    dtype: str
+    kind: str = "param"
+    shape: str = "normalized"
+    offset: bool = False
+    cast: Cast | None = None
+    left: bool = True
+    around: float = 1.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class NormSpec:
+    """One norm over the trailing ``dims`` dims of its input ``x``.
+
+    The decomposed body is ``h = pre(x)``, ``v = var_pre(h)``, ``m = mean(square(v), dims, keepdim)``,
+    ``a = m + eps``, ``n = scaled * inverse(a)``, ``n = mid(n)``, ``n = w * n``, ``n = post(n)``.
+    ``form`` names the template it came from; "functional", "coreml" and "grouped" change the body.
+    """
+
+    form: str
+    pre: tuple[Cast, ...] = ()
+    var_pre: tuple[Cast, ...] = ()
+    square: str = "pow2"  # pow2, pow2f, square, mul | near misses: pow3, mul3, product
+    dims: int = 1  # the number of trailing dims normalized
+    mean_dims: tuple[int, ...] | None = None  # near miss "wrong-dim": the dims actually averaged
+    keepdim: bool = True
+    eps: float | None = 1e-6  # None: no eps addition at all
+    eps_how: str = "right"  # right, left, const | near misses: input, row, vector, outside
+    eps_dtype: str = "float32"  # the dtype of a constant (1-element) eps tensor
+    inverse: str = "rsqrt"  # rsqrt, rsqrt-method, div-sqrt, reciprocal-sqrt, one-over-sqrt, pow-neg-half
+    dims_style: str = "neg"  # how the mean's dims are written: neg (-1), pos (2), list-neg ([-1]), list-pos ([2])
+    scaled: str = "same"  # same, raw (T5: the uncast input) | near misses: other, rounded
+    rounded_via: str = "float16"  # the dtype a "rounded" scaled tensor is rounded through
+    scale_left: bool = False  # inverse * h instead of h * inverse
+    mid: tuple[Cast, ...] = ()
+    weight: WeightSpec | None = None
+    post: tuple[Cast, ...] = ()
+    groups: int = 1  # "grouped": the last dim is split into this many groups
+    also_return_normalized: bool = False  # the normalized tensor is a second output (two users)
+
+
+@dataclass(frozen=True)
+class Tail:
+    """An op after the norm: "mul-scalar" (a Python float), "mul-0d" (a 0-d buffer), "mul-tensor"
+    (a constant of the last dim's size, as a later ``* scale``), "residual" (``+`` the norm's input)."""
+
+    kind: str
+    dtype: str = "float32"
+    value: float = 2.0
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """A generated module around one norm (``norm``), and its inputs.
+
+    ``shape`` and ``dtype`` are the graph input's; ``residual`` adds a second input before anything
+    else; ``feed`` is a second norm whose output feeds ``norm``; ``heads`` splits the last dim into
+    ``heads`` heads before ``norm`` and merges them after it (a QK-norm); ``tails`` follow the norm.
+    ``near_miss`` names what makes ``norm`` not an rms_norm (None: it is one, or may be).
+    """
+
+    seed: int
+    index: int
+    shape: tuple[int, ...]
+    dtype: str
+    norm: NormSpec
+    channels_last: bool = False
+    scale: float = 1.0
+    zero_row: bool = False
+    residual: bool = False
+    feed: NormSpec | None = None
+    heads: int = 1
+    heads_view: str = "view"  # "view" or "reshape"
+    tails: tuple[Tail, ...] = ()
+    return_input: bool = False  # the norm's input is also an output
+    near_miss: str | None = None
+    input_seed: int = 0
+
+    @property
+    def norm_shape(self) -> tuple[int, ...]:
+        """The shape of the tensor ``norm`` reads (after the head split)."""
+        if self.heads > 1:
+            *lead, width = self.shape
+            return (*lead, self.heads, width // self.heads)
+        return self.shape
+
+    @property
+    def name(self) -> str:
+        return f"s{self.seed}-c{self.index}"
+
+
+def normalized_shape(norm: NormSpec, input_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape an rms_norm rebuilt from ``norm`` must normalize over, given the shape it reads."""
+    if norm.form == "grouped":
+        return (input_shape[-1] // norm.groups,)
+    return tuple(input_shape[len(input_shape) - norm.dims :])
+
+
+def to_dict(spec: Any) -> Any:
+    """A spec as nested dicts, tuples and scalars, with a "__type__" key naming each dataclass."""
+    if dataclasses.is_dataclass(spec):
+        out = {"__type__": type(spec).__name__}
+        for f in dataclasses.fields(spec):
+            out[f.name] = to_dict(getattr(spec, f.name))
+        return out
+    if isinstance(spec, (list, tuple)):
+        return tuple(to_dict(s) for s in spec)
+    return spec
+
+
+_TYPES = {cls.__name__: cls for cls in (Cast, WeightSpec, NormSpec, Tail, CaseSpec)}
+
+
+def from_dict(data: Any) -> Any:
+    """The inverse of :func:`to_dict`."""
+    if isinstance(data, dict) and "__type__" in data:
+        cls = _TYPES[data["__type__"]]
+        return cls(**{k: from_dict(v) for k, v in data.items() if k != "__type__"})
+    if isinstance(data, (list, tuple)):
+        return tuple(from_dict(d) for d in data)
+    return data

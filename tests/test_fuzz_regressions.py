@@ -1,0 +1,155 @@
+"""Regression tests from what the fuzzer found, each built from its reproducer file.
+
+* eps that rounds to zero in float16 (seed 2, case 1189): a core bug, fixed in match.py (rule 4): the
+  norm is rebuilt with eps 0, so a row of zeros gives NaN as in the model.
+* a square whose metadata lies about its shape (seed 1, case 3300, hostile "garbage-meta"): a core bug,
+  still open: computing the rebuilt node's metadata raises out of ``recompose_rms_norm`` instead of
+  leaving the norm with a reason. The two tests marked below fail until the core fix lands.
+* squares that overflow float16 (seed 1, case 3122): the fuzzer's bug. The generator drew inputs around
+  100 for a case whose feeding norm computes in float16; a rebuilt norm computes in float32 and returns
+  what float64 would where the model's own square overflows, as match.py's rule 7 documents.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.export import export
+
+import edgefuse
+from edgefuse.fuzz.check import CHECKS
+from edgefuse.fuzz.generate import FLOAT16_SCALES, computes_in_float16, generate
+from edgefuse.fuzz.hostile import apply_damage
+from edgefuse.fuzz.render import build
+from edgefuse.fuzz.spec import Cast, CaseSpec, NormSpec, Tail, WeightSpec
+from edgefuse.fuzz.units import run_unit
+from edgefuse.verify import compare
+from harness import MODES, exported
+
+# --- eps that rounds to zero in float16 -----------------------------------------------------------------
+
+#: eps-underflow-float16-capture-s2-c1189.py: x * rsqrt(1e-12 + mean(x * x)) in float16, a row of zeros.
+EPS_UNDERFLOW = CaseSpec(
+    seed=2, index=1189, shape=(3, 1, 17), dtype="float16",
+    norm=NormSpec("executorch-llama", square="mul", eps=1e-12, eps_how="left", eps_dtype="float64", dims_style="list-pos",
+                  mid=(Cast("type_as", "input"),), weight=WeightSpec("float16", kind="buffer", left=False, seed=21030)),
+    zero_row=True, tails=(Tail("residual", value=3.0, seed=43234),), input_seed=915889,
+)
+#: eps-underflow-float16-capture-s2-c1189-min.py, the same case shrunk.
+EPS_UNDERFLOW_MIN = CaseSpec(
+    seed=2, index=1189, shape=(1, 4), dtype="float16",
+    norm=NormSpec("executorch-llama", eps=1e-12, eps_dtype="float64", dims_style="list-pos"),
+    zero_row=True, input_seed=915889,
+)
+
+
+class TinyEpsNorm(nn.Module):
+    """The shrunk reproducer's module: 1e-12 is 0 in float16, where the model adds it."""
+
+    def forward(self, x):
+        m = (x.pow(2)).mean([1], keepdim=True)
+        a = m + 1e-12
+        r = torch.rsqrt(a)
+        return x * r
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("backend", ["aten", "qnn"])
+def test_eps_that_is_zero_in_float16_is_rebuilt_as_zero_and_a_zero_row_stays_nan(mode, backend):
+    x = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, -1.0, 2.0, 0.25]], dtype=torch.float16)
+    module = TinyEpsNorm()
+    expected = module(x)
+    target = exported(module, (x,), mode)
+    result = edgefuse.recompose_rms_norm(target, backend=backend)
+    [decision] = result.decisions
+    assert decision.rebuilt and decision.eps == 0.0, decision
+    actual = (target if mode == "capture" else target.module())(x)
+    assert torch.isnan(expected[0]).all() and torch.isnan(actual[0]).all()
+    assert compare(expected, actual).ok
+
+
+def test_the_eps_underflow_cases_pass_every_check():
+    results = run_unit([EPS_UNDERFLOW, EPS_UNDERFLOW_MIN], CHECKS)
+    assert [r.unexportable for r in results] == [None, None]
+    assert all(len(r.checks) == len(CHECKS) and r.rebuilt == len(CHECKS) for r in results)
+    assert [f.detail for r in results for f in r.findings] == []
+
+
+# --- a square whose metadata lies about its shape (open in the core) ----------------------------------------
+
+#: hostile-exception-s1-c3300-garbage-meta-qnn-qc.py: a float16 norm feeding a CoreML-style norm.
+GARBAGE_META = CaseSpec(
+    seed=1, index=3300, shape=(2, 17), dtype="float16", near_miss="coreml", scale=3.0, zero_row=True, input_seed=676383,
+    norm=NormSpec("coreml", weight=WeightSpec("float16", left=False, seed=41248)),
+    feed=NormSpec("executorch-llama", pre=(Cast("method", "float32"),), square="mul", mid=(Cast("type_as", "input"),),
+                  weight=WeightSpec("float16", left=False, seed=62860), post=(Cast("to", "input"),)),
+    heads_view="view",
+)
+GARBAGE_DAMAGE = [("garbage", "clamp_min", "other-dtype"), ("garbage", "mul", "extra-dim"), ("garbage", "norm_weight", "list"),
+                  ("garbage", "div", "none"), ("garbage", "type_as", "other-dtype")]
+
+
+class LyingNorm(nn.Module):
+    """lying-metadata-exception.py, the same failure written by hand."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(17))
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h
+
+
+@pytest.mark.parametrize("backend,capture", [("aten", False), ("qnn", False), ("qnn", True)])
+def test_a_square_whose_metadata_lies_about_its_shape_gets_a_reason_not_a_traceback(backend, capture):
+    # Open core bug: fails until recompose_rms_norm catches the failure to compute the rebuilt node's metadata.
+    gm = export(LyingNorm(), (torch.randn(2, 17),)).module()
+    square = next(n for n in gm.graph.nodes if n.target == torch.ops.aten.pow.Tensor_Scalar)
+    value = square.meta["val"]
+    square.meta["val"] = value.new_empty((*value.shape, 2))  # the square claims [2, 17, 2]
+    [decision] = edgefuse.recompose_rms_norm(gm, backend=backend, quantization_capture=capture).decisions
+    assert not decision.rebuilt and decision.reason
+
+
+def test_the_garbage_metadata_case_gets_reasons_not_a_traceback():
+    # Open core bug, as above: the generated case and the damage its reproducer records.
+    built = build([GARBAGE_META])
+    for backend, capture in (("aten", False), ("qnn", False), ("qnn", True)):
+        gm = apply_damage(export(built.module, built.inputs).module(), GARBAGE_DAMAGE)
+        result = edgefuse.recompose_rms_norm(gm, backend=backend, quantization_capture=capture)
+        assert all(d.rebuilt or d.reason for d in result.decisions)
+
+
+# --- squares that overflow float16: the generator's bug, and the documented behaviour behind it -------------
+
+#: The norm that fed case s1-c3122: a float32 model that normalizes in float16.
+FLOAT16_FEED = NormSpec("scaleless", pre=(Cast("method", "float16"),), post=(Cast("type_as", "input"), Cast("to", "input")))
+
+
+def test_cases_that_compute_in_float16_anywhere_draw_inputs_whose_squares_stay_in_range():
+    assert computes_in_float16("float32", NormSpec("llama", pre=(Cast("to", "float64"),)), FLOAT16_FEED)
+    for seed in (1, 2):
+        for index in range(2000):
+            spec = generate(seed, index)
+            if computes_in_float16(spec.dtype, spec.norm, spec.feed):
+                assert spec.scale in FLOAT16_SCALES, spec
+
+
+class HalfNorm(nn.Module):
+    """square-overflow-float16.py: a norm computed wholly in float16."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def test_a_rebuilt_float16_norm_returns_what_float64_would_where_the_models_square_overflows():
+    # match.py, rule 7: rms_norm computes in float32, so it does not overflow where x.pow(2) in float16 does.
+    x = torch.tensor([[300.0, 1.0, -2.0, 0.5], [0.5, 1.0, -2.0, 0.25]], dtype=torch.float16)
+    gm = export(HalfNorm(), (x,)).module()
+    assert [d.rebuilt for d in edgefuse.recompose_rms_norm(gm).decisions] == [True]
+    wide = torch.nn.functional.rms_norm(x.double(), (4,), eps=1e-6).to(torch.float16)
+    assert compare(wide, gm(x)).ok
+    assert not compare(HalfNorm()(x), gm(x)).ok  # the model's own float16 square overflowed on row 0
