@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Callable
 
@@ -25,6 +26,8 @@ class Rewritten:
     result: edgefuse.RecomposeResult
     graph_module: GraphModule
     run: Callable
+    module: torch.nn.Module
+    inputs: tuple
 
 
 def exported(module: torch.nn.Module, inputs: tuple, mode: str, dynamic_shapes=None):
@@ -37,11 +40,12 @@ def exported(module: torch.nn.Module, inputs: tuple, mode: str, dynamic_shapes=N
 
 
 def rewrite(module, inputs, mode, backend="aten", quantization_capture=False, dynamic_shapes=None) -> Rewritten:
-    """Export ``module`` in ``mode`` and recompose its norms for ``backend``."""
+    """Export ``module`` in ``mode`` and recompose its norms for ``backend``; keeps a copy of the module as it was."""
+    original = copy.deepcopy(module)  # export may touch the module's state; eager runs from the same start
     target = exported(module, inputs, mode, dynamic_shapes)
     result = edgefuse.recompose_rms_norm(target, backend=backend, quantization_capture=quantization_capture)
     run = target if mode == "capture" else target.module()
-    return Rewritten(result, result.graph_module, run)
+    return Rewritten(result, result.graph_module, run, original, inputs)
 
 
 def rms_norm_nodes(gm: GraphModule) -> list[Node]:

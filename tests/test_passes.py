@@ -83,3 +83,18 @@ def test_weights_folded_in_two_runs_over_one_program_keep_their_own_constants():
     assert len(weights) == 2 and len(set(weights)) == 2
     for expected, actual in zip(module(*inputs), program.module()(*inputs)):
         assert compare(expected, actual).ok
+
+
+def test_dead_node_erasure_keeps_ops_edgefuse_does_not_know():
+    """A dead op of unknown purity (it may write state) survives; the dead cast that fed nothing else goes."""
+    from edgefuse.ops import table_for
+    from edgefuse.recompose import _erase_dead
+
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    unknown = graph.call_function(torch.ops.aten.add_.Tensor, (x, 1.0))
+    cast = graph.call_function(torch.ops.aten._to_copy.default, (x,), {"dtype": torch.float16})
+    graph.output(x)
+    _erase_dead([unknown, cast], table_for(graph))
+    assert [n.op for n in graph.nodes] == ["placeholder", "call_function", "output"]
+    assert not unknown._erased and cast._erased

@@ -7,6 +7,7 @@ from torch import nn
 from torch.export import export
 
 from executorch.exir import EdgeCompileConfig, to_edge
+from executorch.exir.dialects._ops import ops as exir_ops
 
 from edgefuse import remove_redundant_casts
 from edgefuse.casts import dtype_of
@@ -53,7 +54,16 @@ class ReturnsItsInput(nn.Module):
 
 
 def test_a_no_op_cast_that_would_make_an_input_an_output_is_kept():
-    edge = to_edge(export(ReturnsItsInput(), (torch.randn(3),)))
-    graph = edge.exported_program().graph_module
-    casts_before = _casts(graph)
-    assert remove_redundant_casts(graph) == [] and _casts(graph) == casts_before
+    # to_edge drops the model's own no-op cast, so put one back by hand between the input and the output.
+    graph = to_edge(export(ReturnsItsInput(), (torch.randn(3),))).exported_program().graph_module
+    x = next(n for n in graph.graph.nodes if n.op == "placeholder")
+    output = next(n for n in graph.graph.nodes if n.op == "output")
+    with graph.graph.inserting_before(output):
+        cast = graph.graph.call_function(
+            exir_ops.edge.dim_order_ops._to_dim_order_copy.default, (x,), {"dtype": torch.float32, "dim_order": [0]}
+        )
+    cast.meta["val"] = x.meta["val"]
+    output.args = ((cast,),)
+    graph.recompile()
+    assert _casts(graph) == [cast]
+    assert remove_redundant_casts(graph) == [] and _casts(graph) == [cast]
