@@ -41,6 +41,13 @@ class Comparison:
         return self.dtype_ok and self.shape_ok and self.max_error <= self.allowed
 
 
+def _with_specials(a: torch.Tensor, r: torch.Tensor, error: torch.Tensor) -> torch.Tensor:
+    """``error`` where both values are finite; 0 where both are the same NaN or infinity, inf elsewhere."""
+    same_special = (torch.isnan(a) & torch.isnan(r)) | (torch.isinf(a) & (a == r))
+    special = ~torch.isfinite(a) | ~torch.isfinite(r)
+    return torch.where(same_special, 0.0, torch.where(special, float("inf"), error))
+
+
 def compare(
     reference: torch.Tensor, actual: torch.Tensor, ulps: float = 2.0, dtype: torch.dtype | None = None
 ) -> Comparison:
@@ -54,9 +61,7 @@ def compare(
     if not shape_ok:
         return Comparison(dtype_ok, False, float("inf"), 0.0)
     a, r = actual.detach().double(), reference.detach().double()
-    same_special = (torch.isnan(a) & torch.isnan(r)) | (torch.isinf(a) & (a == r))
-    special = ~torch.isfinite(a) | ~torch.isfinite(r)
-    error = torch.where(same_special, 0.0, torch.where(special, float("inf"), (a - r).abs()))
+    error = _with_specials(a, r, (a - r).abs())
     max_error = float(error.max()) if error.numel() else 0.0
     finite = r[torch.isfinite(r)]
     return Comparison(dtype_ok, True, max_error, tolerance(dtype or reference.dtype, finite, ulps))
@@ -75,10 +80,7 @@ def compare_elementwise(
     if actual.shape != reference.shape:
         return Comparison(actual.dtype == reference.dtype, False, float("inf"), ulps)
     a, r = actual.detach().double(), reference.detach().double()
-    same_special = (torch.isnan(a) & torch.isnan(r)) | (torch.isinf(a) & (a == r))
-    special = ~torch.isfinite(a) | ~torch.isfinite(r)
-    unit = ulp(dtype) * r.abs().clamp(min=torch.finfo(dtype).tiny)
-    units = torch.where(same_special, 0.0, torch.where(special, float("inf"), (a - r).abs() / unit))
+    units = _with_specials(a, r, (a - r).abs() / (ulp(dtype) * r.abs().clamp(min=torch.finfo(dtype).tiny)))
     worst = float(units.max()) if units.numel() else 0.0
     return Comparison(actual.dtype == reference.dtype, True, worst, ulps)
 
