@@ -262,6 +262,11 @@ def _check_norms(spec: CaseSpec, res: CaseResult, nodes: set[str], local: Replay
         what = "NaN or inf where the other has a finite value" if c is None or c.max_error == float("inf") else (
             f"max error {c.max_error:.6g} > {c.allowed:.6g} allowed"
         )
+        if norm.accuracy is not None:
+            what += (
+                f", and against the norm in float64 it is up to {norm.accuracy[0]:.6g} further off than the "
+                f"decomposed norm (one ulp, {norm.accuracy[1]:.6g}, allowed)"
+            )
         res.findings.append(
             Finding(
                 "norm-mismatch", check,

@@ -210,7 +210,7 @@ def _check_variant(target, backend: str, capture: bool, must_match: bool, inputs
     local = _local(_program_module(original), _program_module(target), new, inputs) if original is not None else None
     for norm in (local.norms.values() if local is not None else ()):
         if norm.twin is not None and not norm.ok:
-            yield "hostile-mismatch", f"the rebuilt {norm.node} differs from {norm.twin}, the norm it replaced: {norm.comparison}", tolerance
+            yield "hostile-mismatch", f"the rebuilt {norm.node} differs from {norm.twin}, the norm it replaced: {norm}", tolerance
     for i, (expected, got) in enumerate(zip(eager, actual)):
         dtype = tolerance[i] if i < len(tolerance) and tolerance[i] is not None else expected.dtype
         comparison = compare_at(expected, got, dtype, ULPS)

@@ -88,7 +88,7 @@ def main():
     new = {d.node: d.mean for d in result.rebuilt if d.node}
     local = replay(base.module(), rewritten, pair(base.module(), rewritten, new), inputs) if new else None
     for norm in (local.norms.values() if local else ()):
-        print(f"{norm.node} against {norm.twin}: {norm.comparison}")
+        print(norm)
         if norm.twin is not None and not norm.ok:
             failures.append(f"the rebuilt {norm.node} differs from {norm.twin}, the decomposed norm it replaced")
 

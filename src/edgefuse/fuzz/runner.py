@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Sequence, TextIO
@@ -35,6 +36,12 @@ class Options:
     shrink: int = 5  # shrink the first finding of this many distinct signatures
     max_files: int = 100
     progress_seconds: float = 30.0
+
+
+def _quiet_pytree_deprecation() -> None:
+    """Silence torch 2.13's FutureWarning about ``LeafSpec``, raised by every deepcopy of an exported
+    program: it says nothing about the cases, and thousands of copies would bury the run's own lines."""
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated", category=FutureWarning)
 
 
 def _every(index: int, k: int) -> bool:
@@ -79,6 +86,7 @@ class UnitOutcome:
 
 def _work(seed: int, indices: Sequence[int], checks: tuple, hostile_every: int, xnnpack_every: int) -> UnitOutcome:
     """Everything the run does for one unit (in a worker process when ``--jobs`` > 1)."""
+    _quiet_pytree_deprecation()
     specs = [generate(seed, j) for j in indices]
     timing = Timing()
     hostile, xnnpack = [], []
@@ -116,6 +124,7 @@ def _work_star(args) -> UnitOutcome:
 
 def run(options: Options, log: TextIO = sys.stderr, on_unit: Callable[[Summary], None] | None = None) -> Summary:
     """Run ``options.cases`` cases; findings are in the summary, reproducers in ``options.out``."""
+    _quiet_pytree_deprecation()
     summary = Summary(options)
     start = last_report = time.perf_counter()
     if options.malformed:
