@@ -147,6 +147,22 @@ def test_report_json_of_a_real_model_validates_against_the_schema(workdir):
     paths = {n["module_path"] for n in data["norms"]}
     assert "model.model.layers.1.self_attn.q_norm" in paths and "model.model.norm" in paths
     assert all(n["max_error"] is not None for n in data["norms"])
+    assert data["quantization"] is None and all(n["quantized"] is None for n in data["norms"])
+
+
+def test_report_quantize_qnn_says_how_each_norm_was_quantized(workdir):
+    # The released QnnQuantizer, built without the SDK: the rebuilt norm is annotated as one op, so it
+    # costs one quantize/dequantize pair in, one out and one for its weight, read from the converted graph.
+    done = run("report", "models.py:block", "--quantize", "qnn", "--json", cwd=workdir)
+    assert done.returncode == OK, done.stderr
+    data = json.loads(done.stdout)
+    jsonschema.validate(data, schema(), cls=jsonschema.Draft202012Validator)
+    assert data["stage"] == "capture" and data["quantization"] == "qnn"
+    [norm] = data["norms"]
+    assert norm["module_path"] == "norm" and norm["rebuilt"] is True
+    assert norm["quantized"] == {
+        "how": "one op", "ops": ["rms_norm"], "pairs_in": 1, "pairs_inside": 0, "pairs_out": 1, "pairs_constant": 1,
+    }
 
 
 # --- lowering and the delegate map (subprocess) ---------------------------------------------------------
@@ -301,6 +317,11 @@ def test_bad_usage_in_process(workdir, capsys):
     assert "saved program" in capsys.readouterr().err
     assert cli.main(["lower", f"{workdir / 'models.py'}:block", "-o", "out.bin"]) == USAGE
     assert "must end in .pte" in capsys.readouterr().err
+    block = f"{workdir / 'models.py'}:block"
+    assert cli.main(["report", block, "--quantize", "qnn", "--stage", "edge"]) == USAGE
+    assert "quantizes the captured graph: use --stage capture" in capsys.readouterr().err
+    assert cli.main(["report", block, "--quantize", "qnn", "--backend", "aten"]) == USAGE
+    assert "rebuilds the norms for the qnn backend" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_:
         cli.main(["report"])  # argparse: MODEL is required
     assert exit_.value.code == USAGE
@@ -311,6 +332,16 @@ def test_a_file_that_does_not_export_says_why(workdir, capsys):
     err = capsys.readouterr().err
     assert "does not export with torch.export" in err and "data-dependent" in err
     assert "def forward" not in err  # torch's partial graph dump is kept out of the message
+
+
+def test_report_quantize_table_has_a_column_for_how_each_norm_was_quantized(workdir, capsys):
+    assert cli.main(["-q", "report", f"{workdir / 'models.py'}:block", "--quantize", "qnn"]) == OK
+    out = capsys.readouterr().out
+    assert "quantized for qnn" in out.splitlines()[0]
+    assert "quantized as" in out and "one op (rms_norm): 1 pair in, 0 inside, 1 out, 1 constant" in out
+    assert out.strip().splitlines()[-1] == (
+        "quantized for qnn: 1 of 1 norms as one op; the norms cost 3 quantize/dequantize pairs"
+    )
 
 
 def test_a_mismatch_exits_1(workdir, monkeypatch, capsys):

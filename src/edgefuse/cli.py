@@ -61,8 +61,15 @@ def build_parser() -> argparse.ArgumentParser:
     _model_arguments(report)
     report.add_argument("--backend", default="qnn", help="backend profile: qnn (default) or aten")
     report.add_argument(
-        "--stage", choices=("capture", "edge"), default="edge",
-        help="edge: the ExecuTorch edge program (default); capture: the captured ATen graph a quantizer sees",
+        "--stage", choices=("capture", "edge"), default=None,
+        help="edge: the ExecuTorch edge program (default); capture: the captured ATen graph a quantizer sees "
+        "(the default with --quantize)",
+    )
+    report.add_argument(
+        "--quantize", choices=("qnn",), default=None,
+        help="also quantize the captured graph for QNN after the rewrite (PT2E with the released QnnQuantizer, "
+        "calibrated on the example inputs) and say per norm how it was quantized and the quantize/dequantize "
+        "pairs it costs",
     )
     report.add_argument("--json", action="store_true",
                         help="print JSON that validates against edgefuse/report.schema.json")

@@ -51,15 +51,48 @@ def _write_map(path: str, summaries, title: str, say: Say) -> None:
     say(f"wrote the delegate map to {path}")
 
 
+def _stage(args) -> str:
+    """The report's stage: as given, else capture with ``--quantize`` (quantizers read the captured graph)
+    and edge without."""
+    quantize = getattr(args, "quantize", None)
+    stage = args.stage or ("capture" if quantize else "edge")
+    if quantize and stage != "capture":
+        raise UsageError(f"--quantize {quantize} quantizes the captured graph: use --stage capture, or leave --stage out")
+    if quantize and args.backend != "qnn":
+        raise UsageError(f"--quantize {quantize} rebuilds the norms for the qnn backend: leave --backend out")
+    return stage
+
+
+def _quantization(spec, say: Say) -> dict:
+    """How each norm of ``spec`` is quantized for QNN, keyed like the report's rows."""
+    from edgefuse.progress import quiet_root_logger
+    from edgefuse.quant.qnn import QnnUnavailable, quantization_by_norm
+
+    say("quantizing the captured graph for QNN (prepare_pt2e, calibration on the example inputs, convert_pt2e)")
+    model = spec.module if spec.module is not None else spec.export().module()
+    try:
+        with quiet_root_logger():
+            return quantization_by_norm(model, spec.inputs)
+    except QnnUnavailable as error:
+        raise Unavailable(f"--quantize qnn needs ExecuTorch's Qualcomm quantizer: {error}") from error
+    except Exception as error:  # noqa: BLE001  (the released quantizer's own failure on this model)
+        raise UsageError(
+            f"the released QnnQuantizer could not quantize {spec.name}: {type(error).__name__}: {error}"
+        ) from error
+
+
 def report(args, say: Say) -> int:
     """``edgefuse report MODEL``: the per-norm table (or JSON) and its summary line."""
     _check_backend(args.backend)
+    stage = _stage(args)
     if args.map:
         _check_output(args.map, "delegate map")
     spec = _spec(args)
-    from edgefuse.report import build_report, format_report, to_json  # ExecuTorch: only once the input is good
+    from edgefuse.report import add_quantization, build_report, format_report, to_json  # ExecuTorch: once the input is good
 
-    result = build_report(spec, backend=args.backend, stage=args.stage, progress=say)
+    result = build_report(spec, backend=args.backend, stage=stage, progress=say)
+    if getattr(args, "quantize", None):
+        add_quantization(result, args.quantize, _quantization(spec, say))
     if args.json:
         print(json.dumps(to_json(result), indent=2))
     else:

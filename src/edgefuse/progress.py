@@ -7,6 +7,7 @@ the command started) shows that the command is alive and where the time goes. Re
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -64,3 +65,16 @@ def quiet_libraries() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     for category in (DeprecationWarning, FutureWarning, UserWarning):
         warnings.filterwarnings("ignore", category=category)
+
+
+@contextlib.contextmanager
+def quiet_root_logger(level: int = logging.ERROR):
+    """Drop log records below ``level`` while the block runs: ExecuTorch's Qualcomm code logs through the
+    root logger (SDK set-up notes, deprecations) lines that say nothing about the user's model."""
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(max(level, before))
+    try:
+        yield
+    finally:
+        root.setLevel(before)

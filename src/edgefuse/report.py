@@ -43,13 +43,23 @@ class NormRow:
     decision: Decision
     layer: str | None
     max_error: float | None
+    #: How the norm was quantized (:class:`edgefuse.quant.NormQuantization`), with ``--quantize``.
+    quantized: Any = None
 
-    def cells(self) -> list[object]:
+    @property
+    def key(self) -> str:
+        """The norm's name in the report and in quantization facts: its module path, else its mean."""
+        return self.decision.module_path or self.decision.mean
+
+    def cells(self, quantized: bool = False) -> list[object]:
         d = self.decision
-        return [
-            self.layer, d.module_path or d.mean, d.form, _dtype_name(d.dtype), "yes" if d.rebuilt else "no",
+        cells = [
+            self.layer, self.key, d.form, _dtype_name(d.dtype), "yes" if d.rebuilt else "no",
             d.input, _error(self.max_error), d.reason,
         ]
+        if quantized:
+            cells.append(self.quantized.describe() if self.quantized is not None else "not found in the quantized graph")
+        return cells
 
 
 @dataclass
@@ -68,6 +78,7 @@ class Report:
     difference: float = 0.0  # rewritten against unrewritten program
     allowed: float = 0.0
     ok: bool = True
+    quantization: str | None = None  # the scheme of ``--quantize`` (rows then say how each norm was quantized)
 
     @property
     def rebuilt(self) -> list[NormRow]:
@@ -159,6 +170,13 @@ def layer_of(path: str | None) -> str | None:
     return None
 
 
+def add_quantization(report: Report, scheme: str, by_key: dict) -> None:
+    """Record on each row how its norm was quantized under ``scheme``, from facts keyed by :attr:`NormRow.key`."""
+    report.quantization = scheme
+    for row in report.rows:
+        row.quantized = by_key.get(row.key)
+
+
 # --- running -------------------------------------------------------------------------------------------
 
 def _eager_with_module_outputs(module: torch.nn.Module, inputs: tuple, paths: Iterable[str]):
@@ -244,14 +262,30 @@ HEADER = ("layer", "module", "form", "dtype", "rebuilt", "input", "max err", "re
 
 def format_report(report: Report) -> str:
     """The terminal table: one row per norm, then the summary line."""
+    quantized = report.quantization is not None
     lines = [
         f"{report.model} ({_dtype_name(report.dtype)}), {report.stage} stage, backend {report.backend}: "
-        f"{len(report.rows)} norms"
+        f"{len(report.rows)} norms" + (f", quantized for {report.quantization}" if quantized else "")
     ]
     if report.rows:
-        lines.append(format_table(HEADER, [r.cells() for r in report.rows]))
+        header = HEADER + (("quantized as",) if quantized else ())
+        lines.append(format_table(header, [r.cells(quantized) for r in report.rows]))
     lines.append(summary_line(report))
+    if quantized:
+        lines.append(quantization_line(report))
     return "\n".join(lines)
+
+
+def quantization_line(report: Report) -> str:
+    """How many norms were quantized as one op, and the quantize/dequantize pairs all norms cost."""
+    facts = [r.quantized for r in report.rows if r.quantized is not None]
+    one_op = sum(1 for f in facts if f.how == "one op")
+    missing = len(report.rows) - len(facts)
+    return (
+        f"quantized for {report.quantization}: {one_op} of {len(report.rows)} norms as one op; the norms cost "
+        f"{sum(f.pairs for f in facts)} quantize/dequantize pairs"
+        + (f"; {missing} not found in the quantized graph" if missing else "")
+    )
 
 
 def summary_line(report: Report) -> str:
@@ -291,9 +325,11 @@ def to_json(report: Report) -> dict:
                 "normalized_shape": list(r.decision.normalized_shape) if r.decision.normalized_shape else None,
                 "node": r.decision.node,
                 "max_error": _number(r.max_error),
+                "quantized": _quantized_json(r.quantized) if report.quantization else None,
             }
             for r in report.rows
         ],
+        "quantization": report.quantization,
         "summary": {
             "norms": len(report.rows),
             "rebuilt": len(report.rebuilt),
@@ -304,6 +340,19 @@ def to_json(report: Report) -> dict:
             "allowed": _number(report.allowed),
             "ok": report.ok,
         },
+    }
+
+
+def _quantized_json(facts) -> dict | None:
+    if facts is None:
+        return None
+    return {
+        "how": facts.how,
+        "ops": list(facts.ops),
+        "pairs_in": facts.pairs_in,
+        "pairs_inside": facts.pairs_inside,
+        "pairs_out": facts.pairs_out,
+        "pairs_constant": facts.pairs_constant,
     }
 
 

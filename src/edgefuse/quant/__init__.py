@@ -1,0 +1,17 @@
+"""edgefuse in the quantized flows: QNN quantization capture, and XNNPACK qs8 and 8da4w.
+
+- :mod:`edgefuse.quant.facts`: tag each norm before ``prepare_pt2e`` (:func:`mark_norms`) and read how
+  it was quantized from the converted graph (:func:`norm_quantization`): one op with one pair in and
+  out, or its pieces quantized one by one, and the quantize/dequantize pairs it costs.
+- :mod:`edgefuse.quant.qnn`: the QNN capture flow with the released ``QnnQuantizer``, built without an
+  SDK download; :class:`~edgefuse.quant.qnn.QnnUnavailable` says why when it cannot be imported.
+- :mod:`edgefuse.quant.xnnpack`: the pinned XNNPACK quantizer (qs8) and ExecuTorch's 8da4w source
+  transform, lowered stock or with edgefuse, and where each mean went.
+- ``python -m edgefuse.quant``: the tables of both flows on the tiny models.
+
+Importing this package imports neither ExecuTorch's Qualcomm backend nor its quantizers.
+"""
+
+from edgefuse.quant.facts import NORM_KEY, NormQuantization, mark_norms, norm_quantization
+
+__all__ = ["NORM_KEY", "NormQuantization", "mark_norms", "norm_quantization"]

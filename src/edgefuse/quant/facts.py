@@ -1,0 +1,287 @@
+"""Per-norm quantization facts: how each norm of a quantized graph was quantized, and what it costs.
+
+Quantizers insert their quantize/dequantize pairs around the ops they annotate, so what a norm costs
+depends on whether it reaches the quantizer as one ``rms_norm`` or as its pieces. :func:`mark_norms`
+tags the nodes of every candidate norm (one per ``mean`` of a square, and every ``rms_norm``) before
+``prepare_pt2e``; the tag is node metadata, which survives annotation, calibration and
+``convert_pt2e``. :func:`norm_quantization` then reads the converted graph and says, per norm:
+
+- ``how``: ``"one op"`` (one ``rms_norm`` read through one dequantize and quantized once at its
+  output), ``"pieces"`` (several ops, each output quantized), ``"partly"`` (several ops, some left in
+  float), or ``"float"`` (no quantize/dequantize pair touches it);
+- the quantize/dequantize pairs it costs: ``pairs_in`` (activations entering it), ``pairs_inside``
+  (tensors it computes and reads again), ``pairs_out`` (tensors it computes and hands on) and
+  ``pairs_constant`` (its weight and any scalar a quantizer lifted into a tensor, such as eps).
+
+A pair is one quantize node (the dequantize nodes a converted graph duplicates per user share it), or
+one folded constant read by a dequantize.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from torch.fx import GraphModule, Node
+
+from edgefuse.constants import GraphConstants
+from edgefuse.match import Rejection, match_rms_norm
+from edgefuse.ops import Role, table_for
+
+#: ``node.meta`` key holding the key of the norm a node belongs to.
+NORM_KEY = "edgefuse_norm"
+
+#: ``node.meta`` key marking a cast that belongs to the dequantize it reads (see
+#: :func:`edgefuse.quant.qnn.dequantize_in_float32`), as opposed to a cast of the model's.
+DEQUANTIZE_CAST = "edgefuse_dequantize_cast"
+
+#: ``node.meta`` key PT2E quantizers write their annotation under.
+ANNOTATION_KEY = "quantization_annotation"
+
+
+def is_dequantize(node: object) -> bool:
+    """Whether ``node`` dequantizes (``dequantize_per_tensor``, ``dequantize_affine``, ... in any dialect)."""
+    return isinstance(node, Node) and node.op == "call_function" and "dequantize" in _target_name(node)
+
+
+def is_quantize(node: object) -> bool:
+    """Whether ``node`` quantizes (and is not a dequantize, whose name also contains ``quantize``)."""
+    if not isinstance(node, Node) or node.op != "call_function" or is_dequantize(node):
+        return False
+    name = _target_name(node)
+    return "quantize_per" in name or "quantize_affine" in name
+
+
+def _target_name(node: Node) -> str:
+    return getattr(node.target, "__name__", None) or str(node.target)
+
+
+def _is_cast(node: Node) -> bool:
+    return bool(node.meta.get(DEQUANTIZE_CAST))
+
+
+def dequantized(node: object) -> Node | None:
+    """The dequantize behind ``node``: ``node`` itself, or the dequantize a :data:`DEQUANTIZE_CAST` reads."""
+    if is_dequantize(node):
+        return node
+    if isinstance(node, Node) and _is_cast(node) and node.args and is_dequantize(node.args[0]):
+        return node.args[0]
+    return None
+
+
+def readers(quantize: Node) -> list[Node]:
+    """The nodes that read what ``quantize`` quantized: users of its dequantize nodes (past their casts)."""
+    found = []
+    for dq in quantize.users:
+        if not is_dequantize(dq):
+            continue
+        for user in dq.users:
+            found.extend(user.users if _is_cast(user) else [user])
+    return found
+
+
+def _key_of(node: Node, fallback: str) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        path = list(stack.values())[-1][0]
+        path = path.removeprefix("L['self'].").removeprefix("L__self__.")
+        if path:
+            return path
+    return fallback
+
+
+def _between(source: Node, sink: Node) -> set[Node]:
+    """The nodes on a path from ``source`` to ``sink``, ``sink`` included and ``source`` not."""
+    above: set[Node] = set()
+    work = [sink]
+    while work:
+        node = work.pop()
+        if node in above:
+            continue
+        above.add(node)
+        work.extend(node.all_input_nodes)
+    if source not in above:
+        return {sink}
+    below: set[Node] = set()
+    work = [source]
+    while work:
+        node = work.pop()
+        if node in below or node not in above:
+            continue
+        below.add(node)
+        work.extend(node.users)
+    below.discard(source)
+    return below
+
+
+def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str, list[str]]:
+    """Tag the nodes of every candidate norm with the norm's key; returns the tagged node names by key.
+
+    Call it on the captured graph right before ``prepare_pt2e`` (after any recomposition). The key is
+    the norm's module path (``model.layers.0.input_layernorm``), or its ``mean`` node's name when the
+    norm has no module of its own; ``decisions`` from :func:`edgefuse.recompose_rms_norm` give each
+    rebuilt ``rms_norm`` the key its decomposed norm had, so keys match between a graph that was
+    recomposed and one that was not.
+    """
+    gm = graph_module
+    table = table_for(gm.graph)
+    constants = GraphConstants(gm)
+    by_node = {d.node: d for d in decisions if getattr(d, "rebuilt", False) and d.node}
+    groups: dict[str, set[Node]] = {}
+
+    def add(key: str, nodes: Iterable[Node]) -> None:
+        if key in groups and groups[key] and not groups[key] & set(nodes):
+            count = sum(1 for k in groups if k == key or k.startswith(key + "#"))
+            key = f"{key}#{count}"
+        groups.setdefault(key, set()).update(n for n in nodes if n.op == "call_function")
+
+    for node in list(gm.graph.nodes):
+        if table.is_a(node, Role.RMS_NORM):
+            decision = by_node.get(node.name)
+            fallback = decision.mean if decision is not None else node.name
+            key = decision.module_path if decision is not None and decision.module_path else _key_of(node, fallback)
+            add(key, [node])
+        elif table.is_a(node, Role.MEAN):
+            try:
+                found = match_rms_norm(node, table, constants)
+            except Exception:  # a graph the matcher cannot read leaves this mean unmarked
+                continue
+            key = _key_of(node, node.name)
+            if isinstance(found, Rejection):
+                nodes = set(found.nodes) or {node}
+                if found.input is not None:
+                    for end in found.nodes:
+                        nodes |= _between(found.input, end)
+                add(key, nodes)
+                continue
+            match = found[0]
+            nodes = set(match.nodes) | _between(match.input, match.output)
+            if match.weight is not None:
+                nodes |= set(match.weight.chain)
+            add(key, nodes)
+    for key, nodes in groups.items():
+        for node in nodes:
+            node.meta[NORM_KEY] = key
+    return {key: sorted(n.name for n in nodes) for key, nodes in groups.items()}
+
+
+@dataclass(frozen=True)
+class NormQuantization:
+    """How one norm of a converted graph was quantized, and the quantize/dequantize pairs it costs."""
+
+    key: str
+    how: str
+    ops: tuple[str, ...]
+    quantized_ops: tuple[str, ...]
+    annotated_ops: tuple[str, ...]
+    pairs_in: int
+    pairs_inside: int
+    pairs_out: int
+    pairs_constant: int
+    nodes: tuple[str, ...] = field(default=(), repr=False)
+
+    @property
+    def rebuilt(self) -> bool:
+        """Whether the norm reached the quantizer as one ``rms_norm``."""
+        return self.ops == ("rms_norm",)
+
+    @property
+    def pairs(self) -> int:
+        """Every quantize/dequantize pair the norm reads or writes, its constants included."""
+        return self.pairs_in + self.pairs_inside + self.pairs_out + self.pairs_constant
+
+    def describe(self) -> str:
+        """One line a report can quote: ``one op (rms_norm): 1 pair in, 1 out, 1 constant``."""
+        if self.how == "float":
+            return f"float: {len(self.ops)} op{'s' if len(self.ops) != 1 else ''}, no quantize/dequantize pair"
+        if self.how == "one op":
+            head = "one op (rms_norm)"
+        elif self.how == "pieces":
+            head = f"{len(self.ops)} ops quantized one by one ({', '.join(self.ops)})"
+        else:
+            floats = [op for op in self.ops if op not in self.quantized_ops]
+            head = f"{len(self.ops)} ops, {len(self.quantized_ops)} quantized, {len(floats)} in float ({', '.join(floats)})"
+        return (
+            f"{head}: {self.pairs_in} pair{'s' if self.pairs_in != 1 else ''} in, {self.pairs_inside} inside, "
+            f"{self.pairs_out} out, {self.pairs_constant} constant"
+        )
+
+
+def _short(node: Node) -> str:
+    """``rms_norm`` for ``aten.rms_norm.default``, ``mul`` for ``aten.mul.Tensor``, in either dialect."""
+    name = _target_name(node)
+    for prefix in ("aten.", "dim_order_ops.", "quantized_decomposed.", "edgefuse."):
+        name = name.removeprefix(prefix)
+    return name.split(".")[0]
+
+
+def _annotated(node: Node) -> bool:
+    annotation = node.meta.get(ANNOTATION_KEY)
+    return bool(annotation is not None and getattr(annotation, "_annotated", False))
+
+
+def _quantizers_of(node: Node) -> list[Node]:
+    return [u for u in node.users if is_quantize(u)]
+
+
+def norm_quantization(graph_module: GraphModule, keys: Sequence[str] | None = None) -> list[NormQuantization]:
+    """The quantization facts of every norm :func:`mark_norms` tagged, in graph order.
+
+    ``graph_module`` is the graph after ``convert_pt2e`` (quantize/dequantize pairs in the graph).
+    ``keys`` limits the result to those norms. A graph without tags gives an empty list: tag the
+    graph before ``prepare_pt2e``.
+    """
+    groups: dict[str, list[Node]] = {}
+    for node in graph_module.graph.nodes:
+        key = node.meta.get(NORM_KEY)
+        if key is None or node.op != "call_function" or is_quantize(node) or dequantized(node) is not None:
+            continue
+        if keys is not None and key not in keys:
+            continue
+        groups.setdefault(key, []).append(node)
+    return [_facts(key, nodes) for key, nodes in groups.items()]
+
+
+def _facts(key: str, compute: list[Node]) -> NormQuantization:
+    members = set(compute)
+    inside, out, entering, constant = set(), set(), set(), set()
+    for node in compute:
+        for q in _quantizers_of(node):
+            (inside if any(r in members for r in readers(q)) else out).add(q)
+        for arg in node.all_input_nodes:
+            dq = dequantized(arg)
+            if dq is None:
+                continue
+            source = dq.args[0] if dq.args else None
+            if not isinstance(source, Node):
+                continue
+            if is_quantize(source):
+                origin = source.args[0] if source.args else None
+                if origin in members:
+                    continue
+                (constant if isinstance(origin, Node) and origin.op == "get_attr" else entering).add(source)
+            elif source.op == "get_attr":
+                constant.add(source)
+            elif source.op == "placeholder":
+                entering.add(source)
+    quantized = [n for n in compute if _quantizers_of(n)]
+    if not (inside or out or entering or constant):
+        how = "float"
+    elif len(compute) == 1 and _short(compute[0]) == "rms_norm" and entering and out:
+        how = "one op"
+    elif len(compute) > 1 and len(quantized) == len(compute):
+        how = "pieces"
+    else:
+        how = "partly"
+    return NormQuantization(
+        key=key,
+        how=how,
+        ops=tuple(_short(n) for n in compute),
+        quantized_ops=tuple(_short(n) for n in quantized),
+        annotated_ops=tuple(_short(n) for n in compute if _annotated(n)),
+        pairs_in=len(entering),
+        pairs_inside=len(inside),
+        pairs_out=len(out),
+        pairs_constant=len(constant),
+        nodes=tuple(n.name for n in compute),
+    )

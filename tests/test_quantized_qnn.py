@@ -1,0 +1,311 @@
+"""QNN quantization capture with edgefuse: one op with one quantize/dequantize pair in and out.
+
+Each norm is quantized with the released ``QnnQuantizer`` (16-bit activations, min/max observers),
+calibrated on the very input it is checked on, so no value is outside its calibrated range and the
+converted program differs from eager by rounding alone. The tolerance is then derived, element by
+element, from the scales the converted graph holds (see :func:`one_op_bound`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+from edgefuse.quant.facts import is_dequantize, is_quantize
+from edgefuse.quant.qnn import (
+    QnnUnavailable,
+    dequantize_in_float32,
+    index_arithmetic,
+    load_quantizer_module,
+    qnn_available,
+    quantize_for_qnn,
+)
+
+UNAVAILABLE = qnn_available()
+needs_qnn = pytest.mark.skipif(UNAVAILABLE is not None, reason=UNAVAILABLE or "")
+
+EPS = 1e-6
+DIM = 64
+
+
+class LlamaNorm(torch.nn.Module):
+    """Hugging Face Llama's RMSNorm: normalize in float32, round to the input dtype, then the weight."""
+
+    def __init__(self, dtype: torch.dtype, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.weight = torch.nn.Parameter((1 + 0.1 * torch.randn(DIM, generator=gen)).to(dtype))
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+        return self.weight * h.to(x.dtype)
+
+
+class GemmaNorm(torch.nn.Module):
+    """Gemma's RMSNorm: ``1 + w`` applied in float32, one cast at the end."""
+
+    def __init__(self, dtype: torch.dtype, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.weight = torch.nn.Parameter((0.1 * torch.randn(DIM, generator=gen)).to(dtype))
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+        return (h * (1.0 + self.weight.float())).type_as(x)
+
+
+class RoundsInside(torch.nn.Module):
+    """A float32 norm that rounds the normalized tensor to float16 before its weight."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(DIM, generator=gen))
+
+    def forward(self, x):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+        return self.weight * h.to(torch.float16).to(torch.float32)
+
+
+def sample(dtype: torch.dtype, seed: int = 1) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return (2 * torch.randn(1, 8, DIM, generator=gen)).to(dtype)
+
+
+def _scale(dq) -> float:
+    return float(dq.args[1])
+
+
+def _rms_norm(converted):
+    nodes = [n for n in converted.graph.nodes if n.target == torch.ops.aten.rms_norm.default]
+    assert len(nodes) == 1, f"expected one rms_norm, found {len(nodes)}"
+    return nodes[0]
+
+
+def _through_cast(node):
+    return node.args[0] if not is_dequantize(node) and node.args and is_dequantize(node.args[0]) else node
+
+
+def one_op_scales(converted) -> tuple[float, float, float]:
+    """The input, weight and output scales of the converted graph's one ``rms_norm``."""
+    node = _rms_norm(converted)
+    s_in = _scale(_through_cast(node.args[0]))
+    s_w = _scale(_through_cast(node.args[2]))
+    (q,) = [u for u in node.users if is_quantize(u)]
+    return s_in, s_w, _scale(q)
+
+
+def one_op_bound(x, weight, s_in, s_w, s_out, dtype) -> torch.Tensor:
+    """The largest error a norm quantized as one op can have against eager, per element.
+
+    ``y = w * x / r`` with ``r = sqrt(mean(x^2) + eps)``. The program reads ``x + dx`` and ``w + dw`` and
+    rounds its output once more: ``|dx| <= s_in/2`` and ``|dw| <= s_w/2`` (16-bit rounding), each plus
+    half a unit of ``dtype`` when the dequantized value is rounded to ``dtype``; the output quantization
+    adds ``s_out/2``. To first order, ``|d(x_i/r)| <= dx_i/r + |x_i| * sum_j |x_j| dx_j / (D r^3)``.
+    Float rounding adds two units in the last place of ``dtype`` at ``|y|``: eager rounds the normalized
+    tensor and the product, the program rounds ``rms_norm``'s result and the dequantized output; and
+    eight float32 units cover the float32 arithmetic of both.
+    """
+    half = torch.finfo(dtype).eps / 2
+    x, w = x.double(), weight.double()
+    r = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+    dx = s_in / 2 + half * x.abs()
+    dn = dx / r + x.abs() * (x.abs() * dx).sum(-1, keepdim=True) / (x.shape[-1] * r**3)
+    dw = s_w / 2 + half * w.abs()
+    y = (w * x / r).abs()
+    return (
+        w.abs() * dn + dw * x.abs() / r + s_out / 2
+        + 2 * torch.finfo(dtype).eps * y + 8 * torch.finfo(torch.float32).eps * y
+    )
+
+
+def exact_norm(module, x) -> torch.Tensor:
+    """The norm of ``x`` in float64 with the module's weight: what every rounding is measured from."""
+    x = x.double()
+    n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+    w = module.weight.double()
+    return n * (1 + w) if isinstance(module, GemmaNorm) else n * w
+
+
+@pytest.fixture(scope="module")
+def llama_runs():
+    runs = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        module, x = LlamaNorm(dtype).eval(), sample(dtype)
+        for mode in ("edgefuse", "none"):
+            runs[dtype, mode] = (module, x, quantize_for_qnn(module, (x,), [(x,)], recompose=mode))
+    return runs
+
+
+@needs_qnn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_a_rebuilt_norm_is_one_op_with_one_pair_in_and_out(llama_runs, dtype):
+    module, x, result = llama_runs[dtype, "edgefuse"]
+    (decision,) = result.decisions
+    assert decision.rebuilt, decision.reason
+    (norm,) = result.norms
+    assert norm.how == "one op", norm.describe()
+    assert norm.annotated_ops == ("rms_norm",)
+    assert (norm.pairs_in, norm.pairs_inside, norm.pairs_out, norm.pairs_constant) == (1, 0, 1, 1), norm.describe()
+
+    _, _, decomposed = llama_runs[dtype, "none"]
+    (pieces,) = decomposed.norms
+    assert pieces.how == "pieces" and "rms_norm" not in pieces.ops, pieces.describe()
+    assert pieces.pairs_inside >= 5 and pieces.pairs > norm.pairs
+
+
+@needs_qnn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_the_one_op_norm_matches_eager_within_its_quantization_bound(llama_runs, dtype):
+    module, x, result = llama_runs[dtype, "edgefuse"]
+    with torch.no_grad():
+        expected, actual = module(x).double(), result.converted(x).double()
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    bound = one_op_bound(x, module.weight, *one_op_scales(result.converted), dtype)
+    error = (actual - expected).abs()
+    worst = int((error - bound).argmax())
+    assert bool((error <= bound).all()), (
+        f"error {float(error.flatten()[worst]):.3g} above its bound {float(bound.flatten()[worst]):.3g}"
+    )
+
+
+@needs_qnn
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_recomposition_does_not_make_the_norm_less_accurate(llama_runs, dtype):
+    """Against the exact (float64) norm the rebuilt norm is at least as accurate as its pieces.
+
+    Against eager bfloat16 it may differ by one unit more: the model rounds the normalized tensor and
+    then the product, ``rms_norm`` rounds once, and the pieces reproduce eager's double rounding.
+    """
+    module, x, rebuilt = llama_runs[dtype, "edgefuse"]
+    _, _, pieces = llama_runs[dtype, "none"]
+    with torch.no_grad():
+        exact = exact_norm(module, x)
+        eager = module(x).double()
+        ours, theirs = rebuilt.converted(x).double(), pieces.converted(x).double()
+    assert float((ours - exact).abs().max()) <= float((theirs - exact).abs().max())
+    unit = torch.finfo(dtype).eps * float(eager.abs().max())
+    assert float((ours - eager).abs().max()) <= float((theirs - eager).abs().max()) + unit
+
+
+@needs_qnn
+def test_gemma_weight_is_folded_so_the_norm_is_one_op_where_stock_quantizes_its_pieces():
+    dtype = torch.bfloat16
+    module, x = GemmaNorm(dtype).eval(), sample(dtype)
+    ours = quantize_for_qnn(module, (x,), [(x,)], recompose="edgefuse")
+    stock = quantize_for_qnn(module, (x,), [(x,)], recompose="stock")
+    assert [n.how for n in ours.norms] == ["one op"] and ours.norms[0].pairs == 3, ours.norms[0].describe()
+    (theirs,) = stock.norms
+    assert theirs.how in ("pieces", "partly") and "rms_norm" not in theirs.ops and theirs.pairs >= 9, theirs.describe()
+    with torch.no_grad():
+        expected, actual = module(x).double(), ours.converted(x).double()
+    bound = one_op_bound(x, 1 + module.weight.float(), *one_op_scales(ours.converted), dtype)
+    assert bool(((actual - expected).abs() <= bound).all())
+
+
+@needs_qnn
+def test_the_released_pass_inside_the_quantizer_would_drop_a_rounding_edgefuse_keeps():
+    """edgefuse leaves a norm that rounds to float16 inside decomposed; the stock quantizer's own
+    ``RecomposeRmsNorm`` then rebuilds it on ``x`` and drops the rounding, so edgefuse's quantizer runs
+    its annotation pipeline without that pass."""
+    module, x = RoundsInside().eval(), sample(torch.float32)
+    ours = quantize_for_qnn(module, (x,), [(x,)], recompose="edgefuse")
+    assert not ours.decisions[0].rebuilt and "float16" in ours.decisions[0].reason
+    assert ours.norms[0].how in ("pieces", "partly") and "rms_norm" not in ours.norms[0].ops, ours.norms[0].describe()
+
+    from edgefuse.quant.qnn import qnn_quantizer
+
+    released = quantize_for_qnn(module, (x,), [(x,)], recompose="edgefuse", quantizer=qnn_quantizer(stock_recompose=True))
+    node = _rms_norm(released.converted)
+    source = _through_cast(node.args[0]).args[0].args[0]
+    assert source.op == "placeholder", f"the released pass rebuilt the norm on {source}"
+    with torch.no_grad():
+        eager = module(x).double()
+        unrounded = exact_norm(module, x)
+        actual = released.converted(x).double()
+    bound = one_op_bound(x, module.weight, *one_op_scales(released.converted), torch.float32)
+    assert bool(((actual - unrounded).abs() <= bound).all()), "the rebuilt norm computes the unrounded norm"
+    assert not bool(((actual - eager).abs() <= bound).all()), "and so misses the model's float16 rounding"
+
+
+def test_dequantize_in_float32_rounds_a_16_bit_value_once():
+    """``dequantize_per_tensor(out_dtype=bfloat16)`` rounds the integer to bfloat16 first; the fix does not."""
+    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers the quantized_decomposed ops)
+    graph = torch.fx.Graph()
+    q = graph.placeholder("q")
+    scale, zero = 1e-4, 28573
+    dq = graph.call_function(
+        torch.ops.quantized_decomposed.dequantize_per_tensor.default,
+        (q, scale, zero, 0, 65535, torch.int32),
+        {"out_dtype": torch.bfloat16},
+    )
+    graph.output(dq)
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    values = torch.arange(28573, 65535, 997, dtype=torch.int32)
+    exact = ((values - zero).double() * scale).to(torch.bfloat16)
+    assert not torch.equal(gm(values), exact)
+    assert dequantize_in_float32(gm) == [dq.name]
+    assert torch.equal(gm(values), exact)
+
+
+@needs_qnn
+def test_index_arithmetic_stays_in_float():
+    class Buckets(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias = torch.nn.Embedding(8, DIM)
+            self.proj = torch.nn.Linear(DIM, DIM)
+
+        def forward(self, x):
+            position = torch.arange(x.shape[1])
+            bucket = (torch.log(position.float() + 1) * 2.5).to(torch.long)
+            return self.proj(x) + self.bias(bucket)
+
+    module, x = Buckets().eval(), sample(torch.float32)
+    from edgefuse.quant.qnn import capture
+
+    names = index_arithmetic(capture(module, (x,)))
+    assert {"log", "mul", "to"} <= {n.rstrip("_0123456789") for n in names}
+    result = quantize_for_qnn(module, (x,), [(x,)], recompose="none")
+    for node in result.converted.graph.nodes:
+        if node.name in names:
+            assert not any(is_quantize(u) for u in node.users), f"{node.name} was quantized"
+    with torch.no_grad():
+        assert torch.isfinite(result.converted(x)).all()
+
+
+def test_a_missing_quantizer_is_a_clear_error():
+    with pytest.raises(QnnUnavailable, match="importing executorch.backends.qualcomm.quantizer.absent failed"):
+        load_quantizer_module("executorch.backends.qualcomm.quantizer.absent")
+
+
+@needs_qnn
+def test_building_the_quantizer_downloads_nothing_and_restores_the_environment():
+    """``QnnQuantizer()`` would run the SDK set-up, which downloads the SDK; edgefuse's never reaches the network."""
+    from executorch.backends.qualcomm.utils import qnn_sdk_setup
+
+    from edgefuse.quant.qnn import qnn_quantizer
+
+    events: list[str] = []
+    recording = [True]
+
+    def hook(event, args):
+        if recording[0] and event in ("socket.getaddrinfo", "socket.connect", "urllib.Request"):
+            events.append(f"{event} {str(args)[:120]}")
+
+    before = os.environ.get("QNN_SDK_ROOT")
+    sys.addaudithook(hook)
+    try:
+        quantizer = qnn_quantizer()
+    finally:
+        recording[0] = False
+    assert quantizer is not None
+    assert events == []
+    assert os.environ.get("QNN_SDK_ROOT") == before
+    if before is None:
+        assert not qnn_sdk_setup._sdk_ready

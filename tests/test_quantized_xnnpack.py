@@ -1,0 +1,238 @@
+"""Quantized XNNPACK flows (qs8, 8da4w) lowered with edgefuse: means inside the delegate, right axes.
+
+Every program is serialized, loaded in ``executorch.runtime`` and run; its outputs are compared with the
+eager run of the same quantized program (the converted module for qs8, the source-transformed module for
+8da4w), at tolerances derived from the quantization scales and bit widths each test states.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import export
+
+from edgefuse.quant import xnnpack as qx
+from edgefuse.quant.facts import is_dequantize, is_quantize
+from edgefuse.xnnpack.inspect import node_types, ops_outside, run_pte, to_pte
+
+torch.set_num_threads(1)
+
+EPS = 1e-6
+DIM = 64
+F32 = torch.finfo(torch.float32).eps
+
+
+class Norm(torch.nn.Module):
+    """Hugging Face Llama's RMSNorm in float32."""
+
+    def __init__(self, gen: torch.Generator):
+        super().__init__()
+        self.weight = torch.nn.Parameter(1 + 0.1 * torch.randn(DIM, generator=gen))
+
+    def forward(self, x):
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+        return self.weight * h.to(x.dtype)
+
+
+class Block(torch.nn.Module):
+    """A pre-norm residual block ``x + W norm(x)``, and optionally a second norm of its output."""
+
+    def __init__(self, second_norm: bool = False, seed: int = 0):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        self.norm = Norm(gen)
+        self.proj = torch.nn.Linear(DIM, DIM, bias=False)
+        with torch.no_grad():
+            self.proj.weight.copy_(torch.randn(DIM, DIM, generator=gen) / DIM**0.5)
+        self.after = Norm(gen) if second_norm else None
+
+    def forward(self, x):
+        y = x + self.proj(self.norm(x))
+        return (y, self.after(y)) if self.after is not None else y
+
+
+def inputs(count: int, seed: int = 1) -> list[tuple[torch.Tensor]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(1, 8, DIM, generator=gen),) for _ in range(count)]
+
+
+def means_outside(lowered) -> list[str]:
+    return [op for op in ops_outside(lowered) if "mean" in op]
+
+
+def _flat(value) -> list[torch.Tensor]:
+    return [value] if isinstance(value, torch.Tensor) else [t for v in value for t in _flat(v)]
+
+
+def norm_perturbation(x: torch.Tensor, w: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
+    """First-order bound on how much ``w * x / rms(x)`` moves when each ``x_j`` moves by at most ``dx_j``."""
+    x, w, dx = x.double(), w.double(), dx.double()
+    r = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
+    return w.abs() * (dx / r + x.abs() * (x.abs() * dx).sum(-1, keepdim=True) / (x.shape[-1] * r**3))
+
+
+@pytest.fixture(scope="module")
+def qs8():
+    block = Block().eval()
+    calibration = inputs(4)
+    quantized = qx.quantize_qs8(block, calibration[0], calibration)
+    program = qx.export_quantized(quantized, calibration[0])
+    lowered = {how: qx.lower(program, how) for how in (qx.STOCK, qx.EDGEFUSE)}
+    return block, calibration, quantized, lowered
+
+
+def test_qs8_norm_mean_is_delegated_and_the_norm_is_quantized_around_its_float_core(qs8):
+    """qs8 annotates a norm's ``add`` (eps) and multiplies, which quantize what they read; ``pow`` is not
+    annotated, so the mean reads a float tensor and edgefuse delegates it: one delegate, where stock has
+    the mean on the portable kernel between two."""
+    block, _, quantized, lowered = qs8
+    (norm,) = quantized.norms
+    assert norm.how == "partly", norm.describe()
+    assert norm.annotated_ops == ("add", "mul", "mul") and "pow" not in norm.quantized_ops, norm.describe()
+    (mean,) = [n for n in quantized.module.graph.nodes if n.target == torch.ops.aten.mean.dim]
+    assert not is_dequantize(mean.args[0])
+    assert means_outside(lowered[qx.STOCK]) == ["aten.mean.dim"]
+    assert len(node_types(lowered[qx.STOCK])) == 2
+    assert means_outside(lowered[qx.EDGEFUSE]) == []
+    assert len(node_types(lowered[qx.EDGEFUSE])) == 1
+    assert "XNNFullyConnected" in node_types(lowered[qx.EDGEFUSE])[0]
+
+
+def test_qs8_programs_match_the_quantized_eager_program(qs8):
+    """Tolerance: one step of the output's int8 scale plus one step of each quantized tensor the final
+    ``add`` reads. The delegate computes each quantized op in integers and can round a value on a tie
+    the other way than the float reference, at the output and in the tensor before it."""
+    _, calibration, quantized, lowered = qs8
+    graph = quantized.module.graph
+    (output,) = [n for n in graph.nodes if n.op == "output"]
+    out_dq = output.args[0][0] if isinstance(output.args[0], (list, tuple)) else output.args[0]
+    assert is_dequantize(out_dq) and is_quantize(out_dq.args[0])
+    last = out_dq.args[0].args[0]
+    steps = [float(out_dq.args[1])] + [float(a.args[1]) for a in last.all_input_nodes if is_dequantize(a)]
+    allowed = sum(steps)
+    for how, program in lowered.items():
+        pte = to_pte(program)
+        for args in calibration:
+            with torch.no_grad():
+                expected = quantized.module(*args)
+            (actual,) = run_pte(pte, args)
+            error = float((actual - expected).abs().max())
+            assert error <= allowed, f"{how}: error {error:.3g} above {allowed:.3g} ({len(steps)} steps)"
+
+
+def test_8da4w_block_lowers_to_one_delegate_and_matches_the_quantized_eager_program():
+    """8da4w: int4 weights in groups of 32, int8 activations quantized per token at run time; norms float.
+
+    Tolerance for ``y = x + W a`` (``a`` the first norm's output), per output element ``i``: XNNPACK and
+    torchao's reference may quantize an activation one step apart (step ``s`` = the token's int8 range over
+    255), which moves ``y_i`` by at most ``s * sum_j |W_ij|``; XNNPACK stores the group scales in bfloat16,
+    which moves each weight by at most 2^-9 of itself, ``2^-9 * sum_j |W_ij a_j|``; float32 sums add eight
+    units at ``sum_j |W_ij a_j|``. The second norm's tolerance is the first-order movement of a norm whose
+    input moves by ``y``'s tolerance, plus eight float32 units.
+    """
+    block = Block(second_norm=True).eval()
+    example = inputs(1)[0]
+    quantized = qx.quantize_8da4w(block)
+    program = qx.export_quantized(quantized, example)
+    lowered = qx.lower(program, qx.EDGEFUSE)
+    assert means_outside(lowered) == [] and len(node_types(lowered)) == 1
+
+    weight = quantized.module.proj.weight.dequantize().double()
+    pte = to_pte(lowered)
+    for args in inputs(3, seed=5):
+        x = args[0]
+        with torch.no_grad():
+            y_expected, z_expected = (t.double() for t in quantized.module(*args))
+            a = block.norm(x).double()
+        low = torch.minimum(a.amin(-1, keepdim=True), torch.zeros(()))
+        high = torch.maximum(a.amax(-1, keepdim=True), torch.zeros(()))
+        step = (high - low) / 255
+        products = (a.abs() @ weight.abs().T)
+        dy = step * weight.abs().sum(-1) + 2**-9 * products + 8 * F32 * (products + x.double().abs())
+        dz = norm_perturbation(y_expected, block.after.weight, dy) + 8 * F32 * z_expected.abs()
+        y_actual, z_actual = (t.double() for t in run_pte(pte, args))
+        assert bool(((y_actual - y_expected).abs() <= dy).all()), f"y off by {float((y_actual - y_expected).abs().max()):.3g}"
+        assert bool(((z_actual - z_expected).abs() <= dz).all()), f"z off by {float((z_actual - z_expected).abs().max()):.3g}"
+
+
+
+
+MEANS = {"pooling": [2, 3], "channels": [1], "width": [-1]}
+
+
+class ConvAndMeans(torch.nn.Module):
+    """A convolution of the input and three means of it: over dims [2, 3], over channels, over width."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(4, 6, 3, padding=1)
+
+    def forward(self, x):
+        return (self.conv(x), *(x.mean(dims, keepdim=True) for dims in MEANS.values()))
+
+
+def conv_and_means_behind_one_pair():
+    """qs8 convolution of a channels-last input, and means of the same quantized input.
+
+    Each mean reads its own dequantize of the quantize the convolution's input goes through: how
+    ``convert_pt2e`` leaves a tensor whose readers share its quantization.
+    """
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 4, 5, 7, generator=gen).to(memory_format=torch.channels_last)
+    module = ConvAndMeans().eval()
+    prepared = prepare_pt2e(export(module, (x,)).module(), qx.qs8_quantizer())
+    prepared(x)
+    converted = convert_pt2e(prepared)
+    graph = converted.graph
+    (conv,) = [n for n in graph.nodes if n.target == torch.ops.aten.conv2d.default]
+    dq = conv.args[0]
+    for mean in [n for n in graph.nodes if n.target == torch.ops.aten.mean.dim]:
+        with graph.inserting_after(dq):
+            own = graph.call_function(dq.target, dq.args, dict(dq.kwargs))
+        mean.replace_input_with(mean.args[0], own)
+    converted.recompile()
+    return converted, x, dq
+
+
+def _misread(x: torch.Tensor) -> torch.Tensor:
+    """The channels-last buffer of ``x`` read as if it were contiguous NCHW: what wrong axes reduce."""
+    n, c, h, w = x.shape
+    return x.permute(0, 2, 3, 1).contiguous().view(n, c, h, w)
+
+
+def test_channels_last_input_behind_a_pair_feeds_means_and_a_convolution_on_the_right_axes():
+    """The convolution's output is int8: one step of its scale covers an integer kernel rounding a tie the
+    other way. A mean's output is float: the delegate's global average pooling (dims [2, 3]) sums the same
+    dequantized values in another order, eight float32 units at its magnitude; a channel or width mean of
+    a dequantized tensor keeps the stock path (portable kernel on the same values). Each tolerance is
+    checked to be far below what a mean over the misread layout would give."""
+    converted, x, dq = conv_and_means_behind_one_pair()
+    program = export(converted, (x,))
+    lowered = qx.lower(program, qx.EDGEFUSE)
+    with torch.no_grad():
+        conv_expected, *means_expected = converted(x)
+        xq = torch.ops.quantized_decomposed.dequantize_per_tensor(
+            torch.ops.quantized_decomposed.quantize_per_tensor(x, *dq.args[1:]), *dq.args[1:]
+        )
+    conv_actual, *means_actual = run_pte(to_pte(lowered), (x,))
+
+    conv_q = [u for n in converted.graph.nodes if n.target == torch.ops.aten.conv2d.default for u in n.users][0]
+    assert float((conv_actual - conv_expected).abs().max()) <= float(conv_q.args[1])
+    for name, dims, actual, expected in zip(MEANS, MEANS.values(), means_actual, means_expected):
+        allowed = 8 * F32 * max(float(expected.abs().max()), 1.0)
+        wrong = _misread(xq).mean(dims, keepdim=True)
+        assert float((wrong - expected).abs().max()) > 100 * allowed, f"{name}: the check cannot tell the axes apart"
+        assert actual.shape == expected.shape, name
+        assert float((actual - expected).abs().max()) <= allowed, f"{name}: {float((actual - expected).abs().max()):.3g}"
+
+    placements = dict(zip(MEANS, qx.mean_placements(program, lowered)))
+    for name, placement in placements.items():
+        assert placement.reads == "dequantized" and "mean of a dequantized tensor" in placement.reason, name
+    assert placements["pooling"].delegated
+    assert any("XNNGlobalAvgPooling2d" in types for types in node_types(lowered))
+    assert not placements["channels"].delegated and not placements["width"].delegated
+    assert len(means_outside(lowered)) == 2
