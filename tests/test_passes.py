@@ -44,7 +44,8 @@ def test_the_pass_runs_on_a_module_graph_and_returns_a_pass_result():
     graph = export(module, (_x(torch.bfloat16),)).module()
     result = RecomposeRmsNorm(backend="qnn", quantization_capture=True)(graph)
     assert result.modified and result.graph_module is graph
-    assert len(rms_norm_nodes(graph)) == 1
+    [node] = rms_norm_nodes(graph)
+    assert cast_path(node.args[0]) == ("x", ())  # the bfloat16 input itself
     assert compare(module(_x(torch.bfloat16)), graph(_x(torch.bfloat16))).ok
 
 
@@ -79,7 +80,9 @@ def test_weights_folded_in_two_runs_over_one_program_keep_their_own_constants():
     second_mean.meta["val"] = kept
     edge = edge.transform([RecomposeRmsNorm(backend="qnn")], compile_config=edgefuse.edge_compile_config())
     program = edge.exported_program()
-    weights = [n.args[2].name for n in rms_norm_nodes(program.graph_module)]
+    nodes = rms_norm_nodes(program.graph_module)
+    assert [cast_path(n.args[0]) for n in nodes] == [("x", ()), ("y", ())]
+    weights = [n.args[2].name for n in nodes]
     assert len(weights) == 2 and len(set(weights)) == 2
     for expected, actual in zip(module(*inputs), program.module()(*inputs)):
         assert compare(expected, actual).ok
