@@ -13,6 +13,7 @@ from torch.export import Dim, export
 
 import edgefuse
 import edgefuse.match
+import edgefuse.recompose
 import edgefuse.runtime
 import edgefuse.xnnpack
 from edgefuse.fuzz import cli
@@ -282,6 +283,36 @@ def test_the_check_reports_a_wrong_eps(monkeypatch):
     monkeypatch.setattr(edgefuse.match, "_eps", lambda *a: (lambda e: e * 10 if isinstance(e, float) else e)(original(*a)))
     small = dataclasses.replace(LLAMA, scale=1e-3, norm=dataclasses.replace(LLAMA.norm, eps=1e-5))
     assert "wrong-norm" in _kinds(run_unit([small], CAPTURE[:1]))
+
+
+def test_the_check_reports_a_norm_rebuilt_with_eps_zero_where_the_model_adds_eps(monkeypatch):
+    # 1e-8 underflows in float16 but not in float32, where this norm adds it: eps 0 would be wrong here.
+    original = edgefuse.match._eps
+    monkeypatch.setattr(edgefuse.match, "_eps", lambda *a: (lambda e: 0.0 if isinstance(e, float) else e)(original(*a)))
+    tiny = dataclasses.replace(LLAMA, norm=dataclasses.replace(LLAMA.norm, eps=1e-8))
+    assert "wrong-norm" in _kinds(run_unit([tiny], CAPTURE[:1]))
+
+
+def test_the_eps_a_norm_may_carry_is_eps_as_the_model_adds_it():
+    from edgefuse.fuzz.tolerance import eps_values
+
+    f32 = NormSpec("llama", pre=(Cast("to", "float32"),), eps=1e-8)
+    assert eps_values(f32, "float16") == {1e-8, float(torch.tensor(1e-8))}  # added in float32: never 0
+    half = NormSpec("llama", pre=(Cast("to", "input"),), eps=1e-12)
+    assert eps_values(half, "float16") == {1e-12, 0.0}  # added in float16, where it is 0
+    const = NormSpec("llama", eps=1e-12, eps_how="const", eps_dtype="float64")
+    assert eps_values(const, "float16") == {1e-12}  # a float64 [1] tensor promotes the sum to float64
+    assert eps_values(dataclasses.replace(const, eps_dtype="float16"), "float32") == {1e-12, 0.0}  # stored as 0
+
+
+def test_the_check_reports_a_norm_the_pass_failed_to_read(monkeypatch):
+    # recompose_rms_norm catches an exception inside and leaves the norm with a reason; on a graph nobody
+    # damaged that is a bug, not a decision.
+    def raises(*args, **kwargs):
+        raise AttributeError("a bug in the matcher")
+
+    monkeypatch.setattr(edgefuse.recompose, "match_rms_norm", raises)
+    assert _kinds(run_unit([LLAMA], CAPTURE[:1])) == {"internal-error"}
 
 
 def test_the_check_reports_a_wrong_normalized_shape(monkeypatch):

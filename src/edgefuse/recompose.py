@@ -18,6 +18,10 @@ from edgefuse.profiles import BackendProfile, get_profile
 from edgefuse.signature import sync_signature
 
 
+#: The start of the reason of a norm left because reading the graph raised: a malformed graph, or a bug.
+UNREADABLE = "edgefuse could not read this graph here"
+
+
 @dataclass(frozen=True)
 class Decision:
     """What happened to one candidate norm (one mean of squares): rebuilt or not, and why.
@@ -117,7 +121,7 @@ class _Rewriter:
         try:
             found = match_rms_norm(mean, self.table, self.constants)
         except Exception as error:  # a malformed graph must leave the norm alone, never crash the pass
-            return Decision(mean.name, path, "unknown", False, f"edgefuse could not read this graph here: {error!r}")
+            return Decision(mean.name, path, "unknown", False, f"{UNREADABLE}: {error!r}")
         if isinstance(found, Rejection):
             return _rejected(found, path)
         reasons = []
@@ -127,7 +131,7 @@ class _Rewriter:
                 reason = weight if isinstance(weight, str) else self._profile_reason(match)
                 value = _rms_norm_meta(match, weight) if reason is None else None
             except Exception as error:
-                reason = f"edgefuse could not read this graph here: {error!r}"
+                reason = f"{UNREADABLE}: {error!r}"
             outcome = self._rewrite(match, weight, value) if reason is None else reason
             if isinstance(outcome, str):
                 reasons.append(outcome)

@@ -37,7 +37,8 @@ import edgefuse
 from edgefuse.fuzz.localize import Replay, pair, replay
 from edgefuse.fuzz.render import Built
 from edgefuse.fuzz.spec import CaseSpec, normalized_shape
-from edgefuse.fuzz.tolerance import compare_at, eps_roundings, output_tolerance_dtypes
+from edgefuse.fuzz.tolerance import compare_at, eps_values, output_tolerance_dtypes
+from edgefuse.recompose import UNREADABLE
 from edgefuse.verify import outputs
 
 #: (mode, backend, quantization_capture) in the order they run. Quantization capture is for captured
@@ -231,6 +232,8 @@ def _check_decisions(spec: CaseSpec, res: CaseResult, decisions: list, owner_of:
         if not d.rebuilt:
             if not (isinstance(d.reason, str) and d.reason.strip()):
                 res.findings.append(Finding("no-reason", check, f"a norm was left without a reason: {d}", spec))
+            elif d.reason.startswith(UNREADABLE):  # the pass raised inside and caught it: a bug here
+                res.findings.append(Finding("internal-error", check, f"the pass failed on an undamaged graph: {d}", spec))
             continue
         owner = owner_of(d)
         if owner == "norm" and spec.near_miss is not None:
@@ -244,7 +247,7 @@ def _check_decisions(spec: CaseSpec, res: CaseResult, decisions: list, owner_of:
             res.findings.append(
                 Finding("wrong-norm", check, f"rebuilt over {d.normalized_shape}, the model normalizes {want}: {d}", spec)
             )
-        if d.eps not in eps_roundings(norm.eps):
+        if d.eps not in eps_values(norm, spec.dtype):
             res.findings.append(Finding("wrong-norm", check, f"rebuilt with eps {d.eps!r}, the model adds {norm.eps!r}: {d}", spec))
 
 
@@ -262,10 +265,10 @@ def _check_norms(spec: CaseSpec, res: CaseResult, nodes: set[str], local: Replay
         what = "NaN or inf where the other has a finite value" if c is None or c.max_error == float("inf") else (
             f"max error {c.max_error:.6g} > {c.allowed:.6g} allowed"
         )
-        if norm.accuracy is not None:
+        if norm.exact is not None:
             what += (
-                f", and against the norm in float64 it is up to {norm.accuracy[0]:.6g} further off than the "
-                f"decomposed norm (one ulp, {norm.accuracy[1]:.6g}, allowed)"
+                f", and it is {norm.exact[0]:.6g} off the model's norm computed exactly (one ulp, "
+                f"{norm.exact[1]:.6g}, allowed)"
             )
         res.findings.append(
             Finding(

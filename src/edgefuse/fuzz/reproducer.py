@@ -19,7 +19,7 @@ from typing import Sequence
 from edgefuse.fuzz.check import Finding, check_name
 from edgefuse.fuzz.render import describe, source
 from edgefuse.fuzz.spec import CaseSpec, normalized_shape, to_dict
-from edgefuse.fuzz.tolerance import eps_roundings
+from edgefuse.fuzz.tolerance import eps_values
 
 _CHECK = '''
 
@@ -285,7 +285,7 @@ def reproducer_text(finding: Finding, specs: Sequence[CaseSpec] | None = None, n
     if len(specs) == 1:
         for name, norm, shape in (("norm", spec.norm, spec.norm_shape), ("feed", spec.feed, spec.shape)):
             if norm is not None and not (name == "norm" and spec.near_miss):
-                expected[name] = (normalized_shape(norm, shape), eps_roundings(norm.eps))
+                expected[name] = (normalized_shape(norm, shape), eps_values(norm, spec.dtype))
     lines.append(f"MODE, BACKEND, QUANTIZATION_CAPTURE = {mode!r}, {backend!r}, {capture!r}")
     lines.append(f"NEAR_MISS = {spec.near_miss!r}" if len(specs) == 1 else "NEAR_MISS = None")
     lines.append(f"EXPECTED = {_literal(expected)}")

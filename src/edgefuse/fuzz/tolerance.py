@@ -4,55 +4,18 @@ A rebuilt norm may round once where the decomposed one rounded twice: about one 
 (ulp) of the norm's dtype D, so the check allows ``ULPS`` = 2 ulps of D at the largest magnitude
 (:func:`edgefuse.verify.tolerance`). At a graph output, that difference may have passed through an op
 that rounds to a coarser dtype, where it can flip one rounding: the output's tolerance is then in the
-coarsest dtype on any path from a rebuilt norm to it (:func:`output_tolerance_dtypes`). Nothing here is
+coarsest dtype on any path from a rebuilt norm to it (:func:`edgefuse.verify.output_tolerance_dtypes`,
+imported here with :data:`~edgefuse.verify.FLOATS` for the fuzzer's modules). Nothing here is
 widened to make a case pass.
 """
 
 from __future__ import annotations
 
 import torch
-from torch.fx import GraphModule, Node
-from torch.utils import _pytree as pytree
 
-from edgefuse.verify import Comparison, compare
+from edgefuse.verify import FLOATS, Comparison, compare, output_tolerance_dtypes  # noqa: F401  (the fuzzer's names)
 
 ULPS = 2.0
-FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
-
-
-def _ulp(dtype: torch.dtype | None) -> float:
-    return torch.finfo(dtype).eps if dtype is not None and dtype.is_floating_point else 0.0
-
-
-def _coarsest(ulp: float) -> torch.dtype:
-    """The float dtype whose unit in the last place is ``ulp`` (the finest one at least that coarse)."""
-    for dtype in reversed(FLOATS):
-        if torch.finfo(dtype).eps <= ulp:
-            return dtype
-    return torch.bfloat16
-
-
-def output_tolerance_dtypes(
-    graph_module: GraphModule, new_nodes: set[str], known: dict[str, torch.dtype] | None = None
-) -> list[torch.dtype | None]:
-    """For each graph output, the coarsest dtype on any path from a rebuilt node to it (None: no path).
-
-    ``known`` gives dtypes by node name for nodes whose metadata is missing (hostile graphs).
-    """
-    known = known or {}
-    worst: dict[Node, float] = {}
-    for node in graph_module.graph.nodes:
-        value = node.meta.get("val")
-        own = _ulp(value.dtype) if isinstance(value, torch.Tensor) else _ulp(known.get(node.name))
-        reached = [worst[n] for n in node.all_input_nodes if n in worst]
-        if node.op != "output" and (reached or node.name in new_nodes):
-            worst[node] = max([own, *reached])
-    output = next(n for n in graph_module.graph.nodes if n.op == "output")
-    results = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
-    return [
-        _coarsest(worst[arg]) if isinstance(arg, Node) and arg in worst else None
-        for arg in pytree.tree_leaves(list(results))
-    ]
 
 
 def compare_at(expected: torch.Tensor, actual: torch.Tensor, dtype: torch.dtype | None, ulps: float = ULPS) -> Comparison:
@@ -66,11 +29,20 @@ def compare_at(expected: torch.Tensor, actual: torch.Tensor, dtype: torch.dtype 
     return compare(expected, actual, ulps, dtype)
 
 
-def eps_roundings(eps: float | None) -> set[float]:
-    """The eps values a rebuilt norm may carry for a model that adds ``eps`` (None: no addition).
-
-    A constant eps tensor holds eps rounded to its dtype, and an eps that rounds to zero in the dtype
-    the model adds it in adds nothing: so eps itself, and eps rounded to each float dtype.
+def eps_values(norm, input_dtype: str) -> set[float]:
+    """The eps values a rebuilt ``norm`` (a :class:`~edgefuse.fuzz.spec.NormSpec`) may carry when the
+    case's input is ``input_dtype``: eps as written, the value a constant eps tensor holds, and that value
+    rounded to the dtype the model adds it in (0 where it underflows there, as match.py's rule 4 takes
+    it). The variance the model adds eps to has the dtype of the last cast before the square (``"input"``
+    is the case's input dtype); a constant eps tensor promotes with it.
     """
-    value = 0.0 if eps is None else eps
-    return {value, *(float(torch.tensor(value, dtype=d)) for d in FLOATS)}
+    if norm.eps is None:
+        return {0.0}
+    casts = (*norm.pre, *norm.var_pre)
+    variance = getattr(torch, casts[-1].dtype if casts and casts[-1].dtype != "input" else input_dtype)
+    stored, added_in = norm.eps, variance
+    if norm.eps_how == "const":
+        eps_dtype = getattr(torch, norm.eps_dtype)
+        stored = float(torch.tensor(norm.eps, dtype=eps_dtype))
+        added_in = torch.promote_types(variance, eps_dtype)
+    return {norm.eps, stored, float(torch.tensor(stored, dtype=added_in))}
