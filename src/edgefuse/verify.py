@@ -1,4 +1,10 @@
-"""Verification: run two programs on the same inputs and compare with a tolerance from the dtype."""
+"""Verification: run two programs on the same inputs and compare with a tolerance from the dtype.
+
+A rebuilt norm may round once where the decomposed one rounded twice: about one unit in the last place
+of the norm's dtype. At a graph output, that difference may have passed through ops that compute in a
+coarser dtype than the output's own (a float16 norm whose result is cast to float32), so an output is
+compared at the coarsest dtype on any path from a rebuilt norm to it (:func:`output_tolerance_dtypes`).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
+
+#: The float dtypes, finest first.
+FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
 
 
 def ulp(dtype: torch.dtype) -> float:
@@ -23,6 +33,8 @@ def tolerance(dtype: torch.dtype, reference: torch.Tensor, ulps: float = 2.0) ->
     norm-wise, at the largest magnitude, because later ops (a residual add) may cancel a norm's value to
     near zero while keeping its rounding; it is never below the dtype's smallest normal value.
     """
+    if not dtype.is_floating_point:
+        return 0.0  # integers and booleans must match exactly
     scale = float(reference.detach().abs().max()) if reference.numel() else 0.0
     return ulps * ulp(dtype) * max(scale, torch.finfo(dtype).tiny)
 
@@ -54,8 +66,10 @@ def compare(
     """Compare ``actual`` with ``reference`` at the tolerance of ``dtype`` (by default the reference's).
 
     Pass the norm's dtype when a wider op follows the norm: the rounding a rebuilt norm may move is one
-    of the norm's dtype, whatever the output's.
+    of the norm's dtype, whatever the output's. Outputs that are not floating point must match exactly.
     """
+    if not reference.is_floating_point():
+        dtype = reference.dtype
     dtype_ok = actual.dtype == reference.dtype
     shape_ok = actual.shape == reference.shape
     if not shape_ok:
@@ -83,6 +97,42 @@ def compare_elementwise(
     units = _with_specials(a, r, (a - r).abs() / (ulp(dtype) * r.abs().clamp(min=torch.finfo(dtype).tiny)))
     worst = float(units.max()) if units.numel() else 0.0
     return Comparison(actual.dtype == reference.dtype, True, worst, ulps)
+
+
+def _ulp_or_zero(dtype: torch.dtype | None) -> float:
+    return torch.finfo(dtype).eps if dtype is not None and dtype.is_floating_point else 0.0
+
+
+def _coarsest(unit: float) -> torch.dtype:
+    """The float dtype whose unit in the last place is ``unit`` (the finest one at least that coarse)."""
+    for dtype in reversed(FLOATS):
+        if torch.finfo(dtype).eps <= unit:
+            return dtype
+    return torch.bfloat16
+
+
+def output_tolerance_dtypes(
+    graph_module: GraphModule, new_nodes: set[str], known: dict[str, torch.dtype] | None = None
+) -> list[torch.dtype | None]:
+    """For each graph output, the coarsest dtype on any path from a rebuilt node to it (None: no path).
+
+    ``new_nodes`` names the rebuilt nodes; ``known`` gives dtypes by node name for nodes whose metadata
+    is missing (hostile graphs). The list follows the leaves of the graph's output node.
+    """
+    known = known or {}
+    worst: dict[Node, float] = {}
+    for node in graph_module.graph.nodes:
+        value = node.meta.get("val")
+        own = _ulp_or_zero(value.dtype) if isinstance(value, torch.Tensor) else _ulp_or_zero(known.get(node.name))
+        reached = [worst[n] for n in node.all_input_nodes if n in worst]
+        if node.op != "output" and (reached or node.name in new_nodes):
+            worst[node] = max([own, *reached])
+    output = next(n for n in graph_module.graph.nodes if n.op == "output")
+    results = output.args[0] if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+    return [
+        _coarsest(worst[arg]) if isinstance(arg, Node) and arg in worst else None
+        for arg in pytree.tree_leaves(list(results))
+    ]
 
 
 def outputs(program: Callable[..., Any], inputs: Sequence[Any]) -> list[torch.Tensor]:
