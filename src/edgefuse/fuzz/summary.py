@@ -104,8 +104,9 @@ def _rows(summary: Summary) -> list[tuple[str, str]]:
         ("left, no reason", str(summary.count("no-reason"))),
         ("norm by norm", f"{sum(r.paired for r in results)} rebuilt norms compared with the decomposed norm they "
          f"replaced, on the same values; {sum(r.unpaired for r in results)} could not be (judged at the outputs)"),
-        ("unexportable", f"{sum(r.unexportable is not None for r in results)} cases (export or to_edge failed: "
-         "the generator's problem, not a finding)"),
+        ("unexportable", f"{sum(r.unexportable is not None for r in results)} cases (export or to_edge failed on the "
+         "generated module, a limit of torch.export or ExecuTorch listed below; no check of the pass ran on them "
+         "in that mode)"),
     ]
     if summary.xnnpack_results:
         xs = summary.xnnpack_results

@@ -31,10 +31,14 @@ def compare_at(expected: torch.Tensor, actual: torch.Tensor, dtype: torch.dtype 
 
 def eps_values(norm, input_dtype: str) -> set[float]:
     """The eps values a rebuilt ``norm`` (a :class:`~edgefuse.fuzz.spec.NormSpec`) may carry when the
-    case's input is ``input_dtype``: eps as written, the value a constant eps tensor holds, and that value
-    rounded to the dtype the model adds it in (0 where it underflows there, as match.py's rule 4 takes
-    it). The variance the model adds eps to has the dtype of the last cast before the square (``"input"``
-    is the case's input dtype); a constant eps tensor promotes with it.
+    case's input is ``input_dtype``.
+
+    The graph may hold eps rounded to any float dtype on its way (a constant eps tensor, the float32
+    tensor ``to_edge`` lifts a Python float into, the dtype a decomposition adds in), and such a rounding
+    changes eps by less than one unit of the norm's dtype. Zero is different: it is allowed only where
+    eps rounds to zero in the dtype the model adds it in (match.py's rule 4), that is the dtype of the
+    variance (the last cast before the square; ``"input"`` is the case's input dtype), promoted with a
+    constant eps tensor's dtype (a Python float that ``to_edge`` lifts is a 0-d tensor: no promotion).
     """
     if norm.eps is None:
         return {0.0}
@@ -45,4 +49,8 @@ def eps_values(norm, input_dtype: str) -> set[float]:
         eps_dtype = getattr(torch, norm.eps_dtype)
         stored = float(torch.tensor(norm.eps, dtype=eps_dtype))
         added_in = torch.promote_types(variance, eps_dtype)
-    return {norm.eps, stored, float(torch.tensor(stored, dtype=added_in))}
+    values = {norm.eps} | {float(torch.tensor(v, dtype=d)) for v in (norm.eps, stored) for d in FLOATS}
+    values.discard(0.0)
+    if stored == 0.0 or float(torch.tensor(stored, dtype=added_in)) == 0.0:
+        values.add(0.0)
+    return values
