@@ -40,14 +40,26 @@ def default_map_path(beside: str) -> str:
 def _check_output(path: str, what: str) -> None:
     """Fail before the slow work, not after it, when ``path`` cannot be written."""
     directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write the {what} to {path}: it is a directory; name a file in it")
     if not os.path.isdir(directory):
         raise UsageError(f"cannot write the {what} to {path}: no directory {directory}")
+    if not os.access(directory, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"cannot write the {what} to {path}: permission denied")
+
+
+def _write(path: str, what: str, write: Callable[[], None]) -> None:
+    """Run ``write``; a file system error (the path changed since it was checked) is the user's to fix."""
+    try:
+        write()
+    except OSError as error:
+        raise UsageError(f"cannot write the {what} to {path}: {error.strerror or error}") from error
 
 
 def _write_map(path: str, summaries, title: str, say: Say) -> None:
     from edgefuse.delegate_map import write
 
-    write(path, summaries, title)
+    _write(path, "delegate map", lambda: write(path, summaries, title))
     say(f"wrote the delegate map to {path}")
 
 
@@ -129,14 +141,13 @@ def lower(args, say: Say) -> int:
         error.args = (f"{error.args[0]}; no .pte was written",)
         raise
     run_and_check(ours, spec.inputs, expected, stock)
-    with open(output, "wb") as f:
-        f.write(ours.pte)
+    _write(output, ".pte", lambda: _write_bytes(output, ours.pte))
     print(f"{spec.name} ({_dtype(spec)}), XNNPACK, before (stock) and after (edgefuse):")
     print("\n".join(comparison_lines(stock, ours)))
     print(f"wrote {output} ({len(ours.pte)} bytes, edgefuse lowering)")
     _write_map(map_path, [stock.summary, ours.summary], f"delegate map: {spec.name} ({_dtype(spec)})", say)
     print(f"delegate map: {map_path}")
-    return OK if ours.ok else CHECK_FAILED
+    return _checked([stock, ours])
 
 
 def bench(args, say: Say) -> int:
@@ -145,6 +156,8 @@ def bench(args, say: Say) -> int:
         raise UsageError("--runs must be at least 10")
     if args.threads < 1:
         raise UsageError("--threads must be at least 1")
+    if args.warmup is not None and args.warmup < 0:
+        raise UsageError("--warmup must be 0 or more")
     spec = _spec(args)
     from edgefuse.flows import flat_tensors, lower_to_pte, run_and_check
     from edgefuse.runtime import alternate, set_threads
@@ -170,7 +183,23 @@ def bench(args, say: Say) -> int:
     print(f"{spec.name} ({_dtype(spec)}) in executorch.runtime, {threads} thread(s), {args.runs} runs each "
           f"alternating after {warmup} warm-up rounds; ratio is the median against stock's (below 1 is faster)")
     print(format_table(("program", "delegates", "outside", "err vs eager", "ok", "median us", "ratio"), rows))
-    return OK if stock.ok and ours.ok else CHECK_FAILED
+    return _checked([stock, ours])
+
+
+def _checked(programs) -> int:
+    """OK when every lowered program passed its check against eager; else say which failed."""
+    from edgefuse.flows import failed_checks_line
+
+    line = failed_checks_line(programs)
+    if line is None:
+        return OK
+    print(line)
+    return CHECK_FAILED
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def fuzz(args, say: Say) -> int:

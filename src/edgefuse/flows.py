@@ -16,7 +16,9 @@ from typing import Callable
 import torch
 from torch.export import ExportedProgram
 
-from edgefuse.lowering import DelegateSummary, lower, summarize
+from edgefuse.errors import UsageError
+from edgefuse.lowering import STOCK, DelegateSummary, lower, summarize
+from edgefuse.modelspec import error_summary
 from edgefuse.runtime import LoadedProgram
 from edgefuse.verify import tolerance
 
@@ -59,15 +61,26 @@ def lower_to_pte(
 ) -> Lowered:
     """Lower ``program`` with ``how`` and serialize it (unless not ``serialize``, for a map alone).
 
-    Raises :class:`~edgefuse.errors.Unavailable` when edgefuse's flow is unavailable.
+    Raises :class:`~edgefuse.errors.Unavailable` when edgefuse's flow is unavailable, and
+    :class:`~edgefuse.errors.UsageError` when ExecuTorch's own (stock) flow rejects the program: then
+    there is nothing to compare edgefuse's lowering with.
     """
     say(f"lowering for XNNPACK ({how})")
-    manager = lower(program, how)
-    summary = summarize(manager, how)
-    if not serialize:
-        return Lowered(how, summary, b"")
-    say(f"serializing the {how} program to .pte")
-    return Lowered(how, summary, manager.to_executorch().buffer)
+    try:
+        manager = lower(program, how)
+        summary = summarize(manager, how)
+        if not serialize:
+            return Lowered(how, summary, b"")
+        say(f"serializing the {how} program to .pte")
+        return Lowered(how, summary, manager.to_executorch().buffer)
+    except Exception as error:
+        if how != STOCK:
+            raise
+        raise UsageError(
+            f"ExecuTorch's XNNPACK lowering (to_edge_transform_and_lower) rejects this program: "
+            f"{error_summary(error)}; edgefuse compares its lowering with that one, so it needs a program "
+            "ExecuTorch lowers"
+        ) from error
 
 
 def run_and_check(
@@ -99,6 +112,15 @@ def flat_tensors(value) -> list[torch.Tensor]:
     from torch.utils import _pytree as pytree
 
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
+
+
+def failed_checks_line(programs: list[Lowered]) -> str | None:
+    """The line that names the programs whose outputs are outside their tolerance against eager, if any."""
+    failed = [lowered.how for lowered in programs if not lowered.ok]
+    if not failed:
+        return None
+    programs_differ = "programs differ" if len(failed) > 1 else "program differs"
+    return f"check failed: the {' and the '.join(failed)} {programs_differ} from eager by more than allowed"
 
 
 def comparison_lines(stock: Lowered | None, ours: Lowered | None) -> list[str]:

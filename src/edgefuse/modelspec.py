@@ -29,6 +29,7 @@ import torch
 from torch.export import ExportedProgram
 
 from edgefuse.errors import UsageError
+from edgefuse.progress import quiet_torch_logs
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -68,13 +69,13 @@ class ModelSpec:
         captured = io.StringIO()
         try:
             # torch prints the partial graph of a failed export to stderr; the error below says why
-            with contextlib.redirect_stderr(captured):
+            with contextlib.redirect_stderr(captured), quiet_torch_logs():
                 program = torch.export.export(self.module, self.inputs)
             sys.stderr.write(captured.getvalue())
             return program
         except Exception as error:
             raise UsageError(
-                f"{self.text} does not export with torch.export: {_summary(error, self.source)}"
+                f"{self.text} does not export with torch.export: {error_summary(error, self.source)}"
             ) from error
 
     def eager(self, inputs: tuple | None = None) -> Any:
@@ -155,7 +156,7 @@ def _call_file(text: str, path: str, function: str, dtype: torch.dtype | None) -
     try:
         spec.loader.exec_module(loaded)
     except Exception as error:
-        raise UsageError(f"{text}: importing {path} raised {_summary(error, path)}") from error
+        raise UsageError(f"{text}: importing {path} raised {error_summary(error, path)}") from error
     finally:
         if sys.path and sys.path[0] == directory:
             sys.path.pop(0)
@@ -170,7 +171,7 @@ def _call_file(text: str, path: str, function: str, dtype: torch.dtype | None) -
     try:
         result = factory()
     except Exception as error:
-        raise UsageError(f"{text}: calling {function}() raised {_summary(error, path)}") from error
+        raise UsageError(f"{text}: calling {function}() raised {error_summary(error, path)}") from error
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
         raise UsageError(
             f"{text}: {function}() must return (module, example_inputs) with module a torch.nn.Module, "
@@ -193,9 +194,10 @@ def _load_program(path: str) -> ModelSpec:
     if not os.path.isfile(path):
         raise UsageError(f"no such file {path!r}: save a program with torch.export.save(program, {path!r})")
     try:
-        program = torch.export.load(path)
+        with quiet_torch_logs():
+            program = torch.export.load(path)
     except Exception as error:
-        raise UsageError(f"{path} is not a program saved with torch.export.save: {_summary(error)}") from error
+        raise UsageError(f"{path} is not a program saved with torch.export.save: {error_summary(error)}") from error
     example = program.example_inputs
     if example is None:
         raise UsageError(
@@ -208,7 +210,7 @@ def _load_program(path: str) -> ModelSpec:
     return ModelSpec(path, "program", tuple(args), program=program)
 
 
-def _summary(error: BaseException, path: str | None = None) -> str:
+def error_summary(error: BaseException, path: str | None = None) -> str:
     """``Type: message`` of an error, with the line of ``path`` it was raised at when there is one."""
     message = str(error).strip().splitlines()
     text = f"{type(error).__name__}: {message[0] if message else ''}".rstrip(": ")

@@ -68,6 +68,28 @@ def quiet_libraries() -> None:
 
 
 @contextlib.contextmanager
+def quiet_torch_logs():
+    """Drop what torch's own loggers say while the block runs: a failed export logs the traceback of the
+    op that failed and warnings about symbols, a bad ``.pt2`` a traceback; edgefuse's message says why.
+
+    Importing torch sets its loggers' levels itself, undoing :func:`quiet_libraries`, so this sets them
+    once torch is imported, on every ``torch`` logger that exists (new ones inherit from ``torch``).
+    """
+    loggers = [logging.getLogger("torch")] + [
+        logger for name, logger in logging.root.manager.loggerDict.items()
+        if name.startswith("torch.") and isinstance(logger, logging.Logger)
+    ]
+    before = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, before):
+            logger.setLevel(level)
+
+
+@contextlib.contextmanager
 def quiet_root_logger(level: int = logging.ERROR):
     """Drop log records below ``level`` while the block runs: ExecuTorch's Qualcomm code logs through the
     root logger (SDK set-up notes, deprecations) lines that say nothing about the user's model."""

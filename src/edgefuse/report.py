@@ -5,9 +5,11 @@ graph a quantizer sees, or the ExecuTorch edge program), runs the rewritten prog
 
 - each norm's output (the output of the module the norm belongs to) with the same module's output in
   eager (for a saved ``.pt2``, in the saved program, since there is no eager module);
-- the program's outputs with the unrewritten program's, at the tolerance of their dtype: this is the
-  check (``Report.ok``), since it isolates what edgefuse changed from what export and the edge
-  decompositions already change.
+- the program's outputs with the unrewritten program's: this is the check (``Report.ok``), since it
+  isolates what edgefuse changed from what export and the edge decompositions already change. Each
+  float output is compared at ``ULPS`` units of the coarsest dtype on any path from a rebuilt norm to
+  it (:func:`edgefuse.verify.output_tolerance_dtypes`: a float16 norm read by float32 outputs moves a
+  float16 rounding), else of its own dtype; other outputs must match exactly.
 
 ``to_json`` gives the machine form, documented by ``report.schema.json`` next to this file.
 """
@@ -24,10 +26,11 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule, Interpreter, Node
 from torch.utils import _pytree as pytree
 
-from edgefuse.modelspec import ModelSpec
+from edgefuse.errors import UsageError
+from edgefuse.modelspec import ModelSpec, error_summary
 from edgefuse.recompose import Decision, recompose_rms_norm
 from edgefuse.table import format_table
-from edgefuse.verify import compare, outputs
+from edgefuse.verify import compare, output_tolerance_dtypes, outputs
 
 SCHEMA_VERSION = 1
 STAGES = ("capture", "edge")
@@ -111,7 +114,13 @@ def build_report(
         from edgefuse.edge import edge_compile_config
 
         say("converting to the ExecuTorch edge dialect")
-        edge = to_edge(program, compile_config=edge_compile_config()).exported_program()
+        try:
+            edge = to_edge(program, compile_config=edge_compile_config()).exported_program()
+        except Exception as error:  # noqa: BLE001  (ExecuTorch rejects the model before edgefuse runs)
+            raise UsageError(
+                f"ExecuTorch's to_edge rejects {spec.name}: {error_summary(error, spec.source)}; try --stage "
+                "capture, which reports on the captured graph before to_edge"
+            ) from error
         unrewritten = edge.module()
         say(f"recomposing the norms of the edge program for {backend}")
         result = recompose_rms_norm(edge, backend=backend)
@@ -149,13 +158,39 @@ def compare_decisions(
         return report
     report.output_error = max((_max_error(e, a) or 0.0 for e, a in zip(expected, actual)), default=0.0)
     report.unrewritten_error = max((_max_error(e, b) or 0.0 for e, b in zip(expected, before)), default=0.0)
-    comparisons = [compare(b, a, ulps=ULPS) for b, a in zip(before, actual)]
+    dtypes = tolerance_dtypes(rewritten, decisions, len(actual))
+    comparisons = [compare(b, a, ulps=ULPS, dtype=dtype) for b, a, dtype in zip(before, actual, dtypes)]
     if comparisons:
         # show the output that comes closest to (or goes furthest past) its tolerance
-        worst = max(comparisons, key=lambda c: (not c.ok, c.max_error / c.allowed if c.allowed > 0 else math.inf))
+        worst = max(comparisons, key=lambda c: (not c.ok, _ratio(c.max_error, c.allowed)))
         report.difference, report.allowed = worst.max_error, worst.allowed
     report.ok = all(c.ok for c in comparisons)
     return report
+
+
+def tolerance_dtypes(rewritten: GraphModule, decisions: list[Decision], count: int) -> list[torch.dtype | None]:
+    """For each of the ``count`` tensor outputs of ``rewritten``, the dtype to compare it at (None: its own).
+
+    The graph's output node may also hold values that are not tensors, which :func:`outputs` drops: so
+    are their entries here. Should the two still disagree, every output is compared at its own dtype,
+    the finer bound.
+    """
+    new = {d.node for d in decisions if d.rebuilt and d.node}
+    dtypes = output_tolerance_dtypes(rewritten, new)
+    output = next(n for n in rewritten.graph.nodes if n.op == "output")
+    leaves = pytree.tree_leaves(list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]])
+    if len(leaves) == len(dtypes):
+        dtypes = [d for d, leaf in zip(dtypes, leaves) if _tensor_valued(leaf)]
+    return dtypes if len(dtypes) == count else [None] * count
+
+
+def _tensor_valued(leaf: object) -> bool:
+    """Whether an output leaf is a node that produces a tensor (a node without metadata is taken to)."""
+    return isinstance(leaf, Node) and isinstance(leaf.meta.get("val", None), (torch.Tensor, type(None)))
+
+
+def _ratio(error: float, allowed: float) -> float:
+    return error / allowed if allowed > 0 else (0.0 if error == 0 else math.inf)
 
 
 def layer_of(path: str | None) -> str | None:
