@@ -12,8 +12,9 @@ from torch.export import Dim
 
 from xnn_helpers import assert_matches, casts_outside, lower_and_run, means_outside
 
+from edgefuse.xnnpack.inspect import lowered_modules, xnn_graph
 from edgefuse.xnnpack.mean_plan import PlanError, plan_mean
-from edgefuse.xnnpack.policy import keep_portable
+from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, SINGLE_ROW_POLICIES, keep_portable
 
 
 class Means(nn.Module):
@@ -48,7 +49,8 @@ class RankMeans(nn.Module):
 def test_ranks_1_to_6():
     shapes = [(3, 2, 4, 3, 2, 5)[-rank:] for rank in range(1, 7)]
     inputs = tuple(_x(*shape, seed=len(shape)) for shape in shapes)
-    # single_row="delegate": a rank-1 mean has one row, which the default policy keeps portable in float32.
+    # single_row="delegate" (the default, written out): a rank-1 mean has one row, which 'auto' and
+    # 'float32-portable' would keep portable in float32.
     result = lower_and_run(RankMeans(), inputs, single_row="delegate")
     assert_matches(result)
     assert means_outside(result) == []
@@ -207,24 +209,191 @@ def test_squares_pow_float_and_self_multiply():
 
 
 def test_single_row_policy_decisions():
-    assert keep_portable("float32-portable", 1, torch.float32)
-    assert keep_portable("float32-portable", 1, torch.float16) is None
-    assert keep_portable("float32-portable", 2, torch.float32) is None
-    assert keep_portable("float32-portable", None, torch.float32) is None  # run-time rows: delegate
-    assert keep_portable("portable", 1, torch.float16)
-    assert keep_portable("delegate", 1, torch.float32) is None
+    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    assert DEFAULT_SINGLE_ROW_POLICY == "delegate"
+    assert set(SINGLE_ROW_POLICIES) == {"auto", "delegate", "float32-portable", "portable"}
+    # (rows, dtype, width) -> whether each policy keeps the mean portable.
+    cases = {
+        (1, f32, 4096): {"auto": False, "delegate": False, "float32-portable": True, "portable": True},
+        (1, f32, 1024): {"auto": False, "delegate": False, "float32-portable": True, "portable": True},
+        (1, f32, 1023): {"auto": True, "delegate": False, "float32-portable": True, "portable": True},
+        (1, f32, 2050): {"auto": True, "delegate": False, "float32-portable": True, "portable": True},  # no lanes
+        (1, f32, 512): {"auto": True, "delegate": False, "float32-portable": True, "portable": True},
+        (1, f32, None): {"auto": True, "delegate": False, "float32-portable": True, "portable": True},
+        (1, f16, 512): {"auto": False, "delegate": False, "float32-portable": False, "portable": True},
+        (1, f16, 4096): {"auto": False, "delegate": False, "float32-portable": False, "portable": True},
+        (1, bf16, 64): {"auto": False, "delegate": False, "float32-portable": False, "portable": True},
+        (2, f32, 64): {"auto": False, "delegate": False, "float32-portable": False, "portable": False},
+        (None, f32, 64): {"auto": False, "delegate": False, "float32-portable": False, "portable": False},
+        (None, f32, None): {"auto": False, "delegate": False, "float32-portable": False, "portable": False},
+    }
+    for (rows, dtype, width), expected in cases.items():
+        assert set(expected) == set(SINGLE_ROW_POLICIES)
+        for policy, portable in expected.items():
+            reason = keep_portable(policy, rows, dtype, width)
+            assert bool(reason) == portable, (policy, rows, dtype, width, reason)
+            if reason:
+                assert repr(policy) in reason, reason  # the reason names the policy
+    # Without a width (not static, or not given) 'auto' keeps a float32 single row portable.
+    assert keep_portable("auto", 1, f32)
+    assert "512 values" in keep_portable("auto", 1, f32, 512)
+    assert "run-time number" in keep_portable("auto", 1, f32, None)
 
 
 def test_single_row_policy_in_lowered_programs():
-    f32 = lower_and_run(Means([((-1,), True)]), (_x(1, 1, 32),))
+    f32 = lower_and_run(Means([((-1,), True)]), (_x(1, 1, 32),), single_row="float32-portable")
     assert_matches(f32)
     assert means_outside(f32) == ["aten.mean.dim"]
-    delegated = lower_and_run(Means([((-1,), True)]), (_x(1, 1, 32),), single_row="delegate")
+    delegated = lower_and_run(Means([((-1,), True)]), (_x(1, 1, 32),))  # the default: delegate
     assert_matches(delegated)
     assert means_outside(delegated) == [] and delegated.counts["XNNFullyConnected"] == 1
-    f16 = lower_and_run(Means([((-1,), True)]), (_x(1, 1, 32, dtype=torch.float16),))
+    f16 = lower_and_run(Means([((-1,), True)]), (_x(1, 1, 32, dtype=torch.float16),), single_row="float32-portable")
     assert_matches(f16)
     assert means_outside(f16) == [] and f16.counts["XNNFullyConnected"] == 1
+
+
+class LastDimMeans(nn.Module):
+    """``x.mean(-1, keepdim=True)`` of each input."""
+
+    def forward(self, *xs):
+        return tuple(x.mean(-1, keepdim=True) for x in xs)
+
+
+def _value_dims(result) -> tuple[list[list[int]], list[list[int]], list[list[int]]]:
+    """As serialized in the delegates: the input dims of every ``XNNGlobalAvgPooling2d``, the filter dims of
+    every ``XNNFullyConnected``, and the ``new_shape`` of every ``XNNStaticReshape``."""
+    pools, filters, reshapes = [], [], []
+    for module in lowered_modules(result.manager):
+        graph = xnn_graph(module.processed_bytes)
+        dims = {v["xvalue_union"]["id_out"]: v["xvalue_union"]["dims"] for v in graph["xvalues"]}
+        for node in graph.get("xnodes", []):
+            kind, fields = node["xnode_union_type"], node["xnode_union"]
+            if kind == "XNNGlobalAvgPooling2d":
+                pools.append(dims[fields["input_id"]])
+            elif kind == "XNNFullyConnected":
+                filters.append(dims[fields["filter_id"]])
+            elif kind == "XNNStaticReshape":
+                reshapes.append(fields["new_shape"])
+    return pools, filters, reshapes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_wide_last_dim_mean_is_averaged_in_lanes(dtype):
+    # 32 rows of 2048: reshape to [32, 64, 1, 32], pool the 64 values of each of 32 lanes, then one
+    # fully-connected of 32 inputs against a 1/32 row.
+    result = lower_and_run(Means([((-1,), True), ((-1,), False)]), (_x(1, 32, 2048, dtype=dtype),))
+    assert_matches(result)
+    assert means_outside(result) == []
+    assert result.delegates == 1
+    assert result.counts["XNNGlobalAvgPooling2d"] == 2 and result.counts["XNNFullyConnected"] == 2
+    assert result.counts["XNNStaticTranspose"] == 0
+    pools, filters, _ = _value_dims(result)
+    assert pools == [[32, 64, 1, 32]] * 2
+    assert filters == [[1, 32]] * 2
+    assert [s.kind for s in plan_mean((1, 32, 2048), [-1], True)] == [
+        "reshape", "global_avg_pool", "reshape", "fully_connected", "reshape"
+    ]
+
+
+def test_lane_count_is_the_largest_of_32_16_8_that_divides_the_width():
+    # 256 is the narrowest width averaged in lanes (with more than one row).
+    inputs = (_x(4, 2064, seed=1), _x(4, 2056, seed=2), _x(4, 256, seed=3))
+    result = lower_and_run(LastDimMeans(), inputs)
+    assert_matches(result)
+    assert means_outside(result) == []
+    assert result.counts["XNNStaticTranspose"] == 0
+    pools, filters, _ = _value_dims(result)
+    assert sorted(pools) == [[4, 8, 1, 32], [4, 129, 1, 16], [4, 257, 1, 8]]
+    assert sorted(filters) == [[1, 8], [1, 16], [1, 32]]
+
+
+def test_narrow_or_indivisible_width_is_one_fully_connected():
+    # 300 is not a multiple of 8; 248 is, but is narrower than 256. (Lowered at these widths: one float32
+    # fully-connected over ~2000 offset values sums less accurately than eager's 8-ulp tolerance.)
+    inputs = (_x(32, 300, seed=1), _x(32, 248, seed=2))
+    result = lower_and_run(LastDimMeans(), inputs)
+    assert_matches(result)
+    assert means_outside(result) == []
+    assert result.counts["XNNGlobalAvgPooling2d"] == 0
+    assert result.counts["XNNFullyConnected"] == 2
+    for shape in ((32, 300), (32, 248), (32, 2050), (1, 32, 2050)):
+        for keepdim in (True, False):
+            kinds = [s.kind for s in plan_mean(shape, [-1], keepdim)]
+            assert "fully_connected_rows" in kinds and "global_avg_pool" not in kinds, (shape, kinds)
+
+
+def test_wide_rank_4_last_dims_are_averaged_in_lanes():
+    class Rank4(nn.Module):
+        def forward(self, x):
+            # Over the last two dims without keepdim (with it, a 4-D mean over [2, 3] is stock's pooling).
+            return x.mean(-1, keepdim=True), x.mean(-1), x.mean((-2, -1))
+
+    result = lower_and_run(Rank4(), (_x(2, 3, 4, 1024),))
+    assert_matches(result)
+    assert means_outside(result) == []
+    assert result.counts["XNNStaticTranspose"] == 0
+    assert result.counts["XNNGlobalAvgPooling2d"] == 3 and result.counts["XNNFullyConnected"] == 3
+    pools, _, _ = _value_dims(result)
+    # The last-dim means have 24 rows of 1024; the mean over the last two has 6 rows of 4096.
+    assert sorted(pools) == [[6, 128, 1, 32], [24, 32, 1, 32], [24, 32, 1, 32]]
+
+
+def test_wide_mean_over_a_run_time_row_count_in_lanes():
+    class Dyn(nn.Module):
+        def forward(self, x):
+            return x.mean(-1, keepdim=True), x.mean(-1)
+
+    seq = Dim("seq", min=2, max=24)
+    sizes = [2, 24] + random.Random(7).sample(range(3, 24), 3)
+    runs = [(_x(2, n, 2048, seed=n),) for n in sizes]
+    result = lower_and_run(Dyn(), (_x(2, 7, 2048),), run_inputs=runs, dynamic_shapes=({1: seq},))
+    assert_matches(result)
+    assert means_outside(result) == []
+    assert result.counts["XNNGlobalAvgPooling2d"] == 2 and result.counts["XNNFullyConnected"] == 2
+    pools, filters, reshapes = _value_dims(result)
+    # Values are declared at the upper bound (2 x 24 rows); the reshapes infer the row count (0).
+    assert pools == [[48, 64, 1, 32]] * 2
+    assert filters == [[1, 32]] * 2
+    assert reshapes.count([0, 64, 1, 32]) == 2
+    assert [2, 0, 1] in reshapes and [2, 0] in reshapes
+
+
+def test_wide_mean_over_two_run_time_dims_falls_back_to_one_fully_connected():
+    # The lane form needs a reshape back to [?, ?, 1], which XNNPACK cannot infer; the plain plan needs none.
+    # (512 wide, not 2048: see test_narrow_or_indivisible_width_is_one_fully_connected.)
+    class Dyn2(nn.Module):
+        def forward(self, x):
+            return x.mean(-1, keepdim=True) * 2.0
+
+    dims = {0: Dim("batch", min=2, max=4), 1: Dim("seq", min=2, max=16)}
+    runs = [(_x(3, 9, 512, seed=1),), (_x(4, 16, 512, seed=2),)]
+    result = lower_and_run(Dyn2(), (_x(2, 5, 512),), run_inputs=runs, dynamic_shapes=(dims,))
+    assert_matches(result)
+    assert means_outside(result) == []
+    assert result.counts["XNNGlobalAvgPooling2d"] == 0 and result.counts["XNNFullyConnected"] == 1
+    assert [s.kind for s in plan_mean((None, None, 512), [-1], True, (4, 16, 512))] == ["fully_connected"]
+    assert [s.kind for s in plan_mean((None, 512), [-1], True, (64, 512))][:2] == ["reshape", "global_avg_pool"]
+
+
+def test_auto_policy_in_a_lowered_program():
+    # Policy 'auto': a float32 single row is delegated from 1024 values, in lanes (the narrowest
+    # single row averaged in lanes is also 1024); narrower float32 rows stay portable; float16 rows are
+    # delegated at any width, below 1024 (here 512 and 1016, both multiples of 8) as one
+    # fully-connected.
+    inputs = (
+        _x(1, 1, 2048, seed=1),
+        _x(1, 1, 1024, seed=2),
+        _x(1, 1, 64, seed=3),
+        _x(1, 1, 512, dtype=torch.float16, seed=4),
+        _x(1, 1, 1016, dtype=torch.float16, seed=5),
+    )
+    result = lower_and_run(LastDimMeans(), inputs, single_row="auto")
+    assert_matches(result)
+    assert means_outside(result) == ["aten.mean.dim"]  # the 64-wide float32 one
+    assert result.counts["XNNGlobalAvgPooling2d"] == 2 and result.counts["XNNFullyConnected"] == 4
+    pools, filters, _ = _value_dims(result)
+    assert sorted(pools) == [[1, 32, 1, 32], [1, 64, 1, 32]]
+    assert sorted(filters) == [[1, 32], [1, 32], [1, 512], [1, 1016]]
 
 
 def test_plan_refuses_what_the_runtime_cannot_express():

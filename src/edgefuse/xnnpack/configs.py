@@ -19,7 +19,7 @@ from executorch.backends.xnnpack.partition.config.generic_node_configs import Ge
 from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 from executorch.exir.backend.utils import WhyNoPartition
 
-from edgefuse.xnnpack.mean_plan import PlanError, rows
+from edgefuse.xnnpack.mean_plan import PlanError, rows, width
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy, keep_portable
 from edgefuse.xnnpack.visitors import input_shape, mean_plan_of
 
@@ -55,7 +55,10 @@ class XnnMeanConfig(GenericNodePartitionerConfig):
             why(node, reason=str(error))
             return False
         shape, _ = input_shape(node)
-        reason = keep_portable(self.single_row, rows(shape, list(node.args[1])), node.args[0].meta["val"].dtype)
+        dims = list(node.args[1])
+        reason = keep_portable(
+            self.single_row, rows(shape, dims), node.args[0].meta["val"].dtype, width(shape, dims)
+        )
         if reason:
             why(node, reason=reason)
             return False

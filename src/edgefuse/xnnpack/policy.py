@@ -1,50 +1,55 @@
 """When a mean is worth delegating: the single-row policy.
 
-A delegated mean is much faster than the portable kernel once it averages many rows, but a mean of a
-single row (one token of decode through an RMSNorm) costs the same or a little more inside XNNPACK: the
-portable kernel does the 2048 additions as fast as a ``FullyConnected`` of one row, and the delegate
-pays per-node dispatch on top. ``python -m edgefuse.xnnpack.bench`` measures it. On the shared 2-core
-x86 machine the project is measured on, at 1 thread, 1000 alternating runs, medians against stock:
+A delegated mean is much faster than the portable kernel once it averages many rows; a mean of a
+single row (one token of decode through an RMSNorm) has little work to save, so whether to delegate it
+is a measured choice. ``python -m edgefuse.xnnpack.bench`` measures it. On the shared 2-core x86
+machine the project is measured on, at 1 thread, median CPU time of the program alone over 1000
+rounds in random order (100-200 for the 2048-wide blocks), edgefuse against stock, load average 2-3.5
+from other work:
 
-======================================  ==========  ===================
-one row                                 ``delegate``  default
-======================================  ==========  ===================
-float32 RMSNorm over 2048                1.03        0.96
-float16 RMSNorm over 2048                0.56        0.53
-float32 RMSNorm then Linear(512)         0.98        1.00
-float32 4 pre-norm blocks over 512       0.90        0.78
-float16 4 pre-norm blocks over 512       0.88        0.90
-======================================  ==========  ===================
+=========================================  ============  ========
+one row                                    ``delegate``  ``auto``
+=========================================  ============  ========
+float32 mean over 2048                     0.97          0.96
+float32 RMSNorm over 2048                  0.87          0.87
+float16 RMSNorm over 2048                  0.44          0.45
+float32 RMSNorm then Linear(512)           0.99          1.00
+float16 RMSNorm then Linear(512)           0.89          0.90
+float32 4 pre-norm blocks over 2048        1.00          0.99
+float16 4 pre-norm blocks over 2048        0.84          0.87
+float32 4 pre-norm blocks over 512         0.97          0.99
+float16 4 pre-norm blocks over 512         0.83          0.87
+=========================================  ============  ========
 
-(earlier runs of the float32 RMSNorm gave 0.97-1.02 and 1.09-1.14 with the mean delegated), so the
-delegated single-row mean buys nothing and sometimes costs a few percent; the noise between runs is
-of the same size.
+Over 2048 values both policies delegate the mean (averaged in lanes, see :mod:`edgefuse.xnnpack.mean_plan`)
+and differ only by noise; over 512, ``auto`` keeps the float32 mean of a Hugging Face norm (which
+upcasts first) on the portable kernel, which splits the delegate around each norm (5 delegates instead
+of 1 for four blocks) and measured no faster. So the default delegates every mean.
 
 Policies, for a mean whose row count (the product of the kept dims) is static and equal to 1:
 
-- ``"delegate"``: delegate it like every other mean.
-- ``"float32-portable"`` (default): leave a float32 single-row mean on the portable kernel, where it is
-  at least as fast; delegate float16 and bfloat16 ones, whose neighbouring casts and arithmetic would
-  otherwise split the delegate (that split costs far more than the mean saves).
+- ``"delegate"`` (default): delegate it like every other mean.
+- ``"auto"``: leave a float32 single row on the portable kernel unless it is averaged in lanes
+  (:func:`~edgefuse.xnnpack.mean_plan.lanes_for`: 1024 values or more that 8, 16 or 32 lanes divide);
+  delegate float16 and bfloat16 ones.
+- ``"float32-portable"``: leave every float32 single-row mean on the portable kernel; delegate float16
+  and bfloat16 ones, whose neighbouring casts would otherwise split the delegate.
 - ``"portable"``: leave every single-row mean on the portable kernel.
 
 A mean whose row count is known only at run time (dynamic shapes) is always delegated: the same program
-then serves prefill and decode, and prefill is where the time goes. The policy reads the dtype of the
-mean itself: Hugging Face float16 norms upcast first, so their mean is float32 and the default keeps it
-portable at one row while their casts are delegated.
-
-What the default costs: a single-row (static decode) program keeps one portable mean per norm, which
-splits the delegate around it (one more delegate call per norm, 5 delegates instead of 1 for four
-blocks), and "no mean left outside the delegate" then holds only for programs with more than one row
-per mean; ``single_row="delegate"`` restores it at the measured cost above.
+then serves prefill and decode, and prefill is where the time goes. What a policy other than
+``"delegate"`` costs: each mean it keeps portable splits the delegate around it, one more delegate
+call per norm, and "no mean left outside the delegate" then holds only for means of more than one row.
 """
 
 from __future__ import annotations
 
 import torch
 
-SINGLE_ROW_POLICIES = ("delegate", "float32-portable", "portable")
-DEFAULT_SINGLE_ROW_POLICY = "float32-portable"
+from edgefuse.xnnpack.mean_plan import MIN_SINGLE_ROW_LANES_WIDTH, lanes_for
+
+SINGLE_ROW_POLICIES = ("auto", "delegate", "float32-portable", "portable")
+DEFAULT_SINGLE_ROW_POLICY = "delegate"
 
 
 def check_policy(policy: str) -> str:
@@ -54,10 +59,21 @@ def check_policy(policy: str) -> str:
     return policy
 
 
-def keep_portable(policy: str, rows: int | None, dtype: torch.dtype) -> str | None:
-    """Why ``policy`` leaves a mean of ``rows`` rows in ``dtype`` outside the delegate, or None."""
+def keep_portable(policy: str, rows: int | None, dtype: torch.dtype, width: int | None = None) -> str | None:
+    """Why ``policy`` leaves a mean of ``rows`` rows of ``width`` values in ``dtype`` outside the delegate,
+    or None. ``width`` None means it is not static (or not given)."""
     if rows != 1 or policy == "delegate":
         return None
-    if policy == "portable" or dtype == torch.float32:
+    if policy == "portable":
         return f"single-row mean left on the portable kernel by the {policy!r} policy"
-    return None
+    if dtype != torch.float32:
+        return None
+    if policy == "auto":
+        if lanes_for(width, rows) is not None:
+            return None
+        return (
+            f"single-row float32 mean of {width if width is not None else 'a run-time number of'} values left "
+            f"on the portable kernel by the 'auto' policy (delegated from {MIN_SINGLE_ROW_LANES_WIDTH} values "
+            f"that 8, 16 or 32 lanes divide)"
+        )
+    return f"single-row mean left on the portable kernel by the {policy!r} policy"
