@@ -15,8 +15,6 @@ from edgefuse.quant import xnnpack as qx
 from edgefuse.quant.facts import is_dequantize, is_quantize
 from edgefuse.xnnpack.inspect import node_types, ops_outside, run_pte, to_pte
 
-torch.set_num_threads(1)
-
 EPS = 1e-6
 DIM = 64
 F32 = torch.finfo(torch.float32).eps
@@ -50,6 +48,15 @@ class Block(torch.nn.Module):
     def forward(self, x):
         y = x + self.proj(self.norm(x))
         return (y, self.after(y)) if self.after is not None else y
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Eager torch runs on one thread while these tests run; the thread count is restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
 
 
 def inputs(count: int, seed: int = 1) -> list[tuple[torch.Tensor]]:
@@ -156,6 +163,37 @@ def test_8da4w_block_lowers_to_one_delegate_and_matches_the_quantized_eager_prog
         assert bool(((z_actual - z_expected).abs() <= dz).all()), f"z off by {float((z_actual - z_expected).abs().max()):.3g}"
 
 
+class IndexedScale(torch.nn.Module):
+    """Integer index arithmetic (``arange * 2 + 1``) picking positions of a tensor that is scaled and shifted."""
+
+    def forward(self, x):
+        positions = torch.arange(x.shape[1] // 2) * 2 + 1
+        return x[:, positions] * 0.5 + 1.0
+
+
+def test_qs8_lifts_the_scalars_of_float_ops_and_keeps_integer_index_arithmetic():
+    """The float ``mul``/``add`` read their scalars as quantized constants; the integer ones keep their
+    integer scalars, so the indices stay integers and calibration runs."""
+    calibration = inputs(2)
+    quantized = qx.quantize_qs8(IndexedScale().eval(), calibration[0], calibration)
+    graph = quantized.module.graph
+    arithmetic = [n for n in graph.nodes if n.target in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor)]
+    integer = [n for n in arithmetic if not n.meta["val"].dtype.is_floating_point]
+    floating = [n for n in arithmetic if n.meta["val"].dtype.is_floating_point]
+    assert [n.args[1] for n in integer] == [2, 1]
+    assert len(floating) == 2
+    for node in floating:
+        dq = node.args[1]
+        assert is_dequantize(dq) and dq.args[0].op == "get_attr", node.format_node()
+    assert not any(n.op == "get_attr" and not n.users for n in graph.nodes)
+    # Each quantized activation on the way is off by at most half its step; the constants 0.5 and 1.0
+    # are exact in int8 and the scaling by 0.5 only shrinks an error.
+    allowed = sum(float(q.args[1]) / 2 for q in graph.nodes if is_quantize(q))
+    for (x,) in calibration:
+        with torch.no_grad():
+            (actual,) = _flat(quantized.module(x))
+        error = float((actual - (x[:, 1::2] * 0.5 + 1.0)).abs().max())
+        assert error <= allowed, f"error {error:.3g} above {allowed:.3g}"
 
 
 MEANS = {"pooling": [2, 3], "channels": [1], "width": [-1]}
@@ -164,10 +202,14 @@ MEANS = {"pooling": [2, 3], "channels": [1], "width": [-1]}
 class ConvAndMeans(torch.nn.Module):
     """A convolution of the input and three means of it: over dims [2, 3], over channels, over width."""
 
-    def __init__(self):
+    def __init__(self, seed: int = 0):
         super().__init__()
-        torch.manual_seed(0)
+        gen = torch.Generator().manual_seed(seed)
         self.conv = torch.nn.Conv2d(4, 6, 3, padding=1)
+        with torch.no_grad():
+            bound = 1 / (4 * 3 * 3) ** 0.5
+            self.conv.weight.copy_(bound * (2 * torch.rand(6, 4, 3, 3, generator=gen) - 1))
+            self.conv.bias.copy_(bound * (2 * torch.rand(6, generator=gen) - 1))
 
     def forward(self, x):
         return (self.conv(x), *(x.mean(dims, keepdim=True) for dims in MEANS.values()))

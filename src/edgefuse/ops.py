@@ -4,6 +4,9 @@ A captured ATen graph (``torch.export``, before or during quantization) and an E
 the same arithmetic with different targets, and edge graphs spell casts two ways (``_to_dim_order_copy``
 by default, ``aten._to_copy`` with ``_skip_dim_order=True``). Passes ask an :class:`OpTable` what a node
 is instead of keeping target lists of their own.
+
+Quantized graphs add the quantize and dequantize ops of ``quantized_decomposed`` (per tensor, per
+channel, per channel group, per token) and torchao's affine ones, in both dialects.
 """
 
 from __future__ import annotations
@@ -13,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers the quantized_decomposed ops)
+import torchao.quantization.quant_primitives  # noqa: F401  (registers torchao's affine ops)
 from torch.fx import Graph, Node
 
 from executorch.exir.dialects._ops import ops as exir_ops
@@ -38,6 +43,8 @@ class Role(enum.Enum):
     RESHAPE = "reshape"
     RMS_NORM = "rms_norm"
     ASSERT_METADATA = "assert_metadata"
+    QUANTIZE = "quantize"
+    DEQUANTIZE = "dequantize"
 
 
 @dataclass(frozen=True)
@@ -57,6 +64,36 @@ class OpTable:
     def is_a(self, node: Node, *roles: Role) -> bool:
         """Whether the node plays one of ``roles``."""
         return self.role(node) in roles
+
+
+#: The quantize/dequantize ops a quantized graph holds, as ``(namespace, op, overload)``; each table
+#: resolves them in its dialect.
+_QUANTIZATION = {
+    ("quantized_decomposed", "quantize_per_tensor", "default"): Role.QUANTIZE,
+    ("quantized_decomposed", "quantize_per_tensor", "tensor"): Role.QUANTIZE,
+    ("quantized_decomposed", "quantize_per_tensor", "tensor2"): Role.QUANTIZE,
+    ("quantized_decomposed", "quantize_per_channel", "default"): Role.QUANTIZE,
+    ("quantized_decomposed", "quantize_per_channel_group", "default"): Role.QUANTIZE,
+    ("quantized_decomposed", "quantize_per_token", "default"): Role.QUANTIZE,
+    ("torchao", "quantize_affine", "default"): Role.QUANTIZE,
+    ("torchao", "quantize_affine_float8_non_decomposed", "default"): Role.QUANTIZE,
+    ("quantized_decomposed", "dequantize_per_tensor", "default"): Role.DEQUANTIZE,
+    ("quantized_decomposed", "dequantize_per_tensor", "tensor"): Role.DEQUANTIZE,
+    ("quantized_decomposed", "dequantize_per_tensor", "tensor2"): Role.DEQUANTIZE,
+    ("quantized_decomposed", "dequantize_per_channel", "default"): Role.DEQUANTIZE,
+    ("quantized_decomposed", "dequantize_per_channel_group", "default"): Role.DEQUANTIZE,
+    ("quantized_decomposed", "dequantize_per_token", "default"): Role.DEQUANTIZE,
+    ("torchao", "dequantize_affine", "default"): Role.DEQUANTIZE,
+    ("torchao", "dequantize_affine_float8_non_decomposed", "default"): Role.DEQUANTIZE,
+}
+
+
+def _quantization_ops(namespace_of) -> dict[Any, Role]:
+    """:data:`_QUANTIZATION` with each op looked up in the namespaces ``namespace_of`` gives."""
+    return {
+        getattr(getattr(getattr(namespace_of, ns), op), overload): role
+        for (ns, op, overload), role in _QUANTIZATION.items()
+    }
 
 
 CAPTURE = OpTable(
@@ -84,6 +121,7 @@ CAPTURE = OpTable(
         aten._unsafe_view.default: Role.RESHAPE,
         aten.rms_norm.default: Role.RMS_NORM,
         aten._assert_tensor_metadata.default: Role.ASSERT_METADATA,
+        **_quantization_ops(torch.ops),
     },
     rms_norm=aten.rms_norm.default,
 )
@@ -106,6 +144,7 @@ EDGE = OpTable(
         edge.aten.reciprocal.default: Role.RECIPROCAL,
         edge.aten.view_copy.default: Role.RESHAPE,
         edge.aten.rms_norm.default: Role.RMS_NORM,
+        **_quantization_ops(edge),
     },
     rms_norm=edge.aten.rms_norm.default,
 )

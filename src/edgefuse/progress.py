@@ -91,12 +91,19 @@ def quiet_torch_logs():
 
 @contextlib.contextmanager
 def quiet_root_logger(level: int = logging.ERROR):
-    """Drop log records below ``level`` while the block runs: ExecuTorch's Qualcomm code logs through the
-    root logger (SDK set-up notes, deprecations) lines that say nothing about the user's model."""
+    """Drop log records below ``level`` while the block runs: ExecuTorch's Qualcomm code logs SDK set-up
+    notes and deprecations that say nothing about the user's model.
+
+    Setting the root level is not enough: a module imported inside the block calls
+    ``logging.basicConfig(level=INFO)``, and some loggers set their own level; the process-wide
+    ``logging.disable`` holds against both, and is restored afterwards.
+    """
     root = logging.getLogger()
-    before = root.level
+    before, disabled = root.level, root.manager.disable
     root.setLevel(max(level, before))
+    logging.disable(max(level - 1, disabled))
     try:
         yield
     finally:
+        logging.disable(disabled)
         root.setLevel(before)

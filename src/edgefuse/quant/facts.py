@@ -6,15 +6,16 @@ tags the nodes of every candidate norm (one per ``mean`` of a square, and every 
 ``prepare_pt2e``; the tag is node metadata, which survives annotation, calibration and
 ``convert_pt2e``. :func:`norm_quantization` then reads the converted graph and says, per norm:
 
-- ``how``: ``"one op"`` (one ``rms_norm`` read through one dequantize and quantized once at its
-  output), ``"pieces"`` (several ops, each output quantized), ``"partly"`` (several ops, some left in
-  float), or ``"float"`` (no quantize/dequantize pair touches it);
+- ``how``: ``"one op"`` (one ``rms_norm`` the quantizer annotated, read through one dequantize and
+  quantized once at its output), ``"pieces"`` (several ops, each output quantized), ``"partly"`` (some
+  ops left in float, or one ``rms_norm`` the quantizer did not annotate: the pairs around it are its
+  neighbours'), or ``"float"`` (no quantize/dequantize pair touches it);
 - the quantize/dequantize pairs it costs: ``pairs_in`` (activations entering it), ``pairs_inside``
   (tensors it computes and reads again), ``pairs_out`` (tensors it computes and hands on) and
   ``pairs_constant`` (its weight and any scalar a quantizer lifted into a tensor, such as eps).
 
 A pair is one quantize node (the dequantize nodes a converted graph duplicates per user share it), or
-one folded constant read by a dequantize.
+one folded constant read by a dequantize. An op's output is quantized when a reader of it quantizes it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from torch.fx import GraphModule, Node
 
 from edgefuse.constants import GraphConstants
 from edgefuse.match import Rejection, match_rms_norm
-from edgefuse.ops import Role, table_for
+from edgefuse.ops import TABLES, Role, table_for
 
 #: ``node.meta`` key holding the key of the norm a node belongs to.
 NORM_KEY = "edgefuse_norm"
@@ -40,16 +41,13 @@ ANNOTATION_KEY = "quantization_annotation"
 
 
 def is_dequantize(node: object) -> bool:
-    """Whether ``node`` dequantizes (``dequantize_per_tensor``, ``dequantize_affine``, ... in any dialect)."""
-    return isinstance(node, Node) and node.op == "call_function" and "dequantize" in _target_name(node)
+    """Whether ``node`` dequantizes (``dequantize_per_tensor``, ``dequantize_affine``, ... in either dialect)."""
+    return isinstance(node, Node) and any(table.is_a(node, Role.DEQUANTIZE) for table in TABLES)
 
 
 def is_quantize(node: object) -> bool:
-    """Whether ``node`` quantizes (and is not a dequantize, whose name also contains ``quantize``)."""
-    if not isinstance(node, Node) or node.op != "call_function" or is_dequantize(node):
-        return False
-    name = _target_name(node)
-    return "quantize_per" in name or "quantize_affine" in name
+    """Whether ``node`` quantizes (``quantize_per_tensor``, ``quantize_affine``, ... in either dialect)."""
+    return isinstance(node, Node) and any(table.is_a(node, Role.QUANTIZE) for table in TABLES)
 
 
 def _target_name(node: Node) -> str:
@@ -179,6 +177,7 @@ class NormQuantization:
     pairs_out: int
     pairs_constant: int
     nodes: tuple[str, ...] = field(default=(), repr=False)
+    quantized_nodes: tuple[str, ...] = field(default=(), repr=False)
 
     @property
     def rebuilt(self) -> bool:
@@ -198,9 +197,14 @@ class NormQuantization:
             head = "one op (rms_norm)"
         elif self.how == "pieces":
             head = f"{len(self.ops)} ops quantized one by one ({', '.join(self.ops)})"
+        elif len(self.ops) == 1 and not self.annotated_ops:
+            head = f"one op ({self.ops[0]}), not annotated"
         else:
-            floats = [op for op in self.ops if op not in self.quantized_ops]
-            head = f"{len(self.ops)} ops, {len(self.quantized_ops)} quantized, {len(floats)} in float ({', '.join(floats)})"
+            floats = [op for op, node in zip(self.ops, self.nodes) if node not in self.quantized_nodes]
+            head = (
+                f"{len(self.ops)} op{'s' if len(self.ops) != 1 else ''}, {len(self.quantized_ops)} output quantized, "
+                f"{len(floats)} in float" + (f" ({', '.join(floats)})" if floats else "")
+            )
         return (
             f"{head}: {self.pairs_in} pair{'s' if self.pairs_in != 1 else ''} in, {self.pairs_inside} inside, "
             f"{self.pairs_out} out, {self.pairs_constant} constant"
@@ -267,7 +271,7 @@ def _facts(key: str, compute: list[Node]) -> NormQuantization:
     quantized = [n for n in compute if _quantizers_of(n)]
     if not (inside or out or entering or constant):
         how = "float"
-    elif len(compute) == 1 and _short(compute[0]) == "rms_norm" and entering and out:
+    elif len(compute) == 1 and _short(compute[0]) == "rms_norm" and _annotated(compute[0]) and entering and out:
         how = "one op"
     elif len(compute) > 1 and len(quantized) == len(compute):
         how = "pieces"
@@ -284,4 +288,5 @@ def _facts(key: str, compute: list[Node]) -> NormQuantization:
         pairs_out=len(out),
         pairs_constant=len(constant),
         nodes=tuple(n.name for n in compute),
+        quantized_nodes=tuple(n.name for n in quantized),
     )

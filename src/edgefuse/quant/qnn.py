@@ -66,7 +66,7 @@ def load_quantizer_module(name: str = QUANTIZER_MODULE):
 
 
 def qnn_available() -> str | None:
-    """None when the QNN quantizer imports, or the reason it does not (for a test's skip message)."""
+    """None when the QNN quantizer imports, or the reason it does not (for a caller that goes on without it)."""
     try:
         load_quantizer_module()
     except QnnUnavailable as error:
@@ -152,14 +152,33 @@ def _quantizer_class(name: str = QUANTIZER_MODULE):
 
             return WithoutStockRecompose().transform_for_annotation_pipeline(model)
 
-        def annotate(self, model: GraphModule) -> GraphModule:
+        def _left_out(self, model: GraphModule) -> set[str]:
+            """The names of ``model``'s nodes this quantizer leaves unannotated besides ``discard_nodes``."""
+            names: set[str] = set()
             if self.float_index_arithmetic:
-                self.discard_nodes = set(self.discard_nodes) | index_arithmetic(model)
+                names |= index_arithmetic(model)
             if self.only_norms:
-                self.discard_nodes = set(self.discard_nodes) | {
-                    n.name for n in model.graph.nodes if n.op == "call_function" and NORM_KEY not in n.meta
-                }
-            return super().annotate(model)
+                names |= {n.name for n in model.graph.nodes if n.op == "call_function" and NORM_KEY not in n.meta}
+            return names
+
+        @contextlib.contextmanager
+        def _discarding(self, model: GraphModule):
+            """``discard_nodes`` holds this graph's extra names while the block runs, and only then, so a
+            quantizer used on several graphs skips no node of one because of another's names."""
+            own = self.discard_nodes
+            self.discard_nodes = set(own) | self._left_out(model)
+            try:
+                yield
+            finally:
+                self.discard_nodes = own
+
+        def annotate(self, model: GraphModule) -> GraphModule:
+            with self._discarding(model):
+                return super().annotate(model)
+
+        def validate(self, model: GraphModule) -> None:
+            with self._discarding(model):
+                super().validate(model)
 
     return module, EdgefuseQnnQuantizer
 

@@ -168,6 +168,7 @@ def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int 
     """Quantize one tiny model with ``scheme``, lower it both ways, run both ``.pte`` against eager."""
     from edgefuse.lowering import summarize
     from edgefuse.models import build_model
+    from edgefuse.ops import EDGE, Role
     from edgefuse.quant import xnnpack
     from edgefuse.runtime import LoadedProgram
 
@@ -186,7 +187,8 @@ def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int 
             summary = summarize(lowered, how)
             row.delegates[how] = summary.delegates
             row.means_outside[how] = sum(1 for op in summary.outside if op.startswith("mean"))
-            row.casts_outside[how] = sum(1 for op in summary.outside if "to_copy" in op or "to_dim_order_copy" in op)
+            top = lowered.exported_program().graph_module.graph
+            row.casts_outside[how] = sum(1 for n in top.nodes if EDGE.is_a(n, Role.CAST))
             loaded = LoadedProgram(lowered.to_executorch().buffer)
             run = lambda *args: loaded.run(args)[0]  # noqa: E731
             row.error[how] = errors(run, module, inputs)

@@ -27,6 +27,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
+from edgefuse.ops import CAPTURE, EDGE, Role
 from edgefuse.quant.facts import NormQuantization, mark_norms, norm_quantization
 
 STOCK = "stock"
@@ -35,29 +36,27 @@ SCHEMES = ("qs8", "8da4w")
 
 
 def _lift_float_scalars(model: GraphModule) -> GraphModule:
-    """Turn the scalar operands of float ``add``/``mul`` into tensor constants, so they get observers."""
-    from torchao.quantization.pt2e.utils import get_new_attr_name_with_prefix
+    """The released scalar lifting (each scalar operand of ``add``/``mul`` becomes a float tensor constant,
+    so it gets an observer), undone on the ops that do not compute a float tensor: index arithmetic
+    must keep its integer scalars."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer_utils import _convert_scalars_to_attrs
 
+    kept = {}
     for node in model.graph.nodes:
-        if node.op != "call_function" or node.target not in (torch.ops.aten.add.Tensor, torch.ops.aten.mul.Tensor):
-            continue
-        value = node.meta.get("val")
-        if not isinstance(value, torch.Tensor) or not value.dtype.is_floating_point:
-            continue
-        args = []
-        for arg in node.args:
-            if isinstance(arg, Node) or isinstance(arg, bool) or not isinstance(arg, (int, float)):
-                args.append(arg)
-                continue
-            name = get_new_attr_name_with_prefix("_tensor_constant_")(model)
-            constant = torch.tensor(float(arg))
-            model.register_buffer(name, constant)
-            with model.graph.inserting_before(node):
-                attr = model.graph.create_node("get_attr", name, (), {})
-            attr.meta["val"] = value.fake_mode.from_tensor(constant, static_shapes=True)
-            args.append(attr)
-        node.args = tuple(args)
-    model.recompile()
+        if CAPTURE.is_a(node, Role.ADD, Role.MUL):
+            value = node.meta.get("val")
+            if not (isinstance(value, torch.Tensor) and value.dtype.is_floating_point):
+                kept[node] = node.args
+    model = _convert_scalars_to_attrs(model)
+    for node, args in kept.items():
+        lifted = [a for a in node.args if isinstance(a, Node) and a not in args]
+        node.args = args
+        for attr in lifted:
+            if not attr.users:
+                model.graph.erase_node(attr)
+                delattr(model, attr.target)
+    if kept:
+        model.recompile()
     return model
 
 
@@ -169,7 +168,7 @@ class MeanPlacement:
 
 def _reads(node: Node) -> str:
     source = node.args[0]
-    if isinstance(source, Node) and "dequantize" in str(source.target):
+    if isinstance(source, Node) and EDGE.is_a(source, Role.DEQUANTIZE):
         return "dequantized"
     return "float"
 
@@ -189,7 +188,6 @@ def mean_placements(program: ExportedProgram, lowered) -> list[MeanPlacement]:
     """
     from executorch.exir import to_edge
 
-    from edgefuse.ops import EDGE, Role
     from edgefuse.xnnpack.substitute import is_stock_global_avg_pool, mean_reason
 
     edge = to_edge(program).exported_program().graph_module

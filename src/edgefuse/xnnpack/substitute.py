@@ -54,7 +54,7 @@ def is_stock_global_avg_pool(node: Node) -> bool:
 
 
 def _is_dequantized(node: object) -> bool:
-    return isinstance(node, Node) and node.op == "call_function" and "dequantize" in str(node.target)
+    return isinstance(node, Node) and EDGE.is_a(node, Role.DEQUANTIZE)
 
 
 def mean_reason(node: Node) -> str | None:
