@@ -11,7 +11,7 @@ less), or when it is no worse than stock's by more than one unit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch.export import ExportedProgram
@@ -66,20 +66,27 @@ def lower_to_pte(
     there is nothing to compare edgefuse's lowering with.
     """
     say(f"lowering for XNNPACK ({how})")
+    manager = _stock_step(lambda: lower(program, how), how, "to_edge_transform_and_lower")
+    summary = summarize(manager, how)
+    if not serialize:
+        return Lowered(how, summary, b"")
+    say(f"serializing the {how} program to .pte")
+    return Lowered(how, summary, _stock_step(lambda: manager.to_executorch().buffer, how, "to_executorch"))
+
+
+def _stock_step(step: Callable[[], Any], how: str, name: str) -> Any:
+    """Run one ExecuTorch step; when it fails on the stock flow, the program is one ExecuTorch itself
+    rejects (a usage error). edgefuse's own flow, and a missing module, fail as they are."""
     try:
-        manager = lower(program, how)
-        summary = summarize(manager, how)
-        if not serialize:
-            return Lowered(how, summary, b"")
-        say(f"serializing the {how} program to .pte")
-        return Lowered(how, summary, manager.to_executorch().buffer)
+        return step()
+    except ImportError:
+        raise
     except Exception as error:
         if how != STOCK:
             raise
         raise UsageError(
-            f"ExecuTorch's XNNPACK lowering (to_edge_transform_and_lower) rejects this program: "
-            f"{error_summary(error)}; edgefuse compares its lowering with that one, so it needs a program "
-            "ExecuTorch lowers"
+            f"ExecuTorch's XNNPACK lowering ({name}) rejects this program: {error_summary(error)}; edgefuse "
+            "compares its lowering with that one, so it needs a program ExecuTorch lowers"
         ) from error
 
 

@@ -76,7 +76,7 @@ def quiet_torch_logs():
     once torch is imported, on every ``torch`` logger that exists (new ones inherit from ``torch``).
     """
     loggers = [logging.getLogger("torch")] + [
-        logger for name, logger in logging.root.manager.loggerDict.items()
+        logger for name, logger in list(logging.root.manager.loggerDict.items())
         if name.startswith("torch.") and isinstance(logger, logging.Logger)
     ]
     before = [logger.level for logger in loggers]
@@ -99,7 +99,7 @@ def quiet_root_logger(level: int = logging.ERROR):
     ``logging.disable`` holds against both, and is restored afterwards.
     """
     root = logging.getLogger()
-    before, disabled = root.level, root.manager.disable
+    before, disabled, handlers = root.level, root.manager.disable, root.handlers[:]
     root.setLevel(max(level, before))
     logging.disable(max(level - 1, disabled))
     try:
@@ -107,3 +107,4 @@ def quiet_root_logger(level: int = logging.ERROR):
     finally:
         logging.disable(disabled)
         root.setLevel(before)
+        root.handlers[:] = handlers  # basicConfig inside the block added its own
