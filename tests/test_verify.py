@@ -43,3 +43,10 @@ def test_a_different_dtype_or_shape_fails():
     reference = torch.ones(3)
     assert not compare(reference, reference.half()).ok
     assert not compare(reference, torch.ones(4)).ok
+
+
+def test_integer_outputs_must_match_exactly_whatever_dtype_is_asked():
+    reference = torch.tensor([1, 2, 3])
+    assert compare(reference, reference.clone()).ok
+    off_by_one = compare(reference, torch.tensor([1, 2, 4]), ulps=4, dtype=torch.float16)
+    assert not off_by_one.ok and off_by_one.allowed == 0.0 and off_by_one.max_error == 1.0
