@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 
 from edgefuse.fuzz.tolerance import ULPS, compare_at
 from edgefuse.ops import Role, table_for
+from edgefuse.paths import nodes_between
 from edgefuse.verify import Comparison, tolerance
 
 
@@ -152,26 +153,6 @@ class NormCheck:
         return text
 
 
-def _between(source: Node, sink: Node) -> list[Node]:
-    """The nodes on a path from ``source`` to ``sink`` in graph order, ``sink`` included, ``source`` not."""
-    above, work = set(), [sink]
-    while work:
-        node = work.pop()
-        if node not in above:
-            above.add(node)
-            work.extend(node.all_input_nodes)
-    if source not in above:
-        return []
-    below, work = set(), [source]
-    while work:
-        node = work.pop()
-        if node in above and node not in below:
-            below.add(node)
-            work.extend(node.users)
-    below.discard(source)
-    return [n for n in sink.graph.nodes if n in below]
-
-
 def _exact_twin(original: GraphModule, input_name: str, twin_name: str, values: Mapping[str, object],
                 dtype: torch.dtype) -> torch.Tensor | None:
     """The model's own norm, the nodes from ``input_name`` to ``twin_name``, computed in float64 with
@@ -181,7 +162,7 @@ def _exact_twin(original: GraphModule, input_name: str, twin_name: str, values: 
 
     nodes = {n.name: n for n in original.graph.nodes}
     source, twin = nodes.get(input_name), nodes.get(twin_name)
-    chain = _between(source, twin) if source is not None and twin is not None else []
+    chain = nodes_between(source, twin) if source is not None and twin is not None else []
     if not chain:
         return None
     table = table_for(original.graph)

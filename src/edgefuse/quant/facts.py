@@ -28,6 +28,7 @@ from torch.fx import GraphModule, Node
 from edgefuse.constants import GraphConstants
 from edgefuse.match import Rejection, match_rms_norm
 from edgefuse.ops import TABLES, Role, table_for
+from edgefuse.paths import nodes_between
 
 #: ``node.meta`` key holding the key of the norm a node belongs to.
 NORM_KEY = "edgefuse_norm"
@@ -89,27 +90,8 @@ def _key_of(node: Node, fallback: str) -> str:
 
 
 def _between(source: Node, sink: Node) -> set[Node]:
-    """The nodes on a path from ``source`` to ``sink``, ``sink`` included and ``source`` not."""
-    above: set[Node] = set()
-    work = [sink]
-    while work:
-        node = work.pop()
-        if node in above:
-            continue
-        above.add(node)
-        work.extend(node.all_input_nodes)
-    if source not in above:
-        return {sink}
-    below: set[Node] = set()
-    work = [source]
-    while work:
-        node = work.pop()
-        if node in below or node not in above:
-            continue
-        below.add(node)
-        work.extend(node.users)
-    below.discard(source)
-    return below
+    """The nodes on a path from ``source`` to ``sink`` (``sink`` alone when there is none)."""
+    return set(nodes_between(source, sink)) or {sink}
 
 
 def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str, list[str]]:
