@@ -179,8 +179,7 @@ def tolerance_dtypes(rewritten: GraphModule, decisions: list[Decision], count: i
     dtypes = output_tolerance_dtypes(rewritten, new)
     output = next(n for n in rewritten.graph.nodes if n.op == "output")
     leaves = pytree.tree_leaves(list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]])
-    if len(leaves) == len(dtypes):
-        dtypes = [d for d, leaf in zip(dtypes, leaves) if _tensor_valued(leaf)]
+    dtypes = [d for d, leaf in zip(dtypes, leaves) if _tensor_valued(leaf)]  # one flattening: same length
     return dtypes if len(dtypes) == count else [None] * count
 
 
