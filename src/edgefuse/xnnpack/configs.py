@@ -1,4 +1,4 @@
-"""Partitioner configs: which means, casts and squares edgefuse hands to the XNNPACK delegate.
+"""Partitioner configs: which means, casts and squares edgefuse hands to the XNNPACK delegate, and which GELUs it keeps from it.
 
 Each config is a stock ``XNNPartitionerConfig``: the partitioner builds it with every keyword argument
 it was given, so edgefuse's options (``single_row``) reach the configs the same way ``enable_bf16``
@@ -15,7 +15,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from executorch.backends.xnnpack.partition.config.generic_node_configs import GenericNodePartitionerConfig
+from executorch.backends.xnnpack.partition.config.generic_node_configs import GeluConfig, GenericNodePartitionerConfig
 from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
 from executorch.exir.backend.utils import WhyNoPartition
 
@@ -108,4 +108,20 @@ class SquarePowConfig(GenericNodePartitionerConfig):
         return [ConfigPrecisionType.FP32]
 
 
-EDGEFUSE_CONFIGS = (XnnMeanConfig, XnnConvertConfig, SquarePowConfig)
+class ExactGeluConfig(GeluConfig):
+    """Replaces the stock ``GeluConfig``: takes only the erf GELU, the one XNNPACK computes.
+
+    The released visitor serializes every ``gelu`` as ``XNNGelu``, dropping ``approximate``: a
+    ``gelu(x, approximate="tanh")`` (Gemma's ``gelu_pytorch_tanh``) would compute the erf form, up to
+    4.7e-4 away at ``x = -2.70``. The tanh form stays on the portable kernel, which computes it.
+    """
+
+    def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
+        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        if approximate != "none":
+            why(node, reason=f"XNNPACK computes only the erf GELU, not approximate={approximate!r}")
+            return False
+        return super().check_constraints(node, ep)
+
+
+EDGEFUSE_CONFIGS = (XnnMeanConfig, XnnConvertConfig, SquarePowConfig, ExactGeluConfig)
