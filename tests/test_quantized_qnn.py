@@ -224,6 +224,42 @@ def test_recomposition_does_not_make_the_norm_less_accurate(llama_runs, dtype):
     assert float((ours - eager).abs().max()) <= float((theirs - eager).abs().max()) + unit
 
 
+TINY_MODELS = [("tiny-llama", torch.bfloat16), ("tiny-qwen3", torch.bfloat16), ("tiny-gemma3", torch.bfloat16),
+               ("tiny-t5", torch.bfloat16), ("tiny-llama", torch.float32)]
+
+
+@pytest.mark.parametrize("name, dtype", TINY_MODELS, ids=[f"{n}-{str(d)[6:]}" for n, d in TINY_MODELS])
+def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(name, dtype):
+    """Each norm edgefuse rebuilds, inside the whole quantized model, against the same graph not rebuilt.
+
+    The baseline is the ``casts`` flow: edgefuse's graph before it rebuilds (casts that change nothing
+    removed), so the two programs differ by the rebuilt norms alone. Each norm's own error is its output,
+    as its readers get it, against the exact (float64) norm of the very input it read, over calibration
+    and held-out inputs; elements beyond the output quantization's calibrated range are left out, since
+    there the output quantize clips whatever the norm computed (:mod:`edgefuse.quant.diagnose`). The
+    logits are not compared: there every quantized op downstream rounds, and a norm moved by a fraction
+    of a step flips those roundings either way (``python -m edgefuse.quant`` shows them input by input).
+    """
+    from edgefuse.models import build_model
+    from edgefuse.quant.diagnose import norm_errors
+    from edgefuse.quant.table import calibration_inputs, held_out_inputs
+
+    module, example = build_model(name, dtype, 0)
+    calibration = calibration_inputs(example)
+    runs = calibration + held_out_inputs(example, 4)
+    rebuilt = quantize_for_qnn(module, example, calibration, recompose="edgefuse")
+    baseline = quantize_for_qnn(module, example, calibration, recompose="casts")
+    assert rebuilt.removed_casts == baseline.removed_casts
+    keys = [d.module_path for d in rebuilt.decisions if d.rebuilt]
+    assert keys, "no norm was rebuilt, so the test cannot tell"
+    ours = {e.key: e for e in norm_errors(rebuilt.converted, module.get_submodule, runs)}
+    theirs = {e.key: e for e in norm_errors(baseline.converted, module.get_submodule, runs)}
+    assert set(keys) <= set(ours) and set(keys) <= set(theirs)
+    worse = [f"{k}: {ours[k].unclipped_error:.3g} > {theirs[k].unclipped_error:.3g}"
+             for k in keys if ours[k].unclipped_error > theirs[k].unclipped_error]
+    assert not worse, worse
+
+
 def test_gemma_weight_is_folded_so_the_norm_is_one_op_where_stock_quantizes_its_pieces():
     dtype = torch.bfloat16
     module, x = GemmaNorm(dtype).eval(), sample(dtype)

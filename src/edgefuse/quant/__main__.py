@@ -49,10 +49,13 @@ def main(argv: list[str] | None = None) -> int:
                 for dtype in args.dtypes.split(","):
                     qnn_rows.append(table.qnn_row(model, getattr(torch, dtype), say=say, quant_dtype=args.quant_dtype))
             print(f"QNN capture ({args.quant_dtype}, min/max observers), converted programs run in eager:")
-            print(table.qnn_table(qnn_rows))
+            print(table.qnn_tables(qnn_rows))
             for row in qnn_rows:
                 for mode, why in row.failed.items():
                     print(f"  {row.model} {row.dtype} {mode}: FAILED {why}")
+                    status = 1
+                for key in table.own_error_changes(row)[2]:
+                    print(f"  {row.model} {row.dtype}: rebuilt {key} has a higher own error than not rebuilt")
                     status = 1
                 for path, why in row.left:
                     print(f"  {row.model} {row.dtype}: edgefuse left {path} decomposed: {why}")

@@ -47,8 +47,10 @@ from edgefuse.quant.facts import DEQUANTIZE_CAST, NORM_KEY, NormQuantization, is
 QUANTIZER_MODULE = "executorch.backends.qualcomm.quantizer.quantizer"
 
 #: How a captured graph's norms reach the quantizer: rebuilt by edgefuse, by the released
-#: ``RecomposeRmsNorm`` inside the quantizer's own pipeline, or not rebuilt at all.
-RECOMPOSE_MODES = ("edgefuse", "stock", "none")
+#: ``RecomposeRmsNorm`` inside the quantizer's own pipeline, not rebuilt at all, or not rebuilt after
+#: the casts that change nothing are removed (``casts``: the graph edgefuse's differs from by its
+#: rebuilt norms alone, so comparing the two measures what recomposition does).
+RECOMPOSE_MODES = ("edgefuse", "stock", "none", "casts")
 
 
 class QnnUnavailable(RuntimeError):
@@ -319,9 +321,10 @@ def quantize_for_qnn(
     place). ``recompose="edgefuse"`` removes casts that change nothing and rebuilds with
     ``edgefuse.recompose_rms_norm(backend="qnn", quantization_capture=True)``, then annotates without
     the released ``RecomposeRmsNorm``; ``"stock"`` leaves the norms to the released pass inside the
-    quantizer; ``"none"`` rebuilds nothing. ``quantizer`` replaces the one :func:`qnn_quantizer` builds
-    from ``quantizer_options``. The converted program's dequantize ops go through
-    :func:`dequantize_in_float32`, and its norms are described in ``QnnQuantized.norms``.
+    quantizer; ``"none"`` rebuilds nothing; ``"casts"`` removes the casts and rebuilds nothing.
+    ``quantizer`` replaces the one :func:`qnn_quantizer` builds from ``quantizer_options``. The
+    converted program's dequantize ops go through :func:`dequantize_in_float32`, and its norms are
+    described in ``QnnQuantized.norms``.
     """
     import edgefuse
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
@@ -332,8 +335,9 @@ def quantize_for_qnn(
         quantizer = qnn_quantizer(stock_recompose=recompose == "stock", **quantizer_options)
     gm = module if isinstance(module, GraphModule) else capture(module, example_inputs)
     removed, decisions = [], []
-    if recompose == "edgefuse":
+    if recompose in ("edgefuse", "casts"):
         removed = edgefuse.remove_redundant_casts(gm)
+    if recompose == "edgefuse":
         decisions = edgefuse.recompose_rms_norm(gm, backend="qnn", quantization_capture=True).decisions
     mark_norms(gm, decisions)
     printed = io.StringIO()

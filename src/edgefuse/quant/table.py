@@ -3,7 +3,12 @@
 QNN (capture, annotate, calibrate, convert; the converted program runs in eager, since lowering needs
 the Qualcomm SDK): per model and dtype, the norms annotated as one op, the quantize/dequantize pairs
 per norm and the error against eager, for the norms not rebuilt (``none``), rebuilt by the released
-pass inside ``QnnQuantizer`` (``stock``) and rebuilt by edgefuse (``edgefuse``).
+pass inside ``QnnQuantizer`` (``stock``) and rebuilt by edgefuse (``edgefuse``). What recomposition
+itself does is measured against ``casts`` (edgefuse's graph before it rebuilds: casts that change
+nothing removed): each rebuilt norm's own error, and the logits' error against the exact model (the
+same weights in float64) input by input. The logits of a quantized model carry the rounding of every
+quantized op; moving one norm's output by a fraction of a step flips roundings downstream either way,
+so the logits compare input by input, and the norm's own error is what recomposition is judged by.
 
 XNNPACK (qs8 and 8da4w, lowered stock and with edgefuse, each ``.pte`` run in ``executorch.runtime``):
 per model, delegates and means left outside them, and the error against eager.
@@ -20,6 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
+
+#: The QNN flows each table row measures (see :data:`edgefuse.quant.qnn.RECOMPOSE_MODES`).
+QNN_MODES = ("none", "stock", "casts", "edgefuse")
 
 VOCAB = 128
 FIRST_ID = 3  # ids 0..2 are pad/bos/eos in the tiny models
@@ -50,10 +58,12 @@ def held_out_inputs(example_inputs: Sequence[torch.Tensor], count: int, seed: in
 
 @dataclass
 class Errors:
-    """Largest and root-mean-square absolute error of a program's outputs against a reference."""
+    """Largest and root-mean-square absolute error of a program's outputs against a reference, and the
+    largest per input (in input order, so two programs run on the same inputs compare input by input)."""
 
     max: float
     rms: float
+    per_input: list[float] = field(default_factory=list)
 
     def __str__(self) -> str:
         return f"{self.max:.4g}"
@@ -61,16 +71,23 @@ class Errors:
 
 def errors(run: Callable[..., Any], reference: Callable[..., Any], inputs: Sequence[Sequence[Any]]) -> Errors:
     """Errors of ``run`` against ``reference`` over every input tuple (first output of each)."""
-    largest, squares, count = 0.0, 0.0, 0
+    largest, squares, count, per_input = 0.0, 0.0, 0, []
     with torch.no_grad():
         for args in inputs:
             expected = _first(reference(*args)).double()
             actual = _first(run(*args)).double()
             diff = (actual - expected).abs()
-            largest = max(largest, float(diff.max()))
+            per_input.append(float(diff.max()))
+            largest = max(largest, per_input[-1])
             squares += float((diff**2).sum())
             count += diff.numel()
-    return Errors(largest, math.sqrt(squares / max(count, 1)))
+    return Errors(largest, math.sqrt(squares / max(count, 1)), per_input)
+
+
+def paired(ours: Errors, theirs: Errors) -> tuple[int, int]:
+    """On how many inputs ``ours`` has the lower and on how many the higher largest error."""
+    pairs = list(zip(ours.per_input, theirs.per_input, strict=True))
+    return sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
 
 
 def _first(value: Any) -> torch.Tensor:
@@ -83,43 +100,49 @@ def _first(value: Any) -> torch.Tensor:
 
 @dataclass
 class QnnRow:
-    """One model and dtype through the three QNN flows."""
+    """One model and dtype through the QNN flows (:data:`edgefuse.quant.qnn.RECOMPOSE_MODES`).
+
+    Errors are against eager (the model in its dtype) and against ``exact`` (the same model in
+    float64). ``own`` holds, per flow and norm, the norm's own error against the exact norm of the
+    input it read, over the elements its output quantization does not clip (:mod:`edgefuse.quant.diagnose`).
+    """
 
     model: str
     dtype: str
     norms: int = 0
+    rebuilt: list[str] = field(default_factory=list)
     one_op: dict[str, int] = field(default_factory=dict)
     pairs: dict[str, list[int]] = field(default_factory=dict)
     calibration: dict[str, Errors] = field(default_factory=dict)
     held_out: dict[str, Errors] = field(default_factory=dict)
-    own_exact: dict[str, float] = field(default_factory=dict)
-    own_eager: dict[str, float] = field(default_factory=dict)
-    own_by_norm: dict[str, dict[str, float]] = field(default_factory=dict)
-    own_clipped: dict[str, dict[str, bool]] = field(default_factory=dict)
-    norms_only_calibration: dict[str, Errors] = field(default_factory=dict)
-    norms_only_held_out: dict[str, Errors] = field(default_factory=dict)
+    held_out_exact: dict[str, Errors] = field(default_factory=dict)
+    own: dict[str, dict[str, float]] = field(default_factory=dict)
+    norms_only_exact: dict[str, Errors] = field(default_factory=dict)
     left: list[tuple[str, str]] = field(default_factory=list)
     per_norm: dict[str, dict[str, str]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 8, say=lambda _: None, norms_only: bool = True,
+def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda _: None, norms_only: bool = True,
             **options: Any) -> QnnRow:
-    """Quantize one tiny model for QNN three ways and measure each converted program against eager.
+    """Quantize one tiny model for QNN every way and measure each converted program.
 
-    Per flow: the logits' error over the calibration and the held-out inputs, the worst norm's own error
-    (:mod:`edgefuse.quant.diagnose`) against the exact norm and against the eager one, and, with
-    ``norms_only``, the logits' error when only the norms are quantized.
+    Per flow: the logits' error against eager over the calibration and the held-out inputs and against
+    the exact model over the held-out ones, each norm's own error, and, with ``norms_only``, the logits'
+    error against the exact model when only the norms are quantized (held-out inputs).
     """
+    import copy
+
     from edgefuse.models import build_model
     from edgefuse.quant.diagnose import norm_errors
-    from edgefuse.quant.qnn import RECOMPOSE_MODES, quantize_for_qnn
+    from edgefuse.quant.qnn import quantize_for_qnn
 
     module, example = build_model(model_name, dtype, 0)
+    exact = copy.deepcopy(module).double()
     calibration = calibration_inputs(example)
     others = held_out_inputs(example, held_out)
     row = QnnRow(model_name, str(dtype).removeprefix("torch."))
-    for mode in RECOMPOSE_MODES[::-1]:  # none, stock, edgefuse
+    for mode in QNN_MODES:
         say(f"QNN {model_name} {row.dtype} {mode}")
         try:
             result = quantize_for_qnn(module, example, calibration, recompose=mode, **options)
@@ -129,22 +152,39 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 8, say=lambda _
             for n in result.norms:
                 row.per_norm.setdefault(n.key, {})[mode] = n.describe()
             if mode == "edgefuse":
+                row.rebuilt = [d.module_path or d.mean for d in result.decisions if d.rebuilt]
                 row.left = [(d.module_path or d.mean, d.reason) for d in result.decisions if not d.rebuilt]
             row.calibration[mode] = errors(result.converted, module, calibration)
             row.held_out[mode] = errors(result.converted, module, others)
+            row.held_out_exact[mode] = errors(result.converted, exact, others)
             own = norm_errors(result.converted, module.get_submodule, calibration + others)
-            row.own_exact[mode] = max((e.exact_error for e in own), default=0.0)
-            row.own_eager[mode] = max((e.max_error for e in own), default=0.0)
-            row.own_by_norm[mode] = {e.key: e.exact_error for e in own}
-            row.own_clipped[mode] = {e.key: e.clipped for e in own}
+            row.own[mode] = {e.key: e.unclipped_error for e in own}
             if norms_only:
                 say(f"QNN {model_name} {row.dtype} {mode}, only the norms quantized")
                 alone = quantize_for_qnn(module, example, calibration, recompose=mode, only_norms=True, **options)
-                row.norms_only_calibration[mode] = errors(alone.converted, module, calibration)
-                row.norms_only_held_out[mode] = errors(alone.converted, module, others)
+                row.norms_only_exact[mode] = errors(alone.converted, exact, others)
         except Exception as error:  # one failing flow must not hide the others
             row.failed[mode] = f"{type(error).__name__}: {error}"
     return row
+
+
+def own_error_changes(row: QnnRow, margin: float = 0.01) -> tuple[int, int, list[str]]:
+    """Of the norms edgefuse rebuilt: how many have a lower own error than in the ``casts`` flow (the
+    same graph, not rebuilt), how many the same (within ``margin``, relative), and which a higher one."""
+    ours, theirs = row.own.get("edgefuse", {}), row.own.get("casts", {})
+    lower = same = 0
+    higher = []
+    for key in row.rebuilt:
+        if key not in ours or key not in theirs:
+            continue
+        a, b = ours[key], theirs[key]
+        if abs(a - b) <= margin * max(a, b):
+            same += 1
+        elif a < b:
+            lower += 1
+        else:
+            higher.append(key)
+    return lower, same, higher
 
 
 @dataclass
@@ -205,55 +245,46 @@ def _pairs(values: list[int] | None) -> str:
     return str(low) if low == high else f"{low}-{high}"
 
 
-def _err(errors: dict[str, "Errors"], mode: str) -> str:
+def _err(errors: dict[str, Errors], mode: str) -> str:
     e = errors.get(mode)
     return "-" if e is None else f"{e.max:.3g}"
 
 
-def _compare(ours: dict[str, float] | None, theirs: dict[str, float] | None, clipped: dict[str, bool] | None = None,
-             margin: float = 0.01) -> str:
-    """How many norms have a lower, the same (within ``margin``, relative) or a higher own error; of the
-    higher ones, how many have their worst element clipped by the output quantization."""
-    if not ours or not theirs:
-        return "-"
-    lower = same = higher = at_clip = 0
-    for key, value in ours.items():
-        other = theirs.get(key)
-        if other is None:
-            continue
-        if abs(value - other) <= margin * max(value, other):
-            same += 1
-        elif value < other:
-            lower += 1
-        else:
-            higher += 1
-            at_clip += bool(clipped and clipped.get(key))
-    return f"{lower}/{same}/{higher}" + (f" ({at_clip} clipped)" if higher else "")
-
-
-def qnn_table(rows: Sequence[QnnRow]) -> str:
-    """The QNN table as text; each cell with three values reads none / stock / edgefuse."""
+def qnn_tables(rows: Sequence[QnnRow]) -> str:
+    """The QNN tables as text: how the norms were quantized, then the errors (cells read in the order
+    the header gives)."""
     from edgefuse.table import format_table
 
-    modes = ("none", "stock", "edgefuse")
-    header = ["model", "dtype", "norms", "one op (stock, edgefuse)", "q/dq pairs per norm",
-              "logits max error, calibration", "logits max error, held-out", "logits rms error, held-out",
-              "worst norm's own error vs exact norm", "own error, edgefuse vs none (lower/same/higher)",
-              "logits max error, only norms quantized (calibration; held-out)"]
-    body = []
+    shown = ("none", "stock", "edgefuse")
+    layout = ["model", "dtype", "norms", "rebuilt", "one op (stock, edgefuse)",
+              "q/dq pairs per norm none / stock / edgefuse"]
+    body = [[r.model, r.dtype, str(r.norms), str(len(r.rebuilt)),
+             f"{r.one_op.get('stock', '-')}, {r.one_op.get('edgefuse', '-')}",
+             " / ".join(_pairs(r.pairs.get(m)) for m in shown)] for r in rows]
+    header = ["model", "dtype", "logits max error vs eager, calibration: none / stock / edgefuse",
+              "held-out: none / stock / edgefuse",
+              "recomposition (casts removed -> edgefuse): logits max error vs exact, held-out (inputs lower/higher)",
+              "only norms quantized: the same", "own error of each rebuilt norm (lower/same/higher)",
+              "worst own error"]
+    errors_body = []
     for r in rows:
-        def three(values, fmt=lambda v: f"{v.max:.3g}"):
-            return " / ".join("-" if values.get(m) is None else fmt(values[m]) for m in modes)
-        body.append([
-            r.model, r.dtype, str(r.norms),
-            f"{r.one_op.get('stock', '-')}, {r.one_op.get('edgefuse', '-')}",
-            " / ".join(_pairs(r.pairs.get(m)) for m in modes),
-            three(r.calibration), three(r.held_out), three(r.held_out, lambda v: f"{v.rms:.3g}"),
-            three(r.own_exact, lambda v: f"{v:.3g}"),
-            _compare(r.own_by_norm.get("edgefuse"), r.own_by_norm.get("none"), r.own_clipped.get("edgefuse")),
-            f"{three(r.norms_only_calibration)}; {three(r.norms_only_held_out)}",
+        def three(values):
+            return " / ".join(_err(values, m) for m in shown)
+
+        def change(values):
+            if "casts" not in values or "edgefuse" not in values:
+                return "-"
+            lower, higher = paired(values["edgefuse"], values["casts"])
+            return f"{_err(values, 'casts')} -> {_err(values, 'edgefuse')} ({lower}/{higher})"
+
+        lower, same, higher = own_error_changes(r)
+        worst = {m: max((r.own.get(m, {}).get(k, 0.0) for k in r.rebuilt), default=0.0) for m in ("casts", "edgefuse")}
+        errors_body.append([
+            r.model, r.dtype, three(r.calibration), three(r.held_out), change(r.held_out_exact),
+            change(r.norms_only_exact), f"{lower}/{same}/{len(higher)}",
+            f"{worst['casts']:.3g} -> {worst['edgefuse']:.3g}",
         ])
-    return format_table(header, body)
+    return format_table(layout, body) + "\n\n" + format_table(header, errors_body)
 
 
 def xnnpack_table(rows: Sequence[XnnpackRow]) -> str:
