@@ -553,3 +553,37 @@ def test_a_norm_whose_output_keeps_a_transposed_layout_stays_in_capture():
     module, inputs = TransposedNorm(), (_x(shape=(5, 2, 16)),)
     rewritten = rewrite(module, inputs, "capture")
     assert_left(rewritten, "dim order")
+
+
+class NormInABranch(nn.Module):
+    """A Llama norm in one branch of ``torch.cond`` and a top-level norm after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = LlamaNorm(16)
+        self.outer = LlamaNorm(16)
+
+    def forward(self, x):
+        y = torch.cond(x.sum() > 0, lambda t: self.inner(t), lambda t: t * 2.0, (x,))
+        return self.outer(y)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_norm_inside_a_control_flow_branch_is_reported_and_left(mode):
+    """The pass rewrites the top-level graph; a norm in a subgraph gets a decision that says so.
+
+    An edge program holding ``torch.cond`` does not run outside ExecuTorch, rewritten or not (the branch
+    meets a lifted constant under fake tensors), so the numbers are compared in capture mode only.
+    """
+    module, inputs = NormInABranch(), (_x(),)
+    rewritten = rewrite(module, inputs, mode)
+    inner = [d for d in rewritten.result.decisions if "." in d.mean]
+    assert [(d.rebuilt, d.form) for d in inner] == [(False, "rsqrt+weight")], rewritten.result.decisions
+    assert "control-flow op" in inner[0].reason
+    assert len(rms_norm_nodes(rewritten.graph_module)) == 1
+    if mode != "capture":
+        return
+    assert_matches_eager(module, inputs, rewritten)
+    with torch.no_grad():
+        negative = (-inputs[0],)
+        assert compare(module(*negative), rewritten.run(*negative), ulps=2).ok

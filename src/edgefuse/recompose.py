@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable
 
 import torch
@@ -20,6 +20,8 @@ from edgefuse.signature import sync_signature
 
 #: The start of the reason of a norm left because reading the graph raised: a malformed graph, or a bug.
 UNREADABLE = "edgefuse could not read this graph here"
+#: Why a norm inside a branch or body of a control-flow op (``torch.cond``, ``while_loop``, ``map``) is left.
+NESTED = "inside the subgraph {name} of a control-flow op: edgefuse rewrites the top-level graph only"
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,7 @@ def recompose_rms_norm(
             "but this graph holds ExecuTorch edge ops"
         )
     rewriter = _Rewriter(graph_module, table, profile, quantization_capture, GraphConstants(graph_module, program))
-    decisions = rewriter.run()
+    decisions = rewriter.run() + _nested_decisions(graph_module, table)
     if program is not None and any(d.rebuilt for d in decisions):
         sync_signature(program)
     return RecomposeResult(graph_module, decisions, program)
@@ -263,6 +265,40 @@ def _module_path(node: Node) -> str | None:
 
 def _name(dtype: torch.dtype | None) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def _nested_decisions(gm: GraphModule, table: OpTable, prefix: str = "") -> list[Decision]:
+    """One decision per mean inside the subgraphs ``gm`` holds (control-flow branches and bodies), each
+    left with the reason :data:`NESTED`, or with its own reason where it is no norm; named
+    ``subgraph.mean`` so no name clashes with the top-level graph's."""
+    decisions = []
+    for node in gm.graph.nodes:
+        sub = _attribute(gm, node.target) if node.op == "get_attr" else None
+        if not isinstance(sub, GraphModule):
+            continue
+        name = f"{prefix}{node.target}"
+        for mean in (n for n in sub.graph.nodes if table.is_a(n, Role.MEAN)):
+            path = _module_path(mean)
+            try:
+                found = match_rms_norm(mean, table, GraphConstants(sub, None))
+            except Exception as error:  # a malformed subgraph must not crash the pass either
+                found = Rejection(mean, f"{UNREADABLE}: {error!r}")
+            if isinstance(found, Rejection):
+                decision = _rejected(found, path)
+            else:
+                m = found[0]
+                decision = Decision(mean.name, path, m.form, False, NESTED.format(name=name), m.input.name,
+                                    m.weight.node.name if m.weight else None, m.eps, m.dtype, m.normalized_shape)
+            decisions.append(replace(decision, mean=f"{name}.{mean.name}"))
+        decisions += _nested_decisions(sub, table, f"{name}.")
+    return decisions
+
+
+def _attribute(gm: GraphModule, target: str) -> object:
+    value: object = gm
+    for part in target.split("."):
+        value = getattr(value, part, None)
+    return value
 
 
 def _rejected(rejection: Rejection, path: str | None) -> Decision:
