@@ -434,6 +434,31 @@ def test_every_built_in_model_reports_every_norm_module_in_float16(name):
     assert data["summary"]["rebuilt"] + data["summary"]["left"] == data["summary"]["norms"]
 
 
+class TwoInlineNorms(torch.nn.Module):
+    """One module that computes two RMSNorms in its own forward (no norm submodules)."""
+
+    def forward(self, x):
+        a = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        b = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        return a + 2 * b
+
+
+def test_two_norms_of_one_module_get_rows_of_their_own():
+    """They share a module path, so each row names its mean too and says its error is the module's."""
+    from edgefuse.modelspec import ModelSpec
+    from edgefuse.report import format_report
+
+    module = torch.nn.Sequential(TwoInlineNorms())
+    spec = ModelSpec("two-norms", "file", (torch.randn(2, 3, 16),), module=module)
+    report = build_report(spec, backend="aten", stage="capture")
+    assert [r.decision.module_path for r in report.rows] == ["0", "0"] and all(r.shared for r in report.rows)
+    table = format_report(report)
+    for row in report.rows:
+        assert f"0 ({row.decision.mean})" in table, table
+    assert table.count(" (module)") == 2, table
+    assert report.ok, summary_line(report)
+
+
 def test_report_of_a_saved_program_compares_with_that_program(workdir, capsys):
     assert cli.main(["-q", "report", str(workdir / "block.pt2")]) == OK
     out = capsys.readouterr().out

@@ -17,6 +17,7 @@ graph a quantizer sees, or the ExecuTorch edge program), runs the rewritten prog
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, Iterable
@@ -48,6 +49,9 @@ class NormRow:
     max_error: float | None
     #: How the norm was quantized (:class:`edgefuse.quant.NormQuantization`), with ``--quantize``.
     quantized: Any = None
+    #: Another norm is computed by the same module: the row names its mean too, and its error is the
+    #: module's output, which both norms feed.
+    shared: bool = False
 
     @property
     def key(self) -> str:
@@ -56,9 +60,10 @@ class NormRow:
 
     def cells(self, quantized: bool = False) -> list[object]:
         d = self.decision
+        name = f"{self.key} ({d.mean})" if self.shared else self.key
+        error = _error(self.max_error) + (" (module)" if self.shared and self.max_error is not None else "")
         cells = [
-            self.layer, self.key, d.form, _dtype_name(d.dtype), "yes" if d.rebuilt else "no",
-            d.input, _error(self.max_error), d.reason,
+            self.layer, name, d.form, _dtype_name(d.dtype), "yes" if d.rebuilt else "no", d.input, error, d.reason,
         ]
         if quantized:
             cells.append(self.quantized.describe() if self.quantized is not None else "not found in the quantized graph")
@@ -146,11 +151,12 @@ def compare_decisions(
     before = outputs(unrewritten, inputs)
 
     rows = []
+    per_path = Counter(d.module_path for d in decisions if d.module_path)
     for d in decisions:
         error = None
         if d.module_path in expected_at and d.module_path in actual_at:
             error = _max_error(expected_at[d.module_path], actual_at[d.module_path])
-        rows.append(NormRow(d, layer_of(d.module_path), error))
+        rows.append(NormRow(d, layer_of(d.module_path), error, shared=per_path[d.module_path] > 1))
 
     report = Report(spec.name, spec.kind, spec.dtype, backend, stage, reference_name, rows)
     if len(actual) != len(before) or len(actual) != len(expected):
