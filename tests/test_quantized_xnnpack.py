@@ -13,7 +13,7 @@ from torch.export import export
 
 from edgefuse.quant import xnnpack as qx
 from edgefuse.quant.facts import is_dequantize, is_quantize
-from edgefuse.xnnpack.inspect import node_types, ops_outside, run_pte, to_pte
+from edgefuse.xnnpack.inspect import node_type_counts, node_types, ops_outside, run_pte, to_pte
 
 EPS = 1e-6
 DIM = 64
@@ -128,26 +128,19 @@ def test_qs8_programs_match_the_quantized_eager_program(qs8):
             assert error <= allowed, f"{how}: error {error:.3g} above {allowed:.3g} ({len(steps)} steps)"
 
 
-def test_8da4w_block_lowers_to_one_delegate_and_matches_the_quantized_eager_program():
-    """8da4w: int4 weights in groups of 32, int8 activations quantized per token at run time; norms float.
+def assert_8da4w_block_matches(block: Block, quantized, pte: bytes, runs, unit: float) -> None:
+    """Run a two-norm 8da4w ``Block`` program and hold it to the quantized eager module, per element.
 
     Tolerance for ``y = x + W a`` (``a`` the first norm's output), per output element ``i``: XNNPACK and
     torchao's reference may quantize an activation one step apart (step ``s`` = the token's int8 range over
     255), which moves ``y_i`` by at most ``s * sum_j |W_ij|``; XNNPACK stores the group scales in bfloat16,
-    which moves each weight by at most 2^-9 of itself, ``2^-9 * sum_j |W_ij a_j|``; float32 sums add eight
-    units at ``sum_j |W_ij a_j|``. The second norm's tolerance is the first-order movement of a norm whose
-    input moves by ``y``'s tolerance, plus eight float32 units.
+    which moves each weight by at most 2^-9 of itself, ``2^-9 * sum_j |W_ij a_j|``; the float sums and
+    roundings (``unit``, the model dtype's) add eight units at ``sum_j |W_ij a_j| + |x_i|``. The second
+    norm's tolerance is the first-order movement of a norm whose input moves by ``y``'s tolerance, plus
+    eight units.
     """
-    block = Block(second_norm=True).eval()
-    example = inputs(1)[0]
-    quantized = qx.quantize_8da4w(block)
-    program = qx.export_quantized(quantized, example)
-    lowered = qx.lower(program, qx.EDGEFUSE)
-    assert means_outside(lowered) == [] and len(node_types(lowered)) == 1
-
     weight = quantized.module.proj.weight.dequantize().double()
-    pte = to_pte(lowered)
-    for args in inputs(3, seed=5):
+    for args in runs:
         x = args[0]
         with torch.no_grad():
             y_expected, z_expected = (t.double() for t in quantized.module(*args))
@@ -156,11 +149,42 @@ def test_8da4w_block_lowers_to_one_delegate_and_matches_the_quantized_eager_prog
         high = torch.maximum(a.amax(-1, keepdim=True), torch.zeros(()))
         step = (high - low) / 255
         products = (a.abs() @ weight.abs().T)
-        dy = step * weight.abs().sum(-1) + 2**-9 * products + 8 * F32 * (products + x.double().abs())
-        dz = norm_perturbation(y_expected, block.after.weight, dy) + 8 * F32 * z_expected.abs()
+        dy = step * weight.abs().sum(-1) + 2**-9 * products + 8 * unit * (products + x.double().abs())
+        dz = norm_perturbation(y_expected, block.after.weight, dy) + 8 * unit * z_expected.abs()
         y_actual, z_actual = (t.double() for t in run_pte(pte, args))
         assert bool(((y_actual - y_expected).abs() <= dy).all()), f"y off by {float((y_actual - y_expected).abs().max()):.3g}"
         assert bool(((z_actual - z_expected).abs() <= dz).all()), f"z off by {float((z_actual - z_expected).abs().max()):.3g}"
+
+
+def test_8da4w_block_lowers_to_one_delegate_and_matches_the_quantized_eager_program():
+    """8da4w: int4 weights in groups of 32, int8 activations quantized per token at run time; norms float."""
+    block = Block(second_norm=True).eval()
+    example = inputs(1)[0]
+    quantized = qx.quantize_8da4w(block)
+    program = qx.export_quantized(quantized, example)
+    lowered = qx.lower(program, qx.EDGEFUSE)
+    assert means_outside(lowered) == [] and len(node_types(lowered)) == 1
+    assert_8da4w_block_matches(block, quantized, to_pte(lowered), inputs(3, seed=5), F32)
+
+
+def test_float16_8da4w_block_keeps_the_norms_casts_and_means_in_one_delegate():
+    """A float16 model whose norms compute in float32 (Hugging Face Llama's): stock leaves each norm's
+    upcast, mean and downcast on the portable kernel, six delegates for two norms; edgefuse lowers the
+    casts as XNNPACK converts and the means as its own, one delegate. Tolerance as in
+    :func:`assert_8da4w_block_matches`, in float16 units."""
+    block = Block(second_norm=True).half().eval()
+    example = tuple(t.half() for t in inputs(1)[0])
+    quantized = qx.quantize_8da4w(block)
+    program = qx.export_quantized(quantized, example)
+    stock, ours = qx.lower(program, qx.STOCK), qx.lower(program, qx.EDGEFUSE)
+    cast = "dim_order_ops._to_dim_order_copy.default"
+    assert sorted(ops_outside(stock)) == sorted(["aten.mean.dim"] * 2 + [cast] * 4), ops_outside(stock)
+    assert len(node_types(stock)) == 6
+    assert ops_outside(ours) == [] and len(node_types(ours)) == 1
+    # the four norm casts became converts, beside the one that quantizes the linear's activations
+    assert node_type_counts(ours)["XNNConvert"] == node_type_counts(stock)["XNNConvert"] + 4
+    runs = [tuple(t.half() for t in args) for args in inputs(3, seed=5)]
+    assert_8da4w_block_matches(block, quantized, to_pte(ours), runs, torch.finfo(torch.float16).eps)
 
 
 class IndexedScale(torch.nn.Module):

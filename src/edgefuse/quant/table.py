@@ -198,14 +198,18 @@ class XnnpackRow:
     means_outside: dict[str, int] = field(default_factory=dict)
     casts_outside: dict[str, int] = field(default_factory=dict)
     error: dict[str, Errors] = field(default_factory=dict)
+    error_exact: dict[str, Errors] = field(default_factory=dict)
     error_quantized: dict[str, Errors] = field(default_factory=dict)
     reference_error: Errors | None = None
     norms: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
 
 
-def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int = 3, say=lambda _: None) -> XnnpackRow:
-    """Quantize one tiny model with ``scheme``, lower it both ways, run both ``.pte`` against eager."""
+def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int = 15, say=lambda _: None) -> XnnpackRow:
+    """Quantize one tiny model with ``scheme``, lower it both ways, run both ``.pte`` against eager, the
+    exact model (float64) and the quantized eager module, on the example and ``held_out`` inputs."""
+    import copy
+
     from edgefuse.lowering import summarize
     from edgefuse.models import build_model
     from edgefuse.ops import EDGE, Role
@@ -213,6 +217,7 @@ def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int 
     from edgefuse.runtime import LoadedProgram
 
     module, example = build_model(model_name, dtype, 0)
+    exact = copy.deepcopy(module).double()
     row = XnnpackRow(model_name, str(dtype).removeprefix("torch."), scheme)
     inputs = [tuple(example)] + held_out_inputs(example, held_out)
     say(f"XNNPACK {model_name} {row.dtype} {scheme}: quantizing")
@@ -232,6 +237,7 @@ def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int 
             loaded = LoadedProgram(lowered.to_executorch().buffer)
             run = lambda *args: loaded.run(args)[0]  # noqa: E731
             row.error[how] = errors(run, module, inputs)
+            row.error_exact[how] = errors(run, exact, inputs)
             row.error_quantized[how] = errors(run, quantized.module, inputs)
         except Exception as error:
             row.failed[how] = f"{type(error).__name__}: {error}"
@@ -248,6 +254,14 @@ def _pairs(values: list[int] | None) -> str:
 def _err(errors: dict[str, Errors], mode: str) -> str:
     e = errors.get(mode)
     return "-" if e is None else f"{e.max:.3g}"
+
+
+def _change(values: dict[str, Errors], baseline: str) -> str:
+    """``baseline -> edgefuse`` largest errors, and on how many inputs edgefuse's is lower and higher."""
+    if baseline not in values or "edgefuse" not in values:
+        return "-"
+    lower, higher = paired(values["edgefuse"], values[baseline])
+    return f"{_err(values, baseline)} -> {_err(values, 'edgefuse')} ({lower}/{higher})"
 
 
 def qnn_tables(rows: Sequence[QnnRow]) -> str:
@@ -271,17 +285,11 @@ def qnn_tables(rows: Sequence[QnnRow]) -> str:
         def three(values):
             return " / ".join(_err(values, m) for m in shown)
 
-        def change(values):
-            if "casts" not in values or "edgefuse" not in values:
-                return "-"
-            lower, higher = paired(values["edgefuse"], values["casts"])
-            return f"{_err(values, 'casts')} -> {_err(values, 'edgefuse')} ({lower}/{higher})"
-
         lower, same, higher = own_error_changes(r)
         worst = {m: max((r.own.get(m, {}).get(k, 0.0) for k in r.rebuilt), default=0.0) for m in ("casts", "edgefuse")}
         errors_body.append([
-            r.model, r.dtype, three(r.calibration), three(r.held_out), change(r.held_out_exact),
-            change(r.norms_only_exact), f"{lower}/{same}/{len(higher)}",
+            r.model, r.dtype, three(r.calibration), three(r.held_out), _change(r.held_out_exact, "casts"),
+            _change(r.norms_only_exact, "casts"), f"{lower}/{same}/{len(higher)}",
             f"{worst['casts']:.3g} -> {worst['edgefuse']:.3g}",
         ])
     return format_table(layout, body) + "\n\n" + format_table(header, errors_body)
@@ -293,6 +301,7 @@ def xnnpack_table(rows: Sequence[XnnpackRow]) -> str:
 
     header = ["model", "dtype", "scheme", "delegates stock -> edgefuse", "means outside stock -> edgefuse",
               "casts outside stock -> edgefuse", "max error vs eager stock/edgefuse",
+              "vs exact model stock -> edgefuse (inputs lower/higher)",
               "vs quantized eager stock/edgefuse", "quantized eager vs eager"]
     body = []
     for r in rows:
@@ -301,6 +310,7 @@ def xnnpack_table(rows: Sequence[XnnpackRow]) -> str:
         body.append([
             r.model, r.dtype, r.scheme, pair(r.delegates), pair(r.means_outside), pair(r.casts_outside),
             f"{_err(r.error, 'stock')}/{_err(r.error, 'edgefuse')}",
+            _change(r.error_exact, "stock"),
             f"{_err(r.error_quantized, 'stock')}/{_err(r.error_quantized, 'edgefuse')}",
             "-" if r.reference_error is None else f"{r.reference_error.max:.3g}",
         ])
