@@ -435,23 +435,29 @@ def test_every_built_in_model_reports_every_norm_module_in_float16(name):
 
 
 class TwoInlineNorms(torch.nn.Module):
-    """One module that computes two RMSNorms in its own forward (no norm submodules)."""
+    """One module that computes two norm-like chains in its own forward (no norm submodules); the second
+    averages cubes, so it stays decomposed."""
 
     def forward(self, x):
         a = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
-        b = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
+        b = x * torch.rsqrt(x.pow(3).abs().mean(-1, keepdim=True) + 1e-5)
         return a + 2 * b
 
 
-def test_two_norms_of_one_module_get_rows_of_their_own():
-    """They share a module path, so each row names its mean too and says its error is the module's."""
+def test_two_norms_of_one_module_get_rows_and_quantization_facts_of_their_own():
+    """They share a module path, so each row names its mean too, says its error is the module's, and is
+    matched to its own norm's quantization facts."""
     from edgefuse.modelspec import ModelSpec
-    from edgefuse.report import format_report
+    from edgefuse.quant.qnn import quantization_by_norm
+    from edgefuse.report import add_quantization, format_report
 
     module = torch.nn.Sequential(TwoInlineNorms())
     spec = ModelSpec("two-norms", "file", (torch.randn(2, 3, 16),), module=module)
-    report = build_report(spec, backend="aten", stage="capture")
+    report = build_report(spec, backend="qnn", stage="capture")
     assert [r.decision.module_path for r in report.rows] == ["0", "0"] and all(r.shared for r in report.rows)
+    assert [r.decision.rebuilt for r in report.rows] == [True, False]
+    add_quantization(report, "qnn", quantization_by_norm(module, spec.inputs))
+    assert [r.quantized.how for r in report.rows] == ["one op", "pieces"], [r.quantized for r in report.rows]
     table = format_report(report)
     for row in report.rows:
         assert f"0 ({row.decision.mean})" in table, table

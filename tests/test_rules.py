@@ -568,22 +568,33 @@ class NormInABranch(nn.Module):
         return self.outer(y)
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_a_norm_inside_a_control_flow_branch_is_reported_and_left(mode):
-    """The pass rewrites the top-level graph; a norm in a subgraph gets a decision that says so.
+class NormInAMap(nn.Module):
+    """A Llama norm in the body of ``map``: the top level of its edge graph calls no edge op."""
 
-    An edge program holding ``torch.cond`` does not run outside ExecuTorch, rewritten or not (the branch
-    meets a lifted constant under fake tensors), so the numbers are compared in capture mode only.
-    """
-    module, inputs = NormInABranch(), (_x(),)
+    def __init__(self):
+        super().__init__()
+        self.inner = LlamaNorm(16)
+
+    def forward(self, x):
+        from torch._higher_order_ops.map import map as control_map
+
+        return control_map(lambda t: self.inner(t), x)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("module, op", [(NormInABranch, "cond"), (NormInAMap, "map")], ids=["cond", "map"])
+def test_a_norm_inside_a_control_flow_subgraph_is_reported_and_left(module, op, mode):
+    """The pass rewrites the top-level graph; a norm in a subgraph gets a decision that says so, with its
+    names qualified by the subgraph's, whatever the top level holds. Both branches are run."""
+    module, inputs = module(), (_x(),)
     rewritten = rewrite(module, inputs, mode)
     inner = [d for d in rewritten.result.decisions if "." in d.mean]
     assert [(d.rebuilt, d.form) for d in inner] == [(False, "rsqrt+weight")], rewritten.result.decisions
-    assert "control-flow op" in inner[0].reason
-    assert len(rms_norm_nodes(rewritten.graph_module)) == 1
-    if mode != "capture":
-        return
-    assert_matches_eager(module, inputs, rewritten)
-    with torch.no_grad():
-        negative = (-inputs[0],)
-        assert compare(module(*negative), rewritten.run(*negative), ulps=2).ok
+    (decision,) = inner
+    assert f"which {op}" in decision.reason and "top-level graph only" in decision.reason, decision.reason
+    prefix = decision.mean.split(".")[0] + "."
+    assert decision.input.startswith(prefix) and decision.weight.startswith(prefix), decision
+    assert len(rms_norm_nodes(rewritten.graph_module)) == (1 if isinstance(module, NormInABranch) else 0)
+    for args in (inputs, (-inputs[0],)):
+        with torch.no_grad():
+            assert compare(module(*args), rewritten.run(*args), ulps=2).ok

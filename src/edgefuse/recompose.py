@@ -20,8 +20,9 @@ from edgefuse.signature import sync_signature
 
 #: The start of the reason of a norm left because reading the graph raised: a malformed graph, or a bug.
 UNREADABLE = "edgefuse could not read this graph here"
-#: Why a norm inside a branch or body of a control-flow op (``torch.cond``, ``while_loop``, ``map``) is left.
-NESTED = "inside the subgraph {name} of a control-flow op: edgefuse rewrites the top-level graph only"
+#: Why a norm inside a subgraph (a branch or body of ``torch.cond``, ``while_loop``, ``map``, or a
+#: grad-mode or autocast region a captured graph keeps apart) is left.
+NESTED = "inside the subgraph {name}, which {op} runs: edgefuse rewrites the top-level graph only"
 
 
 @dataclass(frozen=True)
@@ -29,6 +30,7 @@ class Decision:
     """What happened to one candidate norm (one mean of squares): rebuilt or not, and why.
 
     Node names refer to the graph as it was before the rewrite; ``node`` names the new ``rms_norm``;
+    a norm inside a subgraph has its names qualified by the subgraph's (``true_graph_0.mean``);
     ``note`` says where the rebuilt node's arguments differ from how the model writes them, and why.
     """
 
@@ -91,7 +93,7 @@ def recompose_rms_norm(
             "but this graph holds ExecuTorch edge ops"
         )
     rewriter = _Rewriter(graph_module, table, profile, quantization_capture, GraphConstants(graph_module, program))
-    decisions = rewriter.run() + _nested_decisions(graph_module, table)
+    decisions = rewriter.run() + _nested_decisions(graph_module)
     if program is not None and any(d.rebuilt for d in decisions):
         sync_signature(program)
     return RecomposeResult(graph_module, decisions, program)
@@ -267,16 +269,27 @@ def _name(dtype: torch.dtype | None) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _nested_decisions(gm: GraphModule, table: OpTable, prefix: str = "") -> list[Decision]:
-    """One decision per mean inside the subgraphs ``gm`` holds (control-flow branches and bodies), each
-    left with the reason :data:`NESTED`, or with its own reason where it is no norm; named
-    ``subgraph.mean`` so no name clashes with the top-level graph's."""
+def _nested_decisions(gm: GraphModule, prefix: str = "", seen: set[int] | None = None) -> list[Decision]:
+    """One decision per mean inside the subgraphs ``gm`` holds (branches and bodies of higher-order ops:
+    ``torch.cond``, ``while_loop``, ``map``, grad-mode and autocast regions), each left with the reason
+    :data:`NESTED`, or with its own reason where it is no norm. Node names are qualified by the subgraph's
+    (``true_graph_0.mean``) so none clashes with the top-level graph's; each subgraph is read once, in its
+    own dialect."""
+    seen = set() if seen is None else seen
     decisions = []
     for node in gm.graph.nodes:
         sub = _attribute(gm, node.target) if node.op == "get_attr" else None
-        if not isinstance(sub, GraphModule):
+        if not isinstance(sub, GraphModule) or id(sub) in seen:
             continue
+        seen.add(id(sub))
         name = f"{prefix}{node.target}"
+        users = [getattr(u.target, "__name__", str(u.target)) for u in node.users if u.op == "call_function"]
+        reason = NESTED.format(name=name, op=users[0] if users else "a higher-order op")
+        table = table_for(sub.graph)
+
+        def qualified(value: str | None) -> str | None:
+            return f"{name}.{value}" if value is not None else None
+
         for mean in (n for n in sub.graph.nodes if table.is_a(n, Role.MEAN)):
             path = _module_path(mean)
             try:
@@ -287,10 +300,11 @@ def _nested_decisions(gm: GraphModule, table: OpTable, prefix: str = "") -> list
                 decision = _rejected(found, path)
             else:
                 m = found[0]
-                decision = Decision(mean.name, path, m.form, False, NESTED.format(name=name), m.input.name,
+                decision = Decision(mean.name, path, m.form, False, reason, m.input.name,
                                     m.weight.node.name if m.weight else None, m.eps, m.dtype, m.normalized_shape)
-            decisions.append(replace(decision, mean=f"{name}.{mean.name}"))
-        decisions += _nested_decisions(sub, table, f"{name}.")
+            decisions.append(replace(decision, mean=qualified(decision.mean), input=qualified(decision.input),
+                                     weight=qualified(decision.weight)))
+        decisions += _nested_decisions(sub, f"{name}.", seen)
     return decisions
 
 

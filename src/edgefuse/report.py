@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 
 from edgefuse.errors import UsageError
 from edgefuse.modelspec import ModelSpec, error_summary
+from edgefuse.quant.facts import norm_key
 from edgefuse.recompose import Decision, recompose_rms_norm
 from edgefuse.table import format_table
 from edgefuse.verify import compare, output_tolerance_dtypes, outputs
@@ -49,21 +50,20 @@ class NormRow:
     max_error: float | None
     #: How the norm was quantized (:class:`edgefuse.quant.NormQuantization`), with ``--quantize``.
     quantized: Any = None
-    #: Another norm is computed by the same module: the row names its mean too, and its error is the
-    #: module's output, which both norms feed.
+    #: Another norm has the same module path (one module computing two norms, or one norm module called
+    #: twice): the row names its mean too, and its error is the module's output (its last call's).
     shared: bool = False
 
     @property
     def key(self) -> str:
-        """The norm's name in the report and in quantization facts: its module path, else its mean."""
-        return self.decision.module_path or self.decision.mean
+        """The norm's name in the report and in quantization facts (:func:`edgefuse.quant.facts.norm_key`)."""
+        return norm_key(self.decision.module_path, self.decision.mean, self.shared)
 
     def cells(self, quantized: bool = False) -> list[object]:
         d = self.decision
-        name = f"{self.key} ({d.mean})" if self.shared else self.key
         error = _error(self.max_error) + (" (module)" if self.shared and self.max_error is not None else "")
         cells = [
-            self.layer, name, d.form, _dtype_name(d.dtype), "yes" if d.rebuilt else "no", d.input, error, d.reason,
+            self.layer, self.key, d.form, _dtype_name(d.dtype), "yes" if d.rebuilt else "no", d.input, error, d.reason,
         ]
         if quantized:
             cells.append(self.quantized.describe() if self.quantized is not None else "not found in the quantized graph")

@@ -43,3 +43,12 @@ def test_an_erf_gelu_is_still_delegated():
     assert_matches(ours)
     assert not ours.outside, ours.outside
     assert sum(types.count("XNNGelu") for types in ours.types) == 1
+
+
+def test_a_config_list_without_gelu_keeps_gelu_out_as_stock_does():
+    """edgefuse's GELU config amends the stock one: given configs without it, GELU is not delegated."""
+    from executorch.backends.xnnpack.partition.config.generic_node_configs import AddConfig, MulConfig
+
+    ours = lower_and_run(Gelu("none"), inputs(), configs=[AddConfig, MulConfig])
+    assert ours.outside == ["aten.gelu.default"], ours.outside
+    assert_matches(ours)

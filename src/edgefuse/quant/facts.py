@@ -20,6 +20,7 @@ one folded constant read by a dequantize. An op's output is quantized when a rea
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -79,6 +80,14 @@ def readers(quantize: Node) -> list[Node]:
     return found
 
 
+def norm_key(path: str | None, mean: str, shared: bool = False) -> str:
+    """A norm's name in reports and quantization facts: its module path, with its mean's name when the
+    module computes more than one norm, or the mean's name alone when it has no module."""
+    if not path:
+        return mean
+    return f"{path} ({mean})" if shared else path
+
+
 def _key_of(node: Node, fallback: str) -> str:
     stack = node.meta.get("nn_module_stack")
     if stack:
@@ -98,8 +107,9 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
     """Tag the nodes of every candidate norm with the norm's key; returns the tagged node names by key.
 
     Call it on the captured graph right before ``prepare_pt2e`` (after any recomposition). The key is
-    the norm's module path (``model.layers.0.input_layernorm``), or its ``mean`` node's name when the
-    norm has no module of its own; ``decisions`` from :func:`edgefuse.recompose_rms_norm` give each
+    :func:`norm_key`: the norm's module path (``model.layers.0.input_layernorm``), with its ``mean``
+    node's name when the module computes more than one norm, or that name alone when the norm has no
+    module of its own; ``decisions`` from :func:`edgefuse.recompose_rms_norm` give each
     rebuilt ``rms_norm`` the key its decomposed norm had, so keys match between a graph that was
     recomposed and one that was not.
     """
@@ -107,20 +117,22 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
     table = table_for(gm.graph)
     constants = GraphConstants(gm)
     by_node = {d.node: d for d in decisions if getattr(d, "rebuilt", False) and d.node}
-    groups: dict[str, set[Node]] = {}
+    entries: list[tuple[str, str, set[Node]]] = []  # (key, mean, nodes), one per norm
 
-    def add(key: str, nodes: Iterable[Node]) -> None:
-        if key in groups and groups[key] and not groups[key] & set(nodes):
-            count = sum(1 for k in groups if k == key or k.startswith(key + "#"))
-            key = f"{key}#{count}"
-        groups.setdefault(key, set()).update(n for n in nodes if n.op == "call_function")
+    def add(key: str, mean: str, nodes: Iterable[Node]) -> None:
+        nodes = {n for n in nodes if n.op == "call_function"}
+        for k, _, known in entries:
+            if k == key and (known & nodes or not known):
+                known |= nodes
+                return
+        entries.append((key, mean, nodes))
 
     for node in list(gm.graph.nodes):
         if table.is_a(node, Role.RMS_NORM):
             decision = by_node.get(node.name)
-            fallback = decision.mean if decision is not None else node.name
-            key = decision.module_path if decision is not None and decision.module_path else _key_of(node, fallback)
-            add(key, [node])
+            mean = decision.mean if decision is not None else node.name
+            key = decision.module_path if decision is not None and decision.module_path else _key_of(node, mean)
+            add(key, mean, [node])
         elif table.is_a(node, Role.MEAN):
             try:
                 found = match_rms_norm(node, table, constants)
@@ -132,13 +144,15 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
                 if found.input is not None:
                     for end in found.nodes:
                         nodes |= _between(found.input, end)
-                add(key, nodes)
+                add(key, node.name, nodes)
                 continue
             match = found[0]
             nodes = set(match.nodes) | _between(match.input, match.output)
             if match.weight is not None:
                 nodes |= set(match.weight.chain)
-            add(key, nodes)
+            add(key, node.name, nodes)
+    shared = Counter(key for key, _, _ in entries)
+    groups = {norm_key(key, mean, shared[key] > 1): nodes for key, mean, nodes in entries}
     for key, nodes in groups.items():
         for node in nodes:
             node.meta[NORM_KEY] = key

@@ -28,7 +28,7 @@ def lower(
     compile_config: EdgeCompileConfig | None = None,
     **partitioner_kwargs: Any,
 ) -> EdgeProgramManager:
-    """Lower ``exported_program`` to XNNPACK with edgefuse's means, casts and squares.
+    """Lower ``exported_program`` to XNNPACK with edgefuse's means, casts and squares (and no tanh GELU).
 
     ``single_row`` is the single-row mean policy (:mod:`edgefuse.xnnpack.policy`); ``means`` and
     ``casts`` turn the two substitutions off one at a time (to measure them); ``compile_config`` goes to

@@ -1,4 +1,4 @@
-"""The drop-in for ``XnnpackPartitioner``: the stock configs, with edgefuse's mean, cast and square.
+"""The drop-in for ``XnnpackPartitioner``: the stock configs, with edgefuse's mean, cast, square and GELU.
 
 ``EdgefuseXnnpackPartitioner(**kwargs)`` takes every keyword argument ``XnnpackPartitioner`` takes
 (``configs``, ``config_precisions``, ``per_op_mode``, ``verbose``, ``enable_bf16``, ...) plus
@@ -9,7 +9,8 @@ The partitioner only chooses nodes; ExecuTorch forbids a partitioner to change t
 casts it delegates are the ``edgefuse`` ops that :class:`~edgefuse.xnnpack.substitute.SubstituteForXnnpack`
 puts in the graph before partitioning, and :class:`~edgefuse.xnnpack.substitute.RestoreUndelegated`
 must run after it; :func:`edgefuse.xnnpack.lower` does all three. On a graph without edgefuse ops it
-partitions like stock, except that ``pow(x, 2.0)`` is taken as a square.
+partitions like stock, except that ``pow(x, 2.0)`` is taken as a square and a tanh GELU, which the
+delegate would compute as the erf GELU, is left out.
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 
 import edgefuse.xnnpack.visitors  # noqa: F401  (registers the visitors the delegated ops need)
 from edgefuse.xnnpack.configs import EDGEFUSE_CONFIGS
+
+#: The targets stock configs take: an edgefuse config with one of these amends that stock config.
+STOCK_TARGETS = frozenset(getattr(config, "target_name", None) for config in ALL_PARTITIONER_CONFIGS)
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy
 
 
 def edgefuse_configs(base: Optional[List[Type[XNNPartitionerConfig]]] = None) -> list[Type[XNNPartitionerConfig]]:
-    """``base`` (by default every stock config) with edgefuse's configs replacing same-named ones."""
-    ours = {config.target_name: config for config in EDGEFUSE_CONFIGS}
-    kept = [config for config in (base or ALL_PARTITIONER_CONFIGS) if getattr(config, "target_name", None) not in ours]
-    return kept + list(EDGEFUSE_CONFIGS)
+    """``base`` (by default every stock config) with edgefuse's configs: those for edgefuse's own ops
+    added, those that amend a stock config (the square, the GELU) in place of it, and only where
+    ``base`` has it, so a list without a stock config keeps that op out as stock would."""
+    base = list(base or ALL_PARTITIONER_CONFIGS)
+    names = {getattr(config, "target_name", None) for config in base}
+    ours = [c for c in EDGEFUSE_CONFIGS if c.target_name in names or c.target_name not in STOCK_TARGETS]
+    replaced = {config.target_name for config in ours}
+    return [config for config in base if getattr(config, "target_name", None) not in replaced] + ours
 
 
 class EdgefuseXnnpackPartitioner(XnnpackPartitioner):
