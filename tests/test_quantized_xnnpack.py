@@ -2,10 +2,13 @@
 
 Every program is serialized, loaded in ``executorch.runtime`` and run; its outputs are compared with the
 eager run of the same quantized program (the converted module for qs8, the source-transformed module for
-8da4w), at tolerances derived from the quantization scales and bit widths each test states.
+8da4w), at tolerances derived from the quantization scales and bit widths each test states. A bfloat16
+quantized program does not serialize, stock or edgefuse: that outcome is asserted instead.
 """
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -18,6 +21,8 @@ from edgefuse.xnnpack.inspect import node_type_counts, node_types, ops_outside, 
 EPS = 1e-6
 DIM = 64
 F32 = torch.finfo(torch.float32).eps
+F16 = torch.finfo(torch.float16).eps
+CAST = "dim_order_ops._to_dim_order_copy.default"
 
 
 class Norm(torch.nn.Module):
@@ -62,6 +67,10 @@ def one_thread():
 def inputs(count: int, seed: int = 1) -> list[tuple[torch.Tensor]]:
     gen = torch.Generator().manual_seed(seed)
     return [(torch.randn(1, 8, DIM, generator=gen),) for _ in range(count)]
+
+
+def to_dtype(runs, dtype: torch.dtype) -> list[tuple[torch.Tensor, ...]]:
+    return [tuple(t.to(dtype) for t in args) for args in runs]
 
 
 def means_outside(lowered) -> list[str]:
@@ -173,18 +182,111 @@ def test_float16_8da4w_block_keeps_the_norms_casts_and_means_in_one_delegate():
     casts as XNNPACK converts and the means as its own, one delegate. Tolerance as in
     :func:`assert_8da4w_block_matches`, in float16 units."""
     block = Block(second_norm=True).half().eval()
-    example = tuple(t.half() for t in inputs(1)[0])
+    (example,) = to_dtype(inputs(1), torch.float16)
     quantized = qx.quantize_8da4w(block)
     program = qx.export_quantized(quantized, example)
     stock, ours = qx.lower(program, qx.STOCK), qx.lower(program, qx.EDGEFUSE)
-    cast = "dim_order_ops._to_dim_order_copy.default"
-    assert sorted(ops_outside(stock)) == sorted(["aten.mean.dim"] * 2 + [cast] * 4), ops_outside(stock)
+    assert sorted(ops_outside(stock)) == sorted(["aten.mean.dim"] * 2 + [CAST] * 4), ops_outside(stock)
     assert len(node_types(stock)) == 6
     assert ops_outside(ours) == [] and len(node_types(ours)) == 1
     # the four norm casts became converts, beside the one that quantizes the linear's activations
     assert node_type_counts(ours)["XNNConvert"] == node_type_counts(stock)["XNNConvert"] + 4
-    runs = [tuple(t.half() for t in args) for args in inputs(3, seed=5)]
-    assert_8da4w_block_matches(block, quantized, to_pte(ours), runs, torch.finfo(torch.float16).eps)
+    assert_8da4w_block_matches(block, quantized, to_pte(ours), to_dtype(inputs(3, seed=5), torch.float16), F16)
+
+
+class LinearOperands(torch.fx.Interpreter):
+    """Runs a quantized graph and keeps the dequantized activations and weight its one linear reads."""
+
+    def call_function(self, target, args, kwargs):
+        if target == torch.ops.aten.linear.default:
+            self.activations, self.weight = args[0], args[1]
+        return super().call_function(target, args, kwargs)
+
+
+def test_float16_qs8_block_lowers_the_norms_casts_and_mean_into_one_delegate_within_one_output_step_of_eager():
+    """qs8 of a float16 block whose norm computes in float32. The pinned quantizer annotates the linear,
+    and ``add`` and ``mul`` only where they read float32 tensors: the norm's float32 core is quantized
+    around its float square and mean; its casts, weight multiply and the residual add stay float16
+    (unquantized). Stock leaves the two casts and the mean on the portable kernel between three
+    delegates; edgefuse lowers the casts as XNNPACK converts and the mean as its own, one delegate.
+
+    Tolerance for ``y = x + d``, ``d`` the linear's dequantized output (int8 step ``s``), per element: the
+    delegate computes the norm's float core in another order (its mean as a fully-connected), so an
+    int8 activation of the linear can land one step ``a`` of its scale away on a tie: ``a * sum_j |W_ij|``
+    bounds every such flip at once. On the same activations the delegate sums in integers; the
+    reference computes the linear in float16 on float16 dequantized activations and weights (a half unit
+    each, a half unit at the output, float32 accumulation of 64 products), which the test checks stays
+    below one step, so its int8 output lands at most one step away: ``s``. Dequantizing ``d`` rounds to
+    float16 once in the reference and twice in the delegate (XNNPACK's convert holds the scale in
+    float16): three half units at ``|d| <= |x| + |y|``, two of them at ``|d| + s``; ``y`` is rounded on
+    both sides, a half unit at ``|y|`` and one at ``|y| + s``.
+    """
+    block = Block().half().eval()
+    calibration = to_dtype(inputs(4), torch.float16)
+    quantized = qx.quantize_qs8(block, calibration[0], calibration)
+    graph = quantized.module.graph
+    (mean,) = [n for n in graph.nodes if n.target == torch.ops.aten.mean.dim]
+    assert not is_dequantize(mean.args[0])
+    (linear,) = [n for n in graph.nodes if n.target == torch.ops.aten.linear.default]
+    (output_q,) = [u for u in linear.users if is_quantize(u)]
+    step = float(output_q.args[1])
+    assert is_dequantize(linear.args[0])
+    activation_step = float(linear.args[0].args[1])
+
+    program = qx.export_quantized(quantized, calibration[0])
+    stock, ours = qx.lower(program, qx.STOCK), qx.lower(program, qx.EDGEFUSE)
+    assert sorted(ops_outside(stock)) == sorted(["aten.mean.dim"] + [CAST] * 2), ops_outside(stock)
+    assert len(node_types(stock)) == 3
+    assert ops_outside(ours) == [] and len(node_types(ours)) == 1
+    assert node_type_counts(ours)["XNNConvert"] == node_type_counts(stock)["XNNConvert"] + 2
+
+    ptes = {qx.STOCK: to_pte(stock), qx.EDGEFUSE: to_pte(ours)}
+    for args in to_dtype(inputs(3, seed=5), torch.float16):
+        operands = LinearOperands(quantized.module)
+        with torch.no_grad():
+            y = operands.run(*args).double()
+        products = operands.activations.double().abs() @ operands.weight.double().abs().T
+        drift = (3 * F16 / 2 + DIM * F32 / 2) * products
+        assert float(drift.max()) < step, "the float16 reference linear may miss by more than one step"
+        x = args[0].double()
+        flips = activation_step * operands.weight.double().abs().sum(-1)
+        allowed = step + flips + F16 / 2 * (3 * x.abs() + 5 * y.abs() + 3 * step)
+        for how, pte in ptes.items():
+            (actual,) = run_pte(pte, args)
+            error = (actual.double() - y).abs()
+            assert bool((error <= allowed).all()), f"{how}: off by {float(error.max()):.3g}, allowed {float(allowed.min()):.3g}"
+
+
+def missing_out_variants(program) -> set[str]:
+    """The ops ``to_executorch`` names as having no out variant; empty when the program serializes."""
+    try:
+        to_pte(program)
+    except RuntimeError as error:
+        found = re.search(r"Missing out variants: \{(.*)\}", str(error))
+        if found is None:
+            raise
+        return {name.strip(" '") for name in found.group(1).split(",")}
+    return set()
+
+
+#: What ``to_executorch`` finds without a kernel in a bfloat16 program of each scheme.
+NO_BFLOAT16_KERNEL = {
+    "qs8": {f"quantized_decomposed::{op}" for op in ("quantize_per_tensor", "dequantize_per_tensor", "dequantize_per_channel")},
+    "8da4w": {f"torchao::{op}" for op in ("choose_qparams_affine", "quantize_affine", "dequantize_affine")},
+}
+
+
+@pytest.mark.parametrize("scheme", qx.SCHEMES)
+def test_bfloat16_quantized_block_is_refused_at_serialization_by_stock_and_edgefuse_alike(scheme):
+    """In bfloat16 the delegate takes no quantize or dequantize op of a bfloat16 tensor (nor the linear
+    between them), and the released runtime has no out variant for those ops: ``to_executorch`` refuses
+    the program whichever way it was lowered, naming the same ops."""
+    block = Block().to(torch.bfloat16).eval()
+    calibration = to_dtype(inputs(2), torch.bfloat16)
+    quantized = qx.quantize(scheme, block, calibration[0], calibration)
+    program = qx.export_quantized(quantized, calibration[0])
+    assert missing_out_variants(qx.lower(program, qx.STOCK)) == NO_BFLOAT16_KERNEL[scheme]
+    assert missing_out_variants(qx.lower(program, qx.EDGEFUSE)) == NO_BFLOAT16_KERNEL[scheme]
 
 
 class IndexedScale(torch.nn.Module):
