@@ -62,6 +62,9 @@ def test_edgefuse_delegates_every_mean_of_the_channels_last_square_where_stock_l
     assert [op for op in ops_outside(programs[qx.STOCK]) if "mean" in op] == ["aten.mean.dim"] * 3
     placements = qx.mean_placements(program, programs[qx.EDGEFUSE])
     assert [(p.reads, p.delegated) for p in placements] == [("float", True)] * 4
+    reasons = dict(zip(DIMS, (p.reason for p in placements)))
+    assert "stock global average pooling" in reasons.pop("pooling")
+    assert reasons == {"channels": None, "width": None, "channels-height": None}, reasons
     counts = node_type_counts(programs[qx.EDGEFUSE])
     assert counts["XNNGlobalAvgPooling2d"] == 3 and counts["XNNFullyConnected"] == 1, counts
     assert counts["XNNStaticTranspose"] == 2, counts
