@@ -233,15 +233,16 @@ def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(
     """Each norm edgefuse rebuilds, inside the whole quantized model, against the same graph not rebuilt.
 
     The baseline is the ``casts`` flow: edgefuse's graph before it rebuilds (casts that change nothing
-    removed), so the two programs differ by the rebuilt norms alone. Each norm's own error is its output,
-    as its readers get it, against the exact (float64) norm of the very input it read, over calibration
-    and held-out inputs; elements beyond the output quantization's calibrated range are left out, since
-    there the output quantize clips whatever the norm computed (:mod:`edgefuse.quant.diagnose`). The
-    logits are not compared: there every quantized op downstream rounds, and a norm moved by a fraction
-    of a step flips those roundings either way (``python -m edgefuse.quant`` shows them input by input).
+    removed), so the two programs differ by the rebuilt norms alone. Each norm spans the same window in
+    both (it reads the same model node and hands on to the same reader, casts it kept included), and
+    its own error is what its readers got against the exact norm (float64 throughout) of the very
+    input it read, clamped to the range its output quantization represents, over calibration and
+    held-out inputs (:mod:`edgefuse.quant.diagnose`). The logits are not compared: there every quantized
+    op downstream rounds, and a norm moved by a fraction of a step flips those roundings either way
+    (``python -m edgefuse.quant`` shows them input by input).
     """
     from edgefuse.models import build_model
-    from edgefuse.quant.diagnose import norm_errors
+    from edgefuse.quant.diagnose import norm_ends, norm_errors
     from edgefuse.quant.table import calibration_inputs, held_out_inputs
 
     module, example = build_model(name, dtype, 0)
@@ -250,20 +251,50 @@ def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(
     rebuilt = quantize_for_qnn(module, example, calibration, recompose="edgefuse")
     baseline = quantize_for_qnn(module, example, calibration, recompose="casts")
     assert rebuilt.removed_casts == baseline.removed_casts
-    keys = [d.module_path for d in rebuilt.decisions if d.rebuilt]
-    assert keys, "no norm was rebuilt, so the test cannot tell"
+    keys = [n.key for n in rebuilt.norms if n.rebuilt]
+    assert len(keys) == len([d for d in rebuilt.decisions if d.rebuilt]), "a rebuilt norm has no quantization facts"
+    hows = {n.key: n for n in baseline.norms}
+    for norm in rebuilt.norms:
+        if norm.key in keys:  # one op, unless the quantizer leaves the output float in both flows alike
+            assert norm.how == "one op" or (norm.pairs_out == 0 == hows[norm.key].pairs_out), norm.describe()
+            assert hows[norm.key].how in ("pieces", "partly") and "rms_norm" not in hows[norm.key].ops
+    ours_ends, theirs_ends = norm_ends(rebuilt.converted), norm_ends(baseline.converted)
+    windows = {k: ((ours_ends[k].source.name, ours_ends[k].reader.name), (theirs_ends[k].source.name, theirs_ends[k].reader.name))
+               for k in keys}
+    assert all(a == b for a, b in windows.values()), windows
     ours = {e.key: e for e in norm_errors(rebuilt.converted, module.get_submodule, runs)}
     theirs = {e.key: e for e in norm_errors(baseline.converted, module.get_submodule, runs)}
-    assert set(keys) <= set(ours) and set(keys) <= set(theirs)
-    worse = [f"{k}: {ours[k].unclipped_error:.3g} > {theirs[k].unclipped_error:.3g}"
-             for k in keys if ours[k].unclipped_error > theirs[k].unclipped_error]
+    worse = [f"{k}: {ours[k].exact_error:.3g} > {theirs[k].exact_error:.3g}" for k in keys if ours[k].exact_error > theirs[k].exact_error]
     assert not worse, worse
+
+
+def test_a_rebuilt_norm_covers_the_casts_its_decomposed_norm_covered():
+    """Tiny Gemma3 in bfloat16 keeps an upcast before and a ``type_as`` after each rebuilt float32 norm
+    (its ``1 + w`` weight is float32, which a bfloat16 ``rms_norm`` would round). Those casts stay in
+    the norm's window, so the pairs the norms are said to save are exactly the pairs the program saves."""
+    from edgefuse.models import build_model
+    from edgefuse.quant.facts import is_dequantize, is_quantize
+    from edgefuse.quant.table import calibration_inputs
+
+    module, example = build_model("tiny-gemma3", torch.bfloat16, 0)
+    calibration = calibration_inputs(example)
+    flows = {mode: quantize_for_qnn(module, example, calibration, recompose=mode) for mode in ("casts", "edgefuse")}
+
+    def program_pairs(result):
+        nodes = result.converted.graph.nodes
+        return sum(map(is_quantize, nodes)) + len({n.args[0] for n in nodes if is_dequantize(n) and n.args[0].op == "get_attr"})
+
+    rebuilt = [n for n in flows["edgefuse"].norms if n.rebuilt]
+    assert rebuilt and all(n.ops == ("to", "rms_norm", "type_as") for n in rebuilt), [n.ops for n in rebuilt]
+    assert all(n.how == "one op" for n in rebuilt) and flows["edgefuse"].one_op == len(rebuilt) == 9
+    saved_by_norms = sum(n.pairs for n in flows["casts"].norms) - sum(n.pairs for n in flows["edgefuse"].norms)
+    assert saved_by_norms == program_pairs(flows["casts"]) - program_pairs(flows["edgefuse"]) > 0
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5"])
 def test_with_only_the_norms_quantized_recomposition_never_raises_the_logits_error(name):
     """Quantize the norms alone, rebuilt and not (the ``casts`` flow), of a float32 model, and compare the
-    logits with the exact model (the same weights in float64) on held-out inputs: every other op is
+    logits with the exact model (the same weights, float64 throughout) on held-out inputs: every other op is
     float32, so what differs is what the norms did.
 
     Not in bfloat16: there the rest of the model rounds every op to bfloat16 (eager alone is about 5e-3
@@ -272,13 +303,13 @@ def test_with_only_the_norms_quantized_recomposition_never_raises_the_logits_err
     rebuilt, 3.430e-3 not). Each rebuilt norm's own error is what the test above holds in bfloat16.
     """
     dtype = torch.float32
-    import copy
 
     from edgefuse.models import build_model
+    from edgefuse.quant.exact import exact_module
     from edgefuse.quant.table import calibration_inputs, errors, held_out_inputs
 
     module, example = build_model(name, dtype, 0)
-    exact = copy.deepcopy(module).double()
+    exact = exact_module(module)
     calibration, others = calibration_inputs(example), held_out_inputs(example, 8)
     rebuilt, baseline = (
         quantize_for_qnn(module, example, calibration, recompose=mode, only_norms=True) for mode in ("edgefuse", "casts")
@@ -293,7 +324,12 @@ def test_gemma_weight_is_folded_so_the_norm_is_one_op_where_stock_quantizes_its_
     module, x = GemmaNorm(dtype).eval(), sample(dtype)
     ours = quantize_for_qnn(module, (x,), [(x,)], recompose="edgefuse")
     stock = quantize_for_qnn(module, (x,), [(x,)], recompose="stock")
-    assert [n.how for n in ours.norms] == ["one op"] and ours.norms[0].pairs == 3, ours.norms[0].describe()
+    # One float32 rms_norm (the 1 + w weight folded) between the model's upcast and type_as: the pair in,
+    # the upcast's and the rms_norm's outputs quantized and read again, the weight; the final type_as is
+    # left in float, as stock leaves it.
+    (norm,) = ours.norms
+    assert norm.how == "one op" and norm.ops == ("to", "rms_norm", "type_as"), norm.describe()
+    assert (norm.pairs_in, norm.pairs_inside, norm.pairs_out, norm.pairs_constant) == (1, 2, 0, 1), norm.describe()
     (theirs,) = stock.norms
     assert theirs.how == "partly" and "rms_norm" not in theirs.ops, theirs.describe()
     # Nine ops quantized one by one and read again, the final type_as left in float (so nothing out),

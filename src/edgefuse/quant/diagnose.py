@@ -2,55 +2,60 @@
 
 A model's output error sums every rounding upstream, so two programs that quantize one norm
 differently can differ at the output by more than that norm's own error, either way. This runs the
-converted program, records what each tagged norm read (its dequantized input), what it computed before
-its output was quantized, and what its readers got back, and compares the last with the float norm
-module applied to the same input: the norm's own error, comparable between a rebuilt and a decomposed
-norm. It also says whether the worst element was clipped: the quantized program's input to the norm
-can leave the range calibration saw (calibration runs the float model), and then the output quantize
-clips the result, whatever the norm's form.
+converted program, records what each tagged norm read (its dequantized input) and what its readers got
+back, and compares the latter with the exact norm of the same input (the float norm module run in
+float64 throughout, :mod:`edgefuse.quant.exact`), clamped to the range its output quantization
+represents: no quantized norm can hand on a value outside that range, so the clamped exact norm is the
+best any form of the norm could give, and the distance to it is the norm's own error.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
 from torch.fx import GraphModule, Interpreter, Node
 
+from edgefuse.quant.exact import exact_module
 from edgefuse.quant.facts import NORM_KEY, dequantized, is_quantize, readers
 
 
 @dataclass(frozen=True)
 class NormError:
-    """One norm's own error over every run.
-
-    ``max_error`` is against the norm module in the model's dtype, ``exact_error`` against the same
-    module in float64 (the exact norm of the same input); ``output_max`` is the output's largest
-    magnitude; ``clipped`` says whether the element with the largest ``exact_error`` lies outside its
-    output quantization's range, and ``unclipped_error`` is the largest ``exact_error`` over the
-    elements that do not.
-    """
+    """One norm's own error over every run: the largest distance of what its readers got from the
+    exact norm of its input, clamped to its output quantization's range (``inf`` where anything was
+    NaN), and the largest magnitude of the exact norm."""
 
     key: str
-    max_error: float
     exact_error: float
     output_max: float
-    clipped: bool = False
-    unclipped_error: float = 0.0
 
 
 @dataclass(frozen=True)
-class _Ends:
+class NormEnds:
+    """Where one norm of a converted graph begins and ends: ``entering`` (the dequantized value its
+    first op reads), ``computed`` (its output before quantization), ``quantize`` (what quantizes that, if
+    anything), ``leaving`` (the value its readers get) and ``reader`` (the first of them). ``source``
+    and ``reader`` are the model's own nodes, so two flows of one model can be checked to give a norm
+    the same window."""
+
     entering: Node
     computed: Node
     leaving: Node
     quantize: Node | None
 
+    reader: Node
 
-def _ends(graph_module: GraphModule) -> dict[str, _Ends]:
-    """Per norm key: the value its first op reads, its output before quantization, and what readers get."""
+    @property
+    def source(self) -> Node:
+        """The model's node whose quantized output the norm reads."""
+        return dequantized(self.entering).args[0].args[0]
+
+
+def norm_ends(graph_module: GraphModule) -> dict[str, NormEnds]:
+    """Per norm key (:func:`~edgefuse.quant.facts.mark_norms`): where the norm begins and ends; norms
+    read from no quantized value, or with no output, are left out."""
     members: dict[str, list[Node]] = {}
     for node in graph_module.graph.nodes:
         key = node.meta.get(NORM_KEY)
@@ -75,10 +80,11 @@ def _ends(graph_module: GraphModule) -> dict[str, _Ends]:
         computed = outputs[-1]
         quantize = next((u for u in computed.users if is_quantize(u) and readers(u)), None)
         leaving = computed
+        reader = next((u for u in computed.users if u not in inside), None)
         if quantize is not None:
             reader = readers(quantize)[0]
             leaving = next(a for a in reader.all_input_nodes if dequantized(a) is not None and dequantized(a).args[0] is quantize)
-        ends[key] = _Ends(entering, computed, leaving, quantize)
+        ends[key] = NormEnds(entering, computed, leaving, quantize, reader)
     return ends
 
 
@@ -95,13 +101,17 @@ class _Recorder(Interpreter):
         return result
 
 
-def _outside_range(value: torch.Tensor, quantize: Node | None) -> torch.Tensor:
-    """Which elements of ``value`` lie beyond the range ``quantize`` represents, by more than half a step."""
+def _representable(value: torch.Tensor, quantize: Node | None) -> torch.Tensor:
+    """``value`` clamped to the range ``quantize`` represents (unchanged when nothing quantizes it)."""
     if quantize is None or len(quantize.args) < 5:
-        return torch.zeros_like(value, dtype=torch.bool)
+        return value
     scale, zero, low, high = (float(a) for a in quantize.args[1:5])
-    lowest, highest = (low - zero) * scale, (high - zero) * scale
-    return (value < lowest - scale / 2) | (value > highest + scale / 2)
+    return value.clamp((low - zero) * scale, (high - zero) * scale)
+
+
+def _largest(values: torch.Tensor) -> float:
+    """The largest element, ``inf`` if any is NaN (``max`` would pass a NaN over)."""
+    return float("inf") if bool(values.isnan().any()) else float(values.max())
 
 
 def norm_errors(
@@ -114,25 +124,18 @@ def norm_errors(
     ``norm_module(key)`` returns the float module that computes the norm with that key (for the tiny
     models, ``model.get_submodule(key)``).
     """
-    ends = _ends(converted)
-    wanted = {n for e in ends.values() for n in (e.entering, e.computed, e.leaving)}
-    exact = {key: copy.deepcopy(norm_module(key)).double() for key in ends}
-    worst: dict[str, list] = {key: [0.0, 0.0, 0.0, False, 0.0] for key in ends}
+    ends = norm_ends(converted)
+    wanted = {n for e in ends.values() for n in (e.entering, e.leaving)}
+    exact = {key: exact_module(norm_module(key)) for key in ends}
+    worst = {key: [0.0, 0.0] for key in ends}
     with torch.no_grad():
         for args in inputs:
             recorder = _Recorder(converted, wanted)
             recorder.run(*args)
             for key, e in ends.items():
-                x = recorder.values[e.entering]
-                y = recorder.values[e.leaving].double()
-                expected = norm_module(key)(x).double()
-                error = (y - exact[key](x.double()).double()).abs()
-                clipped = _outside_range(recorder.values[e.computed].double(), e.quantize)
+                expected = exact[key](recorder.values[e.entering]).double()
+                got = recorder.values[e.leaving].double()
                 w = worst[key]
-                w[0] = max(w[0], float((y - expected).abs().max()))
-                if float(error.max()) > w[1]:
-                    w[1] = float(error.max())
-                    w[3] = bool(clipped.flatten()[int(error.argmax())])
-                w[2] = max(w[2], float(expected.abs().max()))
-                w[4] = max(w[4], float(torch.where(clipped, 0.0, error).max()))
+                w[0] = max(w[0], _largest((got - _representable(expected, e.quantize)).abs()))
+                w[1] = max(w[1], _largest(expected.abs()))
     return [NormError(key, *values) for key, values in worst.items()]

@@ -7,7 +7,7 @@ tags the nodes of every candidate norm (one per ``mean`` of a square, and every 
 ``convert_pt2e``. :func:`norm_quantization` then reads the converted graph and says, per norm:
 
 - ``how``: ``"one op"`` (one ``rms_norm`` the quantizer annotated, read through one dequantize and
-  quantized once at its output), ``"pieces"`` (several ops, each output quantized), ``"partly"`` (some
+  quantized once at its output; casts of the model's it kept around it add their own pairs), ``"pieces"`` (several ops, each output quantized), ``"partly"`` (some
   ops left in float, or one ``rms_norm`` the quantizer did not annotate: the pairs around it are its
   neighbours'), or ``"float"`` (no quantize/dequantize pair touches it);
 - the quantize/dequantize pairs it costs: ``pairs_in`` (activations entering it), ``pairs_inside``
@@ -33,6 +33,10 @@ from edgefuse.paths import nodes_between
 
 #: ``node.meta`` key holding the key of the norm a node belongs to.
 NORM_KEY = "edgefuse_norm"
+
+#: ``node.meta`` key holding the name of the ``mean`` of the norm a node belongs to (in the graph as it
+#: was first tagged), so a norm rebuilt after tagging keeps the nodes of its decomposed window that remain.
+NORM_MEAN = "edgefuse_norm_mean"
 
 #: ``node.meta`` key marking a cast that belongs to the dequantize it reads (see
 #: :func:`edgefuse.quant.qnn.dequantize_in_float32`), as opposed to a cast of the model's.
@@ -112,11 +116,21 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
     module of its own; ``decisions`` from :func:`edgefuse.recompose_rms_norm` give each
     rebuilt ``rms_norm`` the key its decomposed norm had, so keys match between a graph that was
     recomposed and one that was not.
+
+    Tag the graph once before recomposing too: a rebuilt ``rms_norm`` then also takes the nodes of its
+    decomposed norm's window that the rewrite kept (the upcast it reads, the downcast after it), so
+    a norm covers the same casts rebuilt or not, and its pairs and own error compare like for like.
     """
     gm = graph_module
     table = table_for(gm.graph)
     constants = GraphConstants(gm)
     by_node = {d.node: d for d in decisions if getattr(d, "rebuilt", False) and d.node}
+    tagged_before: dict[str, list[Node]] = {}
+    for node in gm.graph.nodes:
+        mean = node.meta.pop(NORM_MEAN, None)
+        node.meta.pop(NORM_KEY, None)
+        if mean is not None:
+            tagged_before.setdefault(mean, []).append(node)
     entries: list[tuple[str, str, set[Node]]] = []  # (key, mean, nodes), one per norm
 
     def add(key: str, mean: str, nodes: Iterable[Node]) -> None:
@@ -132,7 +146,8 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
             decision = by_node.get(node.name)
             mean = decision.mean if decision is not None else node.name
             key = decision.module_path if decision is not None and decision.module_path else _key_of(node, mean)
-            add(key, mean, [node])
+            kept = tagged_before.get(mean, []) if decision is not None else []
+            add(key, mean, [node, *kept])
         elif table.is_a(node, Role.MEAN):
             try:
                 found = match_rms_norm(node, table, constants)
@@ -152,10 +167,12 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
                 nodes |= set(match.weight.chain)
             add(key, node.name, nodes)
     shared = Counter(key for key, _, _ in entries)
-    groups = {norm_key(key, mean, shared[key] > 1): nodes for key, mean, nodes in entries}
-    for key, nodes in groups.items():
+    groups = {}
+    for key, mean, nodes in entries:
+        groups[norm_key(key, mean, shared[key] > 1)] = nodes
         for node in nodes:
-            node.meta[NORM_KEY] = key
+            node.meta[NORM_KEY] = norm_key(key, mean, shared[key] > 1)
+            node.meta[NORM_MEAN] = mean
     return {key: sorted(n.name for n in nodes) for key, nodes in groups.items()}
 
 
@@ -177,8 +194,8 @@ class NormQuantization:
 
     @property
     def rebuilt(self) -> bool:
-        """Whether the norm reached the quantizer as one ``rms_norm``."""
-        return self.ops == ("rms_norm",)
+        """Whether the norm reached the quantizer as one ``rms_norm`` (a decomposed norm holds none)."""
+        return "rms_norm" in self.ops
 
     @property
     def pairs(self) -> int:
@@ -190,7 +207,8 @@ class NormQuantization:
         if self.how == "float":
             return f"float: {len(self.ops)} op{'s' if len(self.ops) != 1 else ''}, no quantize/dequantize pair"
         if self.how == "one op":
-            head = "one op (rms_norm)"
+            casts = len(self.ops) - 1
+            head = "one op (rms_norm)" + (f" with {casts} cast{'s' if casts != 1 else ''}" if casts else "")
         elif self.how == "pieces":
             head = f"{len(self.ops)} ops quantized one by one ({', '.join(self.ops)})"
         elif len(self.ops) == 1 and not self.annotated_ops:
@@ -213,6 +231,11 @@ def _short(node: Node) -> str:
     for prefix in ("aten.", "dim_order_ops.", "quantized_decomposed.", "edgefuse."):
         name = name.removeprefix(prefix)
     return name.split(".")[0]
+
+
+def _is_model_cast(node: Node) -> bool:
+    """Whether ``node`` is one of the model's casts (``to``, ``type_as``, ...), which a rebuilt norm keeps."""
+    return any(table.is_a(node, Role.CAST) for table in TABLES)
 
 
 def _annotated(node: Node) -> bool:
@@ -265,9 +288,10 @@ def _facts(key: str, compute: list[Node]) -> NormQuantization:
             elif source.op == "placeholder":
                 entering.add(source)
     quantized = [n for n in compute if _quantizers_of(n)]
+    core = [n for n in compute if not _is_model_cast(n)]
     if not (inside or out or entering or constant):
         how = "float"
-    elif len(compute) == 1 and _short(compute[0]) == "rms_norm" and _annotated(compute[0]) and entering and out:
+    elif len(core) == 1 and _short(core[0]) == "rms_norm" and _annotated(core[0]) and entering and _quantizers_of(core[0]):
         how = "one op"
     elif len(compute) > 1 and len(quantized) == len(compute):
         how = "pieces"

@@ -338,6 +338,7 @@ def quantize_for_qnn(
     if recompose in ("edgefuse", "casts"):
         removed = edgefuse.remove_redundant_casts(gm)
     if recompose == "edgefuse":
+        mark_norms(gm)  # the decomposed windows, whose kept casts each rebuilt norm then takes
         decisions = edgefuse.recompose_rms_norm(gm, backend="qnn", quantization_capture=True).decisions
     mark_norms(gm, decisions)
     printed = io.StringIO()

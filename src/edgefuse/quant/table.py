@@ -6,7 +6,7 @@ per norm and the error against eager, for the norms not rebuilt (``none``), rebu
 pass inside ``QnnQuantizer`` (``stock``) and rebuilt by edgefuse (``edgefuse``). What recomposition
 itself does is measured against ``casts`` (edgefuse's graph before it rebuilds: casts that change
 nothing removed): each rebuilt norm's own error, and the logits' error against the exact model (the
-same weights in float64) input by input. The logits of a quantized model carry the rounding of every
+same weights, computed in float64 throughout) input by input. The logits of a quantized model carry the rounding of every
 quantized op; moving one norm's output by a fraction of a step flips roundings downstream either way,
 so the logits compare input by input, and the norm's own error is what recomposition is judged by.
 
@@ -76,7 +76,7 @@ def errors(run: Callable[..., Any], reference: Callable[..., Any], inputs: Seque
         for args in inputs:
             expected = _first(reference(*args)).double()
             actual = _first(run(*args)).double()
-            diff = (actual - expected).abs()
+            diff = (actual - expected).abs().nan_to_num(nan=math.inf)  # a NaN is as wrong as can be
             per_input.append(float(diff.max()))
             largest = max(largest, per_input[-1])
             squares += float((diff**2).sum())
@@ -102,9 +102,10 @@ def _first(value: Any) -> torch.Tensor:
 class QnnRow:
     """One model and dtype through the QNN flows (:data:`edgefuse.quant.qnn.RECOMPOSE_MODES`).
 
-    Errors are against eager (the model in its dtype) and against ``exact`` (the same model in
-    float64). ``own`` holds, per flow and norm, the norm's own error against the exact norm of the
-    input it read, over the elements its output quantization does not clip (:mod:`edgefuse.quant.diagnose`).
+    Errors are against eager (the model in its dtype) and against ``exact`` (the same model computed
+    in float64 throughout, :mod:`edgefuse.quant.exact`). ``rebuilt`` holds the keys of the norms the
+    edgefuse flow quantized as an ``rms_norm``; ``own`` holds, per flow and norm key, the norm's own
+    error (:mod:`edgefuse.quant.diagnose`).
     """
 
     model: str
@@ -131,14 +132,14 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda 
     the exact model over the held-out ones, each norm's own error, and, with ``norms_only``, the logits'
     error against the exact model when only the norms are quantized (held-out inputs).
     """
-    import copy
 
     from edgefuse.models import build_model
     from edgefuse.quant.diagnose import norm_errors
+    from edgefuse.quant.exact import exact_module
     from edgefuse.quant.qnn import quantize_for_qnn
 
     module, example = build_model(model_name, dtype, 0)
-    exact = copy.deepcopy(module).double()
+    exact = exact_module(module)
     calibration = calibration_inputs(example)
     others = held_out_inputs(example, held_out)
     row = QnnRow(model_name, str(dtype).removeprefix("torch."))
@@ -152,13 +153,13 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda 
             for n in result.norms:
                 row.per_norm.setdefault(n.key, {})[mode] = n.describe()
             if mode == "edgefuse":
-                row.rebuilt = [d.module_path or d.mean for d in result.decisions if d.rebuilt]
+                row.rebuilt = [n.key for n in result.norms if n.rebuilt]
                 row.left = [(d.module_path or d.mean, d.reason) for d in result.decisions if not d.rebuilt]
             row.calibration[mode] = errors(result.converted, module, calibration)
             row.held_out[mode] = errors(result.converted, module, others)
             row.held_out_exact[mode] = errors(result.converted, exact, others)
             own = norm_errors(result.converted, module.get_submodule, calibration + others)
-            row.own[mode] = {e.key: e.unclipped_error for e in own}
+            row.own[mode] = {e.key: e.exact_error for e in own}
             if norms_only:
                 say(f"QNN {model_name} {row.dtype} {mode}, only the norms quantized")
                 alone = quantize_for_qnn(module, example, calibration, recompose=mode, only_norms=True, **options)
@@ -168,23 +169,35 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda 
     return row
 
 
-def own_error_changes(row: QnnRow, margin: float = 0.01) -> tuple[int, int, list[str]]:
-    """Of the norms edgefuse rebuilt: how many have a lower own error than in the ``casts`` flow (the
-    same graph, not rebuilt), how many the same (within ``margin``, relative), and which a higher one."""
+@dataclass
+class OwnErrorChanges:
+    """The norms edgefuse rebuilt, split by their own error against the same norm in the ``casts`` flow
+    (the same graph, not rebuilt): lower, equal, higher, or not measured in one of the two flows."""
+
+    lower: list[str] = field(default_factory=list)
+    same: list[str] = field(default_factory=list)
+    higher: list[str] = field(default_factory=list)
+    missing: list[str] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        text = f"{len(self.lower)}/{len(self.same)}/{len(self.higher)}"
+        return text + (f", {len(self.missing)} not measured" if self.missing else "")
+
+
+def own_error_changes(row: QnnRow) -> OwnErrorChanges:
+    """How each norm edgefuse rebuilt compares, by its own error, with the norm not rebuilt."""
     ours, theirs = row.own.get("edgefuse", {}), row.own.get("casts", {})
-    lower = same = 0
-    higher = []
+    changes = OwnErrorChanges()
     for key in row.rebuilt:
         if key not in ours or key not in theirs:
-            continue
-        a, b = ours[key], theirs[key]
-        if abs(a - b) <= margin * max(a, b):
-            same += 1
-        elif a < b:
-            lower += 1
+            changes.missing.append(key)
+        elif ours[key] < theirs[key]:
+            changes.lower.append(key)
+        elif ours[key] == theirs[key]:
+            changes.same.append(key)
         else:
-            higher.append(key)
-    return lower, same, higher
+            changes.higher.append(key)
+    return changes
 
 
 @dataclass
@@ -208,16 +221,16 @@ class XnnpackRow:
 def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int = 15, say=lambda _: None) -> XnnpackRow:
     """Quantize one tiny model with ``scheme``, lower it both ways, run both ``.pte`` against eager, the
     exact model (float64) and the quantized eager module, on the example and ``held_out`` inputs."""
-    import copy
 
     from edgefuse.lowering import summarize
     from edgefuse.models import build_model
     from edgefuse.ops import EDGE, Role
     from edgefuse.quant import xnnpack
+    from edgefuse.quant.exact import exact_module
     from edgefuse.runtime import LoadedProgram
 
     module, example = build_model(model_name, dtype, 0)
-    exact = copy.deepcopy(module).double()
+    exact = exact_module(module)
     row = XnnpackRow(model_name, str(dtype).removeprefix("torch."), scheme)
     inputs = [tuple(example)] + held_out_inputs(example, held_out)
     say(f"XNNPACK {model_name} {row.dtype} {scheme}: quantizing")
@@ -285,12 +298,13 @@ def qnn_tables(rows: Sequence[QnnRow]) -> str:
         def three(values):
             return " / ".join(_err(values, m) for m in shown)
 
-        lower, same, higher = own_error_changes(r)
-        worst = {m: max((r.own.get(m, {}).get(k, 0.0) for k in r.rebuilt), default=0.0) for m in ("casts", "edgefuse")}
+        def worst(mode):
+            values = [r.own[mode][k] for k in r.rebuilt if k in r.own.get(mode, {})]
+            return f"{max(values):.3g}" if values else "-"
+
         errors_body.append([
             r.model, r.dtype, three(r.calibration), three(r.held_out), _change(r.held_out_exact, "casts"),
-            _change(r.norms_only_exact, "casts"), f"{lower}/{same}/{len(higher)}",
-            f"{worst['casts']:.3g} -> {worst['edgefuse']:.3g}",
+            _change(r.norms_only_exact, "casts"), str(own_error_changes(r)), f"{worst('casts')} -> {worst('edgefuse')}",
         ])
     return format_table(layout, body) + "\n\n" + format_table(header, errors_body)
 
