@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict
 
@@ -25,6 +26,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write every measurement as JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
+    from edgefuse.models import MODEL_NAMES
+    from edgefuse.quant.xnnpack import SCHEMES
+
+    models = _choices(parser, "--models", args.models, MODEL_NAMES)
+    dtypes = _choices(parser, "--dtypes", args.dtypes, DTYPES)
+    xnnpack_dtypes = _choices(parser, "--xnnpack-dtypes", args.xnnpack_dtypes, DTYPES)
+    schemes = _choices(parser, "--schemes", args.schemes, SCHEMES)
 
     from edgefuse.progress import Progress, quiet_libraries
 
@@ -35,7 +43,6 @@ def main(argv: list[str] | None = None) -> int:
 
     say = Progress(enabled=not args.quiet)
     torch.set_num_threads(1)
-    models = [m for m in args.models.split(",") if m]
     qnn_rows, xnn_rows = [], []
     status = 0
     if not args.no_qnn:
@@ -43,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
 
         reason = qnn_available()
         if reason is not None:
-            print(f"QNN: skipped: {reason}")
+            print(f"QNN: not measured: {reason} (--no-qnn measures XNNPACK alone)")
+            status = 1
         else:
             for model in models:
-                for dtype in args.dtypes.split(","):
+                for dtype in dtypes:
                     qnn_rows.append(table.qnn_row(model, getattr(torch, dtype), say=say, quant_dtype=args.quant_dtype))
             print(f"QNN capture ({args.quant_dtype}, min/max observers), converted programs run in eager:")
             print(table.qnn_tables(qnn_rows))
@@ -54,8 +62,12 @@ def main(argv: list[str] | None = None) -> int:
                 for mode, why in row.failed.items():
                     print(f"  {row.model} {row.dtype} {mode}: FAILED {why}")
                     status = 1
-                for key in table.own_error_changes(row)[2]:
+                changes = table.own_error_changes(row)
+                for key in changes.higher:
                     print(f"  {row.model} {row.dtype}: rebuilt {key} has a higher own error than not rebuilt")
+                    status = 1
+                for key in changes.missing:
+                    print(f"  {row.model} {row.dtype}: rebuilt {key} has no own error measured in both flows")
                     status = 1
                 for path, why in row.left:
                     print(f"  {row.model} {row.dtype}: edgefuse left {path} decomposed: {why}")
@@ -67,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
             print()
     if not args.no_xnnpack:
         for model in models:
-            for dtype in args.xnnpack_dtypes.split(","):
-                for scheme in args.schemes.split(","):
+            for dtype in xnnpack_dtypes:
+                for scheme in schemes:
                     xnn_rows.append(table.xnnpack_row(model, getattr(torch, dtype), scheme, say=say))
         print("XNNPACK, each .pte run in executorch.runtime:")
         print(table.xnnpack_table(xnn_rows))
@@ -76,12 +88,40 @@ def main(argv: list[str] | None = None) -> int:
             for how, why in row.failed.items():
                 print(f"  {row.model} {row.dtype} {row.scheme} {how}: FAILED {why}")
                 status = 1
+            if row.means_outside.get("edgefuse"):
+                print(f"  {row.model} {row.dtype} {row.scheme}: {row.means_outside['edgefuse']} means left outside by edgefuse")
+                status = 1
             for line in row.norms:
                 print(f"  {row.model} {row.dtype} {row.scheme} norms: {line}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"qnn": [asdict(r) for r in qnn_rows], "xnnpack": [asdict(r) for r in xnn_rows]}, f, indent=1)
+            measured = {"qnn": [asdict(r) for r in qnn_rows], "xnnpack": [asdict(r) for r in xnn_rows]}
+            json.dump(_json_safe(measured), f, indent=1, allow_nan=False)
     return status
+
+
+DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _choices(parser: argparse.ArgumentParser, option: str, value: str, known) -> list[str]:
+    """The comma-separated names of ``value``, each one of ``known``; a usage error (exit 2) otherwise."""
+    names = [name for name in value.split(",") if name]
+    unknown = [name for name in names if name not in known]
+    if unknown or not names:
+        parser.error(f"{option}: {'unknown ' + ', '.join(unknown) if unknown else 'nothing given'}; choose from {', '.join(known)}")
+    return names
+
+
+def _json_safe(value):
+    """``value`` with every non-finite float written as the string ``"inf"``, ``"-inf"`` or ``"nan"``:
+    JSON has no such numbers, and a NaN error must not read as a valid one."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
 
 
 if __name__ == "__main__":
