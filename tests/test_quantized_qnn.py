@@ -8,13 +8,14 @@ element, from the scales the converted graph holds (see :func:`one_op_bound`).
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
 import pytest
 import torch
 
-from edgefuse.quant.facts import NormQuantization, is_dequantize, is_quantize
+from edgefuse.quant.facts import NORM_KEY, NormQuantization, is_dequantize, is_quantize
 from edgefuse.quant.qnn import (
     QnnUnavailable,
     capture,
@@ -228,21 +229,56 @@ TINY_MODELS = [("tiny-llama", torch.bfloat16), ("tiny-qwen3", torch.bfloat16), (
                ("tiny-t5", torch.bfloat16), ("tiny-llama", torch.float32)]
 
 
+def program_pairs(converted) -> int:
+    """Every quantize/dequantize pair of a converted graph, counted as :mod:`edgefuse.quant.facts` counts
+    a norm's: one per quantize node, and one per constant or graph input a dequantize reads directly."""
+    nodes = list(converted.graph.nodes)
+    direct = {n.args[0] for n in nodes if is_dequantize(n) and n.args[0].op in ("get_attr", "placeholder")}
+    return sum(map(is_quantize, nodes)) + len(direct)
+
+
+class RmsNormOperands(torch.fx.Interpreter):
+    """Runs a converted graph and keeps, per ``rms_norm`` node, the weight it read."""
+
+    def run_node(self, n):
+        value = super().run_node(n)
+        if n.target == torch.ops.aten.rms_norm.default:
+            self.weights = getattr(self, "weights", {})
+            self.weights[n] = self.env[n.args[2]]
+        return value
+
+
+def rebuilt_norm_bound(converted, key: str, run, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """:func:`one_op_bound` for the rebuilt norm ``key`` of a whole converted model, against the exact norm
+    of the value it read: no input rounding (``s_in`` 0) unless the norm kept a cast whose output the
+    quantizer rounded before the ``rms_norm`` reads it; the output rounded by every quantize from the
+    ``rms_norm`` on (its own, and a kept downcast's)."""
+    window = [n for n in converted.graph.nodes if n.meta.get(NORM_KEY) == key and n.op == "call_function"]
+    (node,) = [n for n in window if n.target == torch.ops.aten.rms_norm.default]
+    source = _through_cast(node.args[0])
+    s_in = _scale(source) if is_dequantize(source) and source.args[0].args[0] in window else 0.0
+    after = window[window.index(node):]
+    s_out = sum(_scale(u) for n in after for u in n.users if is_quantize(u))
+    return one_op_bound(run.read, weight, s_in, _scale(_through_cast(node.args[2])), s_out, dtype)
+
+
 @pytest.mark.parametrize("name, dtype", TINY_MODELS, ids=[f"{n}-{str(d)[6:]}" for n, d in TINY_MODELS])
 def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(name, dtype):
     """Each norm edgefuse rebuilds, inside the whole quantized model, against the same graph not rebuilt.
 
     The baseline is the ``casts`` flow: edgefuse's graph before it rebuilds (casts that change nothing
     removed), so the two programs differ by the rebuilt norms alone. Each norm spans the same window in
-    both (it reads the same model node and hands on to the same reader, casts it kept included), and
-    its own error is what its readers got against the exact norm (float64 throughout) of the very
-    input it read, clamped to the range its output quantization represents, over calibration and
-    held-out inputs (:mod:`edgefuse.quant.diagnose`). The logits are not compared: there every quantized
-    op downstream rounds, and a norm moved by a fraction of a step flips those roundings either way
-    (``python -m edgefuse.quant`` shows them input by input).
+    both (it reads the same model node and hands on to the same reader, casts it kept included; the
+    pairs the norms save are the pairs the program saves), and is annotated as one op rebuilt and in
+    pieces not. Its own error is what its readers got against the exact norm (float64 throughout) of
+    the very input it read, over calibration and held-out inputs, on the elements both flows' output
+    ranges hold (:mod:`edgefuse.quant.diagnose`): never higher rebuilt, always finite, and within the
+    bound a norm quantized as one op has (:func:`one_op_bound`), which a wrong weight or eps exceeds.
+    The logits are not compared: there every quantized op downstream rounds, and a norm moved by a
+    fraction of a step flips those roundings either way (``python -m edgefuse.quant`` shows them).
     """
     from edgefuse.models import build_model
-    from edgefuse.quant.diagnose import norm_ends, norm_errors
+    from edgefuse.quant.diagnose import norm_ends, norm_runs, own_errors
     from edgefuse.quant.table import calibration_inputs, held_out_inputs
 
     module, example = build_model(name, dtype, 0)
@@ -253,19 +289,35 @@ def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(
     assert rebuilt.removed_casts == baseline.removed_casts
     keys = [n.key for n in rebuilt.norms if n.rebuilt]
     assert len(keys) == len([d for d in rebuilt.decisions if d.rebuilt]), "a rebuilt norm has no quantization facts"
-    hows = {n.key: n for n in baseline.norms}
+    pieces = {n.key: n for n in baseline.norms}
     for norm in rebuilt.norms:
-        if norm.key in keys:  # one op, unless the quantizer leaves the output float in both flows alike
-            assert norm.how == "one op" or (norm.pairs_out == 0 == hows[norm.key].pairs_out), norm.describe()
-            assert hows[norm.key].how in ("pieces", "partly") and "rms_norm" not in hows[norm.key].ops
+        if norm.key in keys:
+            assert norm.how == "one op", norm.describe()
+            assert pieces[norm.key].how in ("pieces", "partly") and "rms_norm" not in pieces[norm.key].ops
+    saved = sum(n.pairs for n in baseline.norms) - sum(n.pairs for n in rebuilt.norms)
+    assert saved == program_pairs(baseline.converted) - program_pairs(rebuilt.converted) > 0
+
     ours_ends, theirs_ends = norm_ends(rebuilt.converted), norm_ends(baseline.converted)
     windows = {k: ((ours_ends[k].source.name, ours_ends[k].reader.name), (theirs_ends[k].source.name, theirs_ends[k].reader.name))
                for k in keys}
     assert all(a == b for a, b in windows.values()), windows
-    ours = {e.key: e for e in norm_errors(rebuilt.converted, module.get_submodule, runs)}
-    theirs = {e.key: e for e in norm_errors(baseline.converted, module.get_submodule, runs)}
-    worse = [f"{k}: {ours[k].exact_error:.3g} > {theirs[k].exact_error:.3g}" for k in keys if ours[k].exact_error > theirs[k].exact_error]
+    ours = norm_runs(rebuilt.converted, module.get_submodule, runs)
+    own = own_errors(ours, norm_runs(baseline.converted, module.get_submodule, runs))
+    worse = [f"{k}: {own[k].ours:.3g} > {own[k].theirs:.3g}" for k in keys
+             if not own[k].ours <= own[k].theirs or not math.isfinite(own[k].ours)]
     assert not worse, worse
+    assert all(own[k].left_out <= 0.01 * own[k].compared for k in keys), {k: own[k].left_out for k in keys}
+
+    for args, *per_norm in zip(runs, *(ours[k] for k in keys)):
+        operands = RmsNormOperands(rebuilt.converted)
+        with torch.no_grad():
+            operands.run(*args)
+        weights = {n.meta[NORM_KEY]: w for n, w in operands.weights.items()}
+        for key, run in zip(keys, per_norm):
+            bound = rebuilt_norm_bound(rebuilt.converted, key, run, weights[key], dtype)
+            held = (run.exact >= run.low) & (run.exact <= run.high)
+            excess = ((run.got - run.exact).abs() - bound)[held]
+            assert float(excess.max()) <= 0, f"{key}: {float(excess.max()):.3g} beyond the one-op bound"
 
 
 def test_a_rebuilt_norm_covers_the_casts_its_decomposed_norm_covered():
@@ -273,22 +325,17 @@ def test_a_rebuilt_norm_covers_the_casts_its_decomposed_norm_covered():
     (its ``1 + w`` weight is float32, which a bfloat16 ``rms_norm`` would round). Those casts stay in
     the norm's window, so the pairs the norms are said to save are exactly the pairs the program saves."""
     from edgefuse.models import build_model
-    from edgefuse.quant.facts import is_dequantize, is_quantize
     from edgefuse.quant.table import calibration_inputs
 
     module, example = build_model("tiny-gemma3", torch.bfloat16, 0)
     calibration = calibration_inputs(example)
     flows = {mode: quantize_for_qnn(module, example, calibration, recompose=mode) for mode in ("casts", "edgefuse")}
 
-    def program_pairs(result):
-        nodes = result.converted.graph.nodes
-        return sum(map(is_quantize, nodes)) + len({n.args[0] for n in nodes if is_dequantize(n) and n.args[0].op == "get_attr"})
-
     rebuilt = [n for n in flows["edgefuse"].norms if n.rebuilt]
     assert rebuilt and all(n.ops == ("to", "rms_norm", "type_as") for n in rebuilt), [n.ops for n in rebuilt]
     assert all(n.how == "one op" for n in rebuilt) and flows["edgefuse"].one_op == len(rebuilt) == 9
     saved_by_norms = sum(n.pairs for n in flows["casts"].norms) - sum(n.pairs for n in flows["edgefuse"].norms)
-    assert saved_by_norms == program_pairs(flows["casts"]) - program_pairs(flows["edgefuse"]) > 0
+    assert saved_by_norms == program_pairs(flows["casts"].converted) - program_pairs(flows["edgefuse"].converted) > 0
 
 
 @pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5"])

@@ -4,13 +4,17 @@ A model's output error sums every rounding upstream, so two programs that quanti
 differently can differ at the output by more than that norm's own error, either way. This runs the
 converted program, records what each tagged norm read (its dequantized input) and what its readers got
 back, and compares the latter with the exact norm of the same input (the float norm module run in
-float64 throughout, :mod:`edgefuse.quant.exact`), clamped to the range its output quantization
-represents: no quantized norm can hand on a value outside that range, so the clamped exact norm is the
-best any form of the norm could give, and the distance to it is the norm's own error.
+float64 throughout, :mod:`edgefuse.quant.exact`).
+
+Two flows of one model are compared on the same elements: those whose exact value both flows' last
+quantization of the norm can represent (the intersection of the two calibrated ranges). Beyond a
+range, a quantized norm clips whatever its form, and a flow whose range happens to be narrower or wider
+must neither gain nor lose by it; the elements left out are counted.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -22,30 +26,19 @@ from edgefuse.quant.facts import NORM_KEY, dequantized, is_quantize, readers
 
 
 @dataclass(frozen=True)
-class NormError:
-    """One norm's own error over every run: the largest distance of what its readers got from the
-    exact norm of its input, clamped to its output quantization's range (``inf`` where anything was
-    NaN), and the largest magnitude of the exact norm."""
-
-    key: str
-    exact_error: float
-    output_max: float
-
-
-@dataclass(frozen=True)
 class NormEnds:
     """Where one norm of a converted graph begins and ends: ``entering`` (the dequantized value its
     first op reads), ``computed`` (its output before quantization), ``quantize`` (what quantizes that, if
-    anything), ``leaving`` (the value its readers get) and ``reader`` (the first of them). ``source``
-    and ``reader`` are the model's own nodes, so two flows of one model can be checked to give a norm
-    the same window."""
+    anything), ``leaving`` (the value its readers get), ``reader`` (the first of them) and ``last`` (the
+    last quantize of the window, whose range bounds what the norm hands on). ``source`` and ``reader``
+    are the model's own nodes, so two flows of one model can be checked to give a norm the same window."""
 
     entering: Node
     computed: Node
     leaving: Node
     quantize: Node | None
-
     reader: Node
+    last: Node | None
 
     @property
     def source(self) -> Node:
@@ -84,7 +77,8 @@ def norm_ends(graph_module: GraphModule) -> dict[str, NormEnds]:
         if quantize is not None:
             reader = readers(quantize)[0]
             leaving = next(a for a in reader.all_input_nodes if dequantized(a) is not None and dequantized(a).args[0] is quantize)
-        ends[key] = NormEnds(entering, computed, leaving, quantize, reader)
+        last = quantize or next((u for n in reversed(nodes) for u in n.users if is_quantize(u)), None)
+        ends[key] = NormEnds(entering, computed, leaving, quantize, reader, last)
     return ends
 
 
@@ -101,25 +95,33 @@ class _Recorder(Interpreter):
         return result
 
 
-def _representable(value: torch.Tensor, quantize: Node | None) -> torch.Tensor:
-    """``value`` clamped to the range ``quantize`` represents (unchanged when nothing quantizes it)."""
+def _range(quantize: Node | None) -> tuple[float, float]:
+    """The values ``quantize`` represents, from its scale, zero point and integer range (all of them
+    when nothing quantizes)."""
     if quantize is None or len(quantize.args) < 5:
-        return value
+        return -math.inf, math.inf
     scale, zero, low, high = (float(a) for a in quantize.args[1:5])
-    return value.clamp((low - zero) * scale, (high - zero) * scale)
+    return (low - zero) * scale, (high - zero) * scale
 
 
-def _largest(values: torch.Tensor) -> float:
-    """The largest element, ``inf`` if any is NaN (``max`` would pass a NaN over)."""
-    return float("inf") if bool(values.isnan().any()) else float(values.max())
+@dataclass(frozen=True)
+class NormRun:
+    """One norm on one input: what it read and what its readers got, the exact norm of what it read
+    (float64), and the range its last quantization represents."""
+
+    read: torch.Tensor
+    got: torch.Tensor
+    exact: torch.Tensor
+    low: float
+    high: float
 
 
-def norm_errors(
+def norm_runs(
     converted: GraphModule,
     norm_module: Callable[[str], torch.nn.Module],
     inputs: Sequence[Sequence[Any]],
-) -> list[NormError]:
-    """The own error of every tagged norm of ``converted`` over ``inputs``.
+) -> dict[str, list[NormRun]]:
+    """Run ``converted`` on every input and record each tagged norm (:class:`NormRun`, one per input).
 
     ``norm_module(key)`` returns the float module that computes the norm with that key (for the tiny
     models, ``model.get_submodule(key)``).
@@ -127,15 +129,51 @@ def norm_errors(
     ends = norm_ends(converted)
     wanted = {n for e in ends.values() for n in (e.entering, e.leaving)}
     exact = {key: exact_module(norm_module(key)) for key in ends}
-    worst = {key: [0.0, 0.0] for key in ends}
+    runs: dict[str, list[NormRun]] = {key: [] for key in ends}
     with torch.no_grad():
         for args in inputs:
             recorder = _Recorder(converted, wanted)
             recorder.run(*args)
             for key, e in ends.items():
                 expected = exact[key](recorder.values[e.entering]).double()
-                got = recorder.values[e.leaving].double()
-                w = worst[key]
-                w[0] = max(w[0], _largest((got - _representable(expected, e.quantize)).abs()))
-                w[1] = max(w[1], _largest(expected.abs()))
-    return [NormError(key, *values) for key, values in worst.items()]
+                read = recorder.values[e.entering]
+                runs[key].append(NormRun(read, recorder.values[e.leaving].double(), expected, *_range(e.last)))
+    return runs
+
+
+@dataclass(frozen=True)
+class OwnError:
+    """One norm's own error in two flows over the same elements: the largest distance of what its
+    readers got from the exact norm (``inf`` where one is NaN), and how many elements were compared and
+    left out (an exact value beyond either flow's range)."""
+
+    key: str
+    ours: float
+    theirs: float
+    compared: int
+    left_out: int
+
+
+def _largest(values: torch.Tensor) -> float:
+    """The largest element, ``inf`` if any is NaN (``max`` would pass a NaN over); 0 when empty."""
+    if values.numel() == 0:
+        return 0.0
+    return math.inf if bool(values.isnan().any()) else float(values.max())
+
+
+def own_errors(ours: dict[str, list[NormRun]], theirs: dict[str, list[NormRun]]) -> dict[str, OwnError]:
+    """Each norm recorded in both flows, on the same inputs: its own error in each, over the elements
+    whose exact values both ranges hold."""
+    result = {}
+    for key in ours.keys() & theirs.keys():
+        worst, compared, left_out = [0.0, 0.0], 0, 0
+        for a, b in zip(ours[key], theirs[key], strict=True):
+            low, high = max(a.low, b.low), min(a.high, b.high)
+            held = (a.exact >= low) & (a.exact <= high) & (b.exact >= low) & (b.exact <= high)
+            held |= a.exact.isnan() | b.exact.isnan()  # a NaN reference is never left out
+            for i, run in enumerate((a, b)):
+                worst[i] = max(worst[i], _largest((run.got - run.exact).abs()[held]))
+            compared += int(held.sum())
+            left_out += int((~held).sum())
+        result[key] = OwnError(key, worst[0], worst[1], compared, left_out)
+    return result

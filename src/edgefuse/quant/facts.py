@@ -6,8 +6,9 @@ tags the nodes of every candidate norm (one per ``mean`` of a square, and every 
 ``prepare_pt2e``; the tag is node metadata, which survives annotation, calibration and
 ``convert_pt2e``. :func:`norm_quantization` then reads the converted graph and says, per norm:
 
-- ``how``: ``"one op"`` (one ``rms_norm`` the quantizer annotated, read through one dequantize and
-  quantized once at its output; casts of the model's it kept around it add their own pairs), ``"pieces"`` (several ops, each output quantized), ``"partly"`` (some
+- ``how``: ``"one op"`` (one ``rms_norm`` the quantizer annotated, read through a dequantize and
+  quantized at its output; casts of the model's kept around it, which a quantizer may round too, add
+  their own pairs, and ``describe`` names them), ``"pieces"`` (several ops, each output quantized), ``"partly"`` (some
   ops left in float, or one ``rms_norm`` the quantizer did not annotate: the pairs around it are its
   neighbours'), or ``"float"`` (no quantize/dequantize pair touches it);
 - the quantize/dequantize pairs it costs: ``pairs_in`` (activations entering it), ``pairs_inside``
@@ -118,8 +119,9 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
     recomposed and one that was not.
 
     Tag the graph once before recomposing too: a rebuilt ``rms_norm`` then also takes the nodes of its
-    decomposed norm's window that the rewrite kept (the upcast it reads, the downcast after it), so
-    a norm covers the same casts rebuilt or not, and its pairs and own error compare like for like.
+    decomposed norm's window that the rewrite kept and that lie on a path through it (the upcast it
+    reads, the downcast after it), so a norm covers the same casts rebuilt or not, and its pairs and
+    own error compare like for like.
     """
     gm = graph_module
     table = table_for(gm.graph)
@@ -146,7 +148,7 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
             decision = by_node.get(node.name)
             mean = decision.mean if decision is not None else node.name
             key = decision.module_path if decision is not None and decision.module_path else _key_of(node, mean)
-            kept = tagged_before.get(mean, []) if decision is not None else []
+            kept = [n for n in tagged_before.get(mean, []) if nodes_between(n, node) or nodes_between(node, n)] if decision else []
             add(key, mean, [node, *kept])
         elif table.is_a(node, Role.MEAN):
             try:

@@ -104,8 +104,9 @@ class QnnRow:
 
     Errors are against eager (the model in its dtype) and against ``exact`` (the same model computed
     in float64 throughout, :mod:`edgefuse.quant.exact`). ``rebuilt`` holds the keys of the norms the
-    edgefuse flow quantized as an ``rms_norm``; ``own`` holds, per flow and norm key, the norm's own
-    error (:mod:`edgefuse.quant.diagnose`).
+    edgefuse flow quantized as an ``rms_norm``; ``own`` holds, for the ``casts`` and ``edgefuse`` flows
+    and per norm key, the norm's own error, and ``own_left_out`` the share of elements left out of that
+    comparison (:func:`edgefuse.quant.diagnose.own_errors`).
     """
 
     model: str
@@ -118,6 +119,7 @@ class QnnRow:
     held_out: dict[str, Errors] = field(default_factory=dict)
     held_out_exact: dict[str, Errors] = field(default_factory=dict)
     own: dict[str, dict[str, float]] = field(default_factory=dict)
+    own_left_out: dict[str, float] = field(default_factory=dict)
     norms_only_exact: dict[str, Errors] = field(default_factory=dict)
     left: list[tuple[str, str]] = field(default_factory=list)
     per_norm: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -134,7 +136,7 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda 
     """
 
     from edgefuse.models import build_model
-    from edgefuse.quant.diagnose import norm_errors
+    from edgefuse.quant.diagnose import norm_runs, own_errors
     from edgefuse.quant.exact import exact_module
     from edgefuse.quant.qnn import quantize_for_qnn
 
@@ -143,6 +145,7 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda 
     calibration = calibration_inputs(example)
     others = held_out_inputs(example, held_out)
     row = QnnRow(model_name, str(dtype).removeprefix("torch."))
+    runs = {}
     for mode in QNN_MODES:
         say(f"QNN {model_name} {row.dtype} {mode}")
         try:
@@ -158,21 +161,26 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda 
             row.calibration[mode] = errors(result.converted, module, calibration)
             row.held_out[mode] = errors(result.converted, module, others)
             row.held_out_exact[mode] = errors(result.converted, exact, others)
-            own = norm_errors(result.converted, module.get_submodule, calibration + others)
-            row.own[mode] = {e.key: e.exact_error for e in own}
+            if mode in ("casts", "edgefuse"):
+                runs[mode] = norm_runs(result.converted, module.get_submodule, calibration + others)
             if norms_only:
                 say(f"QNN {model_name} {row.dtype} {mode}, only the norms quantized")
                 alone = quantize_for_qnn(module, example, calibration, recompose=mode, only_norms=True, **options)
                 row.norms_only_exact[mode] = errors(alone.converted, exact, others)
         except Exception as error:  # one failing flow must not hide the others
             row.failed[mode] = f"{type(error).__name__}: {error}"
+    if len(runs) == 2:
+        own = own_errors(runs["edgefuse"], runs["casts"])
+        row.own = {"edgefuse": {k: e.ours for k, e in own.items()}, "casts": {k: e.theirs for k, e in own.items()}}
+        row.own_left_out = {k: e.left_out / max(e.compared + e.left_out, 1) for k, e in own.items()}
     return row
 
 
 @dataclass
 class OwnErrorChanges:
     """The norms edgefuse rebuilt, split by their own error against the same norm in the ``casts`` flow
-    (the same graph, not rebuilt): lower, equal, higher, or not measured in one of the two flows."""
+    (the same graph, not rebuilt): lower, equal, higher (or not finite), or not measured in one of the
+    two flows."""
 
     lower: list[str] = field(default_factory=list)
     same: list[str] = field(default_factory=list)
@@ -191,6 +199,8 @@ def own_error_changes(row: QnnRow) -> OwnErrorChanges:
     for key in row.rebuilt:
         if key not in ours or key not in theirs:
             changes.missing.append(key)
+        elif not math.isfinite(ours[key]):
+            changes.higher.append(key)
         elif ours[key] < theirs[key]:
             changes.lower.append(key)
         elif ours[key] == theirs[key]:
@@ -292,7 +302,7 @@ def qnn_tables(rows: Sequence[QnnRow]) -> str:
               "held-out: none / stock / edgefuse",
               "recomposition (casts removed -> edgefuse): logits max error vs exact, held-out (inputs lower/higher)",
               "only norms quantized: the same", "own error of each rebuilt norm (lower/same/higher)",
-              "worst own error"]
+              "worst own error", "elements out of range"]
     errors_body = []
     for r in rows:
         def three(values):
@@ -305,6 +315,7 @@ def qnn_tables(rows: Sequence[QnnRow]) -> str:
         errors_body.append([
             r.model, r.dtype, three(r.calibration), three(r.held_out), _change(r.held_out_exact, "casts"),
             _change(r.norms_only_exact, "casts"), str(own_error_changes(r)), f"{worst('casts')} -> {worst('edgefuse')}",
+            f"{max((r.own_left_out.get(k, 0.0) for k in r.rebuilt), default=0.0):.2%}",
         ])
     return format_table(layout, body) + "\n\n" + format_table(header, errors_body)
 
