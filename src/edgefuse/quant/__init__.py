@@ -9,9 +9,24 @@
   transform, lowered stock or with edgefuse, and where each mean went.
 - ``python -m edgefuse.quant``: the tables of both flows on the tiny models.
 
-Importing this package imports neither ExecuTorch's Qualcomm backend nor its quantizers.
+Importing this package imports neither ExecuTorch's Qualcomm backend nor its quantizers, nor torch:
+the public names below load on first use (PEP 562), so the command answers usage errors at once.
 """
 
-from edgefuse.quant.facts import NORM_KEY, NormQuantization, mark_norms, norm_quantization
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __all__ = ["NORM_KEY", "NormQuantization", "mark_norms", "norm_quantization"]
+
+if TYPE_CHECKING:
+    from edgefuse.quant.facts import NORM_KEY, NormQuantization, mark_norms, norm_quantization
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'edgefuse.quant' has no attribute {name!r}")
+    value = getattr(importlib.import_module("edgefuse.quant.facts"), name)
+    globals()[name] = value
+    return value

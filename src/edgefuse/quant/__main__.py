@@ -1,7 +1,10 @@
 """``python -m edgefuse.quant``: the quantized flows on the tiny models, as two tables.
 
 Slow (each XNNPACK lowering of a tiny transformer takes minutes on a small shared CPU): pick models,
-dtypes and flows with the options. Progress goes to stderr, tables to stdout.
+dtypes and flows with the options. Progress goes to stderr, tables to stdout. Exit status: 0 when every
+verdict holds, 1 when one fails (a flow failed, a rebuilt norm's own error is higher than not rebuilt
+or was not measured, edgefuse left a mean outside an XNNPACK delegate), 2 for bad options, 3 when the
+QNN quantizer cannot be imported (``--no-qnn`` measures XNNPACK alone).
 """
 
 from __future__ import annotations
@@ -9,8 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from dataclasses import asdict
+
+from edgefuse.errors import CHECK_FAILED, OK, UNAVAILABLE
+
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,89 +34,115 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write every measurement as JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
-    from edgefuse.models import MODEL_NAMES
-    from edgefuse.quant.xnnpack import SCHEMES
-
-    models = _choices(parser, "--models", args.models, MODEL_NAMES)
-    dtypes = _choices(parser, "--dtypes", args.dtypes, DTYPES)
-    xnnpack_dtypes = _choices(parser, "--xnnpack-dtypes", args.xnnpack_dtypes, DTYPES)
-    schemes = _choices(parser, "--schemes", args.schemes, SCHEMES)
 
     from edgefuse.progress import Progress, quiet_libraries
 
     quiet_libraries()
+    from edgefuse.models import MODEL_NAMES
+    from edgefuse.quant.qnn import QUANT_DTYPES
+    from edgefuse.quant.xnnpack import SCHEMES
+
+    if args.no_qnn and args.no_xnnpack:
+        parser.error("--no-qnn and --no-xnnpack leave nothing to measure")
+    models = _choices(parser, "--models", args.models, MODEL_NAMES)
+    dtypes = _choices(parser, "--dtypes", args.dtypes, DTYPES)
+    xnnpack_dtypes = _choices(parser, "--xnnpack-dtypes", args.xnnpack_dtypes, DTYPES)
+    schemes = _choices(parser, "--schemes", args.schemes, SCHEMES)
+    _choices(parser, "--quant-dtype", args.quant_dtype, QUANT_DTYPES)
+    if args.json and (os.path.isdir(args.json) or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
+        parser.error(f"--json {args.json}: not a file in an existing directory")
+
     import torch
 
     from edgefuse.quant import table
 
     say = Progress(enabled=not args.quiet)
     torch.set_num_threads(1)
-    qnn_rows, xnn_rows = [], []
-    status = 0
+    status = OK
+    # XNNPACK first: importing the QNN quantizer loads ExecuTorch's quantized kernels library, whose
+    # out variants would let programs serialize that do not without it.
+    xnn_rows = [] if args.no_xnnpack else [
+        table.xnnpack_row(model, getattr(torch, dtype), scheme, say=say)
+        for model in models for dtype in xnnpack_dtypes for scheme in schemes
+    ]
+    qnn_rows, qnn_missing = [], None
     if not args.no_qnn:
         from edgefuse.quant.qnn import qnn_available
 
-        reason = qnn_available()
-        if reason is not None:
-            print(f"QNN: not measured: {reason} (--no-qnn measures XNNPACK alone)")
-            status = 1
-        else:
-            for model in models:
-                for dtype in dtypes:
-                    qnn_rows.append(table.qnn_row(model, getattr(torch, dtype), say=say, quant_dtype=args.quant_dtype))
-            print(f"QNN capture ({args.quant_dtype}, min/max observers), converted programs run in eager:")
-            print(table.qnn_tables(qnn_rows))
-            for row in qnn_rows:
-                for mode, why in row.failed.items():
-                    print(f"  {row.model} {row.dtype} {mode}: FAILED {why}")
-                    status = 1
-                changes = table.own_error_changes(row)
-                for key in changes.higher:
-                    print(f"  {row.model} {row.dtype}: rebuilt {key} has a higher own error than not rebuilt")
-                    status = 1
-                for key in changes.missing:
-                    print(f"  {row.model} {row.dtype}: rebuilt {key} has no own error measured in both flows")
-                    status = 1
-                for path, why in row.left:
-                    print(f"  {row.model} {row.dtype}: edgefuse left {path} decomposed: {why}")
-                if args.per_norm:
-                    for key, hows in row.per_norm.items():
-                        print(f"  {row.model} {row.dtype} {key}")
-                        for mode, how in hows.items():
-                            print(f"      {mode:8s} {how}")
-            print()
-    if not args.no_xnnpack:
-        for model in models:
-            for dtype in xnnpack_dtypes:
-                for scheme in schemes:
-                    xnn_rows.append(table.xnnpack_row(model, getattr(torch, dtype), scheme, say=say))
+        qnn_missing = qnn_available()
+        if qnn_missing is None:
+            qnn_rows = [table.qnn_row(model, getattr(torch, dtype), say=say, quant_dtype=args.quant_dtype)
+                        for model in models for dtype in dtypes]
+    if qnn_missing is not None:
+        print(f"QNN: not measured: {qnn_missing} (--no-qnn measures XNNPACK alone)")
+        status = UNAVAILABLE
+    if qnn_rows:
+        print(f"QNN capture ({args.quant_dtype}, min/max observers), converted programs run in eager:")
+        print(table.qnn_tables(qnn_rows))
+        status = max(status, _qnn_verdicts(qnn_rows, args.per_norm))
+        print()
+    if xnn_rows:
         print("XNNPACK, each .pte run in executorch.runtime:")
         print(table.xnnpack_table(xnn_rows))
-        for row in xnn_rows:
-            for how, why in row.failed.items():
-                print(f"  {row.model} {row.dtype} {row.scheme} {how}: FAILED {why}")
-                status = 1
-            if row.means_outside.get("edgefuse"):
-                print(f"  {row.model} {row.dtype} {row.scheme}: {row.means_outside['edgefuse']} means left outside by edgefuse")
-                status = 1
-            for line in row.norms:
-                print(f"  {row.model} {row.dtype} {row.scheme} norms: {line}")
+        status = max(status, _xnnpack_verdicts(xnn_rows))
     if args.json:
+        measured = {"qnn": [asdict(r) for r in qnn_rows], "qnn_unavailable": qnn_missing,
+                    "xnnpack": [asdict(r) for r in xnn_rows]}
+        text = json.dumps(_json_safe(measured), indent=1, allow_nan=False)
         with open(args.json, "w") as f:
-            measured = {"qnn": [asdict(r) for r in qnn_rows], "xnnpack": [asdict(r) for r in xnn_rows]}
-            json.dump(_json_safe(measured), f, indent=1, allow_nan=False)
+            f.write(text)
     return status
 
 
-DTYPES = ("float32", "float16", "bfloat16")
+def _qnn_verdicts(rows, per_norm: bool) -> int:
+    """Print what each QNN row says beyond its table cells; CHECK_FAILED if a verdict fails."""
+    from edgefuse.quant.table import own_error_changes
+
+    status = OK
+    for row in rows:
+        for mode, why in row.failed.items():
+            print(f"  {row.model} {row.dtype} {mode}: FAILED {why}")
+            status = CHECK_FAILED
+        changes = own_error_changes(row)
+        for key in changes.higher:
+            print(f"  {row.model} {row.dtype}: rebuilt {key} has a higher own error than not rebuilt")
+            status = CHECK_FAILED
+        for key in changes.missing:
+            print(f"  {row.model} {row.dtype}: rebuilt {key} has no own error measured in both flows")
+            status = CHECK_FAILED
+        for path, why in row.left:
+            print(f"  {row.model} {row.dtype}: edgefuse left {path} decomposed: {why}")
+        if per_norm:
+            for key, hows in row.per_norm.items():
+                print(f"  {row.model} {row.dtype} {key}")
+                for mode, how in hows.items():
+                    print(f"      {mode:8s} {how}")
+    return status
+
+
+def _xnnpack_verdicts(rows) -> int:
+    """Print what each XNNPACK row says beyond its table cells; CHECK_FAILED if a verdict fails."""
+    status = OK
+    for row in rows:
+        for how, why in row.failed.items():
+            print(f"  {row.model} {row.dtype} {row.scheme} {how}: FAILED {why}")
+            status = CHECK_FAILED
+        if row.means_outside.get("edgefuse"):
+            print(f"  {row.model} {row.dtype} {row.scheme}: {row.means_outside['edgefuse']} means left outside by edgefuse")
+            status = CHECK_FAILED
+        for line in row.norms:
+            print(f"  {row.model} {row.dtype} {row.scheme} norms: {line}")
+    return status
 
 
 def _choices(parser: argparse.ArgumentParser, option: str, value: str, known) -> list[str]:
-    """The comma-separated names of ``value``, each one of ``known``; a usage error (exit 2) otherwise."""
-    names = [name for name in value.split(",") if name]
+    """The comma-separated names of ``value`` (spaces ignored, each once), each one of ``known``; a
+    usage error (exit 2) otherwise."""
+    names = list(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
     unknown = [name for name in names if name not in known]
     if unknown or not names:
-        parser.error(f"{option}: {'unknown ' + ', '.join(unknown) if unknown else 'nothing given'}; choose from {', '.join(known)}")
+        problem = "unknown " + ", ".join(map(repr, unknown)) if unknown else "nothing given"
+        parser.error(f"{option}: {problem}; choose from {', '.join(known)}")
     return names
 
 

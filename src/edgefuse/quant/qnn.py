@@ -46,6 +46,10 @@ from edgefuse.quant.facts import DEQUANTIZE_CAST, NORM_KEY, NormQuantization, is
 
 QUANTIZER_MODULE = "executorch.backends.qualcomm.quantizer.quantizer"
 
+#: The ``QuantDtype`` names of the pinned release's quantizer, known without importing it (importing it
+#: loads ExecuTorch's quantized kernels library into the process); a test holds this to the release.
+QUANT_DTYPES = ("use_16a16w", "use_16a8w", "use_16a4w", "use_16a4w_block", "use_8a8w", "use_8a4w", "use_fp16a8w", "use_16a2w")
+
 #: How a captured graph's norms reach the quantizer: rebuilt by edgefuse, by the released
 #: ``RecomposeRmsNorm`` inside the quantizer's own pipeline, not rebuilt at all, or not rebuilt after
 #: the casts that change nothing are removed (``casts``: the graph edgefuse's differs from by its
