@@ -6,10 +6,10 @@ converted program, records what each tagged norm read (its dequantized input) an
 back, and compares the latter with the exact norm of the same input (the float norm module run in
 float64 throughout, :mod:`edgefuse.quant.exact`).
 
-Two flows of one model are compared on the same elements: those whose exact value both flows' last
-quantization of the norm can represent (the intersection of the two calibrated ranges). Beyond a
-range, a quantized norm clips whatever its form, and a flow whose range happens to be narrower or wider
-must neither gain nor lose by it; the elements left out are counted.
+Two flows of one model are compared within the values both flows' last quantization of the norm can
+represent (the intersection of the two calibrated ranges): what each hands on and the exact norm are
+clamped to it. Beyond a range a quantized norm clips whatever its form, and a flow whose range happens
+to be narrower or wider must neither gain nor lose by it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 from torch.fx import GraphModule, Interpreter, Node
 
 from edgefuse.quant.exact import exact_module
-from edgefuse.quant.facts import NORM_KEY, dequantized, is_quantize, readers
+from edgefuse.quant.facts import NORM_KEY, dequantized, is_model_cast, is_quantize, readers
 
 
 @dataclass(frozen=True)
@@ -77,9 +77,24 @@ def norm_ends(graph_module: GraphModule) -> dict[str, NormEnds]:
         if quantize is not None:
             reader = readers(quantize)[0]
             leaving = next(a for a in reader.all_input_nodes if dequantized(a) is not None and dequantized(a).args[0] is quantize)
-        last = quantize or next((u for n in reversed(nodes) for u in n.users if is_quantize(u)), None)
+        last = quantize or _last_quantize_before(computed, inside)
         ends[key] = NormEnds(entering, computed, leaving, quantize, reader, last)
     return ends
+
+
+def _last_quantize_before(computed: Node, inside: set[Node]) -> Node | None:
+    """The quantize that ``computed`` reads back through casts alone (a model's ``type_as`` after a
+    quantized norm), whose range then bounds what the norm hands on; None when there is none."""
+    node = computed
+    while is_model_cast(node) and node.args and isinstance(node.args[0], Node):
+        source = node.args[0]
+        dq = dequantized(source)
+        if dq is not None and is_quantize(dq.args[0]) and dq.args[0].args[0] in inside:
+            return dq.args[0]
+        if source not in inside:
+            return None
+        node = source
+    return None
 
 
 class _Recorder(Interpreter):
@@ -143,15 +158,13 @@ def norm_runs(
 
 @dataclass(frozen=True)
 class OwnError:
-    """One norm's own error in two flows over the same elements: the largest distance of what its
-    readers got from the exact norm (``inf`` where one is NaN), and how many elements were compared and
-    left out (an exact value beyond either flow's range)."""
+    """One norm's own error in two flows: the largest distance of what its readers got from the exact
+    norm of what it read, both clamped to the range both flows' outputs represent (``inf`` where one
+    is NaN)."""
 
     key: str
     ours: float
     theirs: float
-    compared: int
-    left_out: int
 
 
 def _largest(values: torch.Tensor) -> float:
@@ -162,18 +175,14 @@ def _largest(values: torch.Tensor) -> float:
 
 
 def own_errors(ours: dict[str, list[NormRun]], theirs: dict[str, list[NormRun]]) -> dict[str, OwnError]:
-    """Each norm recorded in both flows, on the same inputs: its own error in each, over the elements
-    whose exact values both ranges hold."""
+    """Each norm recorded in both flows, on the same inputs: its own error in each. Values are clamped
+    to the intersection of the two ranges, so a flow gains nothing from clipping the other cannot do."""
     result = {}
     for key in ours.keys() & theirs.keys():
-        worst, compared, left_out = [0.0, 0.0], 0, 0
+        worst = [0.0, 0.0]
         for a, b in zip(ours[key], theirs[key], strict=True):
             low, high = max(a.low, b.low), min(a.high, b.high)
-            held = (a.exact >= low) & (a.exact <= high) & (b.exact >= low) & (b.exact <= high)
-            held |= a.exact.isnan() | b.exact.isnan()  # a NaN reference is never left out
             for i, run in enumerate((a, b)):
-                worst[i] = max(worst[i], _largest((run.got - run.exact).abs()[held]))
-            compared += int(held.sum())
-            left_out += int((~held).sum())
-        result[key] = OwnError(key, worst[0], worst[1], compared, left_out)
+                worst[i] = max(worst[i], _largest((run.got.clamp(low, high) - run.exact.clamp(low, high)).abs()))
+        result[key] = OwnError(key, *worst)
     return result

@@ -235,7 +235,7 @@ def _short(node: Node) -> str:
     return name.split(".")[0]
 
 
-def _is_model_cast(node: Node) -> bool:
+def is_model_cast(node: Node) -> bool:
     """Whether ``node`` is one of the model's casts (``to``, ``type_as``, ...), which a rebuilt norm keeps."""
     return any(table.is_a(node, Role.CAST) for table in TABLES)
 
@@ -290,7 +290,7 @@ def _facts(key: str, compute: list[Node]) -> NormQuantization:
             elif source.op == "placeholder":
                 entering.add(source)
     quantized = [n for n in compute if _quantizers_of(n)]
-    core = [n for n in compute if not _is_model_cast(n)]
+    core = [n for n in compute if not is_model_cast(n)]
     if not (inside or out or entering or constant):
         how = "float"
     elif len(core) == 1 and _short(core[0]) == "rms_norm" and _annotated(core[0]) and entering and _quantizers_of(core[0]):

@@ -105,8 +105,7 @@ class QnnRow:
     Errors are against eager (the model in its dtype) and against ``exact`` (the same model computed
     in float64 throughout, :mod:`edgefuse.quant.exact`). ``rebuilt`` holds the keys of the norms the
     edgefuse flow quantized as an ``rms_norm``; ``own`` holds, for the ``casts`` and ``edgefuse`` flows
-    and per norm key, the norm's own error, and ``own_left_out`` the share of elements left out of that
-    comparison (:func:`edgefuse.quant.diagnose.own_errors`).
+    and per norm key, the norm's own error (:func:`edgefuse.quant.diagnose.own_errors`).
     """
 
     model: str
@@ -119,7 +118,6 @@ class QnnRow:
     held_out: dict[str, Errors] = field(default_factory=dict)
     held_out_exact: dict[str, Errors] = field(default_factory=dict)
     own: dict[str, dict[str, float]] = field(default_factory=dict)
-    own_left_out: dict[str, float] = field(default_factory=dict)
     norms_only_exact: dict[str, Errors] = field(default_factory=dict)
     left: list[tuple[str, str]] = field(default_factory=list)
     per_norm: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -172,7 +170,6 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda 
     if len(runs) == 2:
         own = own_errors(runs["edgefuse"], runs["casts"])
         row.own = {"edgefuse": {k: e.ours for k, e in own.items()}, "casts": {k: e.theirs for k, e in own.items()}}
-        row.own_left_out = {k: e.left_out / max(e.compared + e.left_out, 1) for k, e in own.items()}
     return row
 
 
@@ -302,7 +299,7 @@ def qnn_tables(rows: Sequence[QnnRow]) -> str:
               "held-out: none / stock / edgefuse",
               "recomposition (casts removed -> edgefuse): logits max error vs exact, held-out (inputs lower/higher)",
               "only norms quantized: the same", "own error of each rebuilt norm (lower/same/higher)",
-              "worst own error", "elements out of range"]
+              "worst own error"]
     errors_body = []
     for r in rows:
         def three(values):
@@ -315,7 +312,6 @@ def qnn_tables(rows: Sequence[QnnRow]) -> str:
         errors_body.append([
             r.model, r.dtype, three(r.calibration), three(r.held_out), _change(r.held_out_exact, "casts"),
             _change(r.norms_only_exact, "casts"), str(own_error_changes(r)), f"{worst('casts')} -> {worst('edgefuse')}",
-            f"{max((r.own_left_out.get(k, 0.0) for k in r.rebuilt), default=0.0):.2%}",
         ])
     return format_table(layout, body) + "\n\n" + format_table(header, errors_body)
 
