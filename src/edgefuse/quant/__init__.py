@@ -9,8 +9,9 @@
   transform, lowered stock or with edgefuse, and where each mean went.
 - ``python -m edgefuse.quant``: the tables of both flows on the tiny models.
 
-Importing this package imports neither ExecuTorch's Qualcomm backend nor its quantizers, nor torch:
-the public names below load on first use (PEP 562), so the command answers usage errors at once.
+Importing this package imports neither ExecuTorch's Qualcomm backend nor its quantizers: the public
+names below load on first use (PEP 562), so ``python -m edgefuse.quant`` can quiet the libraries'
+import-time warnings before anything loads them.
 """
 
 from __future__ import annotations
