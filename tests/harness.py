@@ -69,3 +69,13 @@ def cast_path(node: Node) -> tuple[str, tuple[torch.dtype, ...]]:
             dtypes.append(dtype_of(node))
         node = source
     return node.name, tuple(reversed(dtypes))
+
+
+def norm_perturbation(x: torch.Tensor, w: torch.Tensor, dx, eps: float = 1e-6) -> torch.Tensor:
+    """First-order bound on how much ``w * x / rms(x)`` moves, per element, when each ``x_j`` moves by at
+    most ``dx_j`` (a tensor or a number): ``|w_i| (dx_i / r + |x_i| sum_j |x_j| dx_j / (D r^3))`` with
+    ``r = sqrt(mean(x^2) + eps)``."""
+    x, w = x.double(), w.double()
+    dx = dx.double() if isinstance(dx, torch.Tensor) else torch.full_like(x, float(dx))
+    r = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return w.abs() * (dx / r + x.abs() * (x.abs() * dx).sum(-1, keepdim=True) / (x.shape[-1] * r**3))

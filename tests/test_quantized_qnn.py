@@ -26,6 +26,7 @@ from edgefuse.quant.qnn import (
     qnn_quantizer,
     quantize_for_qnn,
 )
+from harness import norm_perturbation
 
 EPS = 1e-6
 DIM = 64
@@ -145,13 +146,11 @@ def one_op_bound(x, weight, s_in, s_w, s_out, dtype) -> torch.Tensor:
     """
     half = torch.finfo(dtype).eps / 2
     x, w = x.double(), weight.double()
-    r = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
-    dx = s_in / 2 + half * x.abs()
-    dn = dx / r + x.abs() * (x.abs() * dx).sum(-1, keepdim=True) / (x.shape[-1] * r**3)
+    n = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
     dw = s_w / 2 + half * w.abs()
-    y = (w * x / r).abs()
+    y = (w * n).abs()
     return (
-        w.abs() * dn + dw * x.abs() / r + s_out / 2
+        norm_perturbation(x, w, s_in / 2 + half * x.abs(), EPS) + dw * n.abs() + s_out / 2
         + 2 * torch.finfo(dtype).eps * y + 8 * torch.finfo(torch.float32).eps * y
     )
 
@@ -240,10 +239,13 @@ def program_pairs(converted) -> int:
 class RmsNormOperands(torch.fx.Interpreter):
     """Runs a converted graph and keeps, per ``rms_norm`` node, the weight it read."""
 
+    def __init__(self, graph_module):
+        super().__init__(graph_module)
+        self.weights = {}
+
     def run_node(self, n):
         value = super().run_node(n)
         if n.target == torch.ops.aten.rms_norm.default:
-            self.weights = getattr(self, "weights", {})
             self.weights[n] = self.env[n.args[2]]
         return value
 
@@ -261,7 +263,8 @@ def rebuilt_norm_bound(converted, key: str, x: torch.Tensor, weight: torch.Tenso
     (``s_w/2``) and, where its dequantized value is cast to ``dtype``, half a unit of it; the output by
     every quantize from the ``rms_norm`` on (``s_out/2`` each), and by half a unit of ``dtype`` for each
     result rounded to ``dtype`` (a half-precision ``rms_norm``, a kept downcast, a dequantize cast).
-    First order as in :func:`one_op_bound`, and eight float32 units for the float32 arithmetic."""
+    First order as in :func:`one_op_bound` (:func:`harness.norm_perturbation`), and eight float32 units for
+    the float32 arithmetic."""
     window = [n for n in converted.graph.nodes if n.meta.get(NORM_KEY) == key and n.op == "call_function"]
     (node,) = [n for n in window if n.target == torch.ops.aten.rms_norm.default]
     source = _through_cast(node.args[0])
@@ -273,11 +276,10 @@ def rebuilt_norm_bound(converted, key: str, x: torch.Tensor, weight: torch.Tenso
     roundings = sum(map(_narrow, after)) + cast_back
     half = torch.finfo(dtype).eps / 2
     x, w = x.double(), weight.double()
-    r = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
-    dn = s_in / 2 / r + x.abs() * (x.abs() * s_in / 2).sum(-1, keepdim=True) / (x.shape[-1] * r**3)
+    n = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
     dw = _scale(_through_cast(node.args[2])) / 2 + (half * w.abs() if node.args[2].meta.get(DEQUANTIZE_CAST) else 0.0)
-    y = (w * x / r).abs()
-    return w.abs() * dn + dw * x.abs() / r + s_out / 2 + roundings * half * y + 8 * torch.finfo(torch.float32).eps * y
+    y = (w * n).abs()
+    return norm_perturbation(x, w, s_in / 2, EPS) + dw * n.abs() + s_out / 2 + roundings * half * y + 8 * torch.finfo(torch.float32).eps * y
 
 
 @pytest.mark.parametrize("name, dtype", TINY_MODELS, ids=[f"{n}-{str(d)[6:]}" for n, d in TINY_MODELS])

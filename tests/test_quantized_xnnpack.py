@@ -19,6 +19,7 @@ from torch.export import export
 from edgefuse.quant import xnnpack as qx
 from edgefuse.quant.facts import is_dequantize, is_quantize
 from edgefuse.xnnpack.inspect import node_type_counts, node_types, ops_outside, run_pte, to_pte
+from harness import norm_perturbation
 
 EPS = 1e-6
 DIM = 64
@@ -83,13 +84,6 @@ def means_outside(lowered) -> list[str]:
 
 def _flat(value) -> list[torch.Tensor]:
     return [value] if isinstance(value, torch.Tensor) else [t for v in value for t in _flat(v)]
-
-
-def norm_perturbation(x: torch.Tensor, w: torch.Tensor, dx: torch.Tensor) -> torch.Tensor:
-    """First-order bound on how much ``w * x / rms(x)`` moves when each ``x_j`` moves by at most ``dx_j``."""
-    x, w, dx = x.double(), w.double(), dx.double()
-    r = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + EPS)
-    return w.abs() * (dx / r + x.abs() * (x.abs() * dx).sum(-1, keepdim=True) / (x.shape[-1] * r**3))
 
 
 @pytest.fixture(scope="module")
