@@ -76,7 +76,8 @@ def norm_ends(graph_module: GraphModule) -> dict[str, NormEnds]:
         reader = next((u for u in computed.users if u not in inside), None)
         if quantize is not None:
             reader = readers(quantize)[0]
-            leaving = next(a for a in reader.all_input_nodes if dequantized(a) is not None and dequantized(a).args[0] is quantize)
+            leaving = next(a for a in reader.all_input_nodes
+                           if dequantized(a) is not None and dequantized(a).args[0] is quantize)
         last = quantize or _last_quantize_before(computed, inside)
         ends[key] = NormEnds(entering, computed, leaving, quantize, reader, last)
     return ends

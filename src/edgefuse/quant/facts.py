@@ -8,8 +8,8 @@ tags the nodes of every candidate norm (one per ``mean`` of a square, and every 
 
 - ``how``: ``"one op"`` (one ``rms_norm`` the quantizer annotated, read through a dequantize and
   quantized at its output; casts of the model's kept around it, which a quantizer may round too, add
-  their own pairs, and ``describe`` names them), ``"pieces"`` (several ops, each output quantized), ``"partly"`` (some
-  ops left in float, or one ``rms_norm`` the quantizer did not annotate: the pairs around it are its
+  their own pairs, and ``describe`` counts them), ``"pieces"`` (several ops, each output quantized),
+  ``"partly"`` (some ops left in float, or one ``rms_norm`` the quantizer did not annotate: the pairs around it are its
   neighbours'), or ``"float"`` (no quantize/dequantize pair touches it);
 - the quantize/dequantize pairs it costs: ``pairs_in`` (activations entering it), ``pairs_inside``
   (tensors it computes and reads again), ``pairs_out`` (tensors it computes and hands on) and
@@ -148,8 +148,8 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
             decision = by_node.get(node.name)
             mean = decision.mean if decision is not None else node.name
             key = decision.module_path if decision is not None and decision.module_path else _key_of(node, mean)
-            kept = [n for n in tagged_before.get(mean, []) if nodes_between(n, node) or nodes_between(node, n)] if decision else []
-            add(key, mean, [node, *kept])
+            kept = tagged_before.get(mean, []) if decision is not None else []
+            add(key, mean, [node, *(n for n in kept if nodes_between(n, node) or nodes_between(node, n))])
         elif table.is_a(node, Role.MEAN):
             try:
                 found = match_rms_norm(node, table, constants)
@@ -171,9 +171,10 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
     shared = Counter(key for key, _, _ in entries)
     groups = {}
     for key, mean, nodes in entries:
-        groups[norm_key(key, mean, shared[key] > 1)] = nodes
+        name = norm_key(key, mean, shared[key] > 1)
+        groups[name] = nodes
         for node in nodes:
-            node.meta[NORM_KEY] = norm_key(key, mean, shared[key] > 1)
+            node.meta[NORM_KEY] = name
             node.meta[NORM_MEAN] = mean
     return {key: sorted(n.name for n in nodes) for key, nodes in groups.items()}
 

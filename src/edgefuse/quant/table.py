@@ -6,9 +6,10 @@ per norm and the error against eager, for the norms not rebuilt (``none``), rebu
 pass inside ``QnnQuantizer`` (``stock``) and rebuilt by edgefuse (``edgefuse``). What recomposition
 itself does is measured against ``casts`` (edgefuse's graph before it rebuilds: casts that change
 nothing removed): each rebuilt norm's own error, and the logits' error against the exact model (the
-same weights, computed in float64 throughout) input by input. The logits of a quantized model carry the rounding of every
-quantized op; moving one norm's output by a fraction of a step flips roundings downstream either way,
-so the logits compare input by input, and the norm's own error is what recomposition is judged by.
+same weights, computed in float64 throughout) input by input. The logits of a quantized model carry
+the rounding of every quantized op; moving one norm's output by a fraction of a step flips roundings
+downstream either way, so the logits compare input by input, and the norm's own error is what
+recomposition is judged by.
 
 XNNPACK (qs8 and 8da4w, lowered stock and with edgefuse, each ``.pte`` run in ``executorch.runtime``):
 per model, delegates and means left outside them, and the error against eager.
@@ -132,7 +133,6 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda 
     the exact model over the held-out ones, each norm's own error, and, with ``norms_only``, the logits'
     error against the exact model when only the norms are quantized (held-out inputs).
     """
-
     from edgefuse.models import build_model
     from edgefuse.quant.diagnose import norm_runs, own_errors
     from edgefuse.quant.exact import exact_module
@@ -227,8 +227,7 @@ class XnnpackRow:
 
 def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int = 15, say=lambda _: None) -> XnnpackRow:
     """Quantize one tiny model with ``scheme``, lower it both ways, run both ``.pte`` against eager, the
-    exact model (float64) and the quantized eager module, on the example and ``held_out`` inputs."""
-
+    exact model (float64 throughout) and the quantized eager module, on the example and ``held_out`` inputs."""
     from edgefuse.lowering import summarize
     from edgefuse.models import build_model
     from edgefuse.ops import EDGE, Role
