@@ -88,3 +88,117 @@ def test_the_qnn_table_of_tiny_llama_measures_every_norm_and_passes(tmp_path, ca
     assert sorted(row["own"]["edgefuse"]) == sorted(row["rebuilt"]) == sorted(row["own"]["casts"])
     assert all(row["own"]["edgefuse"][k] <= row["own"]["casts"][k] for k in row["rebuilt"])
     assert "5/0/0" in out  # the table's own-error cell: 5 lower, none the same or higher
+
+
+# --- exit status and order, with the slow flows replaced by rows as they would come back ---------------
+
+def _passing_xnnpack_row(model, dtype, scheme, say=None):
+    return table.XnnpackRow(model, str(dtype).removeprefix("torch."), scheme, delegates={"stock": 3, "edgefuse": 1},
+                            means_outside={"stock": 2, "edgefuse": 0})
+
+
+def _passing_qnn_row(model, dtype, say=None, quant_dtype=None):
+    row = table.QnnRow(model, str(dtype).removeprefix("torch."), norms=2, rebuilt=["a", "b"])
+    row.own = {"casts": {"a": 2.0, "b": 1.0}, "edgefuse": {"a": 1.0, "b": 0.5}}
+    return row
+
+
+def _fake_flows(monkeypatch, calls, *, qnn_missing=None, xnnpack_row=_passing_xnnpack_row,
+                qnn_row=_passing_qnn_row):
+    """Replace the flows the command runs by ``xnnpack_row`` and ``qnn_row``, and the QNN import check by
+    one that reports ``qnn_missing``; ``calls`` records the order in which the command asked for them."""
+    import edgefuse.quant.qnn as qnn
+
+    def xnnpack(model, dtype, scheme, say):
+        calls.append(("xnnpack", model))
+        return xnnpack_row(model, dtype, scheme)
+
+    def available():
+        calls.append(("qnn import",))
+        return qnn_missing
+
+    def qnn_flow(model, dtype, say, quant_dtype):
+        calls.append(("qnn", model))
+        return qnn_row(model, dtype, quant_dtype=quant_dtype)
+
+    monkeypatch.setattr(table, "xnnpack_row", xnnpack)
+    monkeypatch.setattr(table, "qnn_row", qnn_flow)
+    monkeypatch.setattr(qnn, "qnn_available", available)
+
+
+def _run(argv, capsys):
+    threads = torch.get_num_threads()
+    try:
+        status = main(["--models", "tiny-llama,tiny-qwen3", "--dtypes", "float32", "--xnnpack-dtypes", "float32",
+                       "--schemes", "qs8", "-q", *argv])
+    finally:
+        torch.set_num_threads(threads)
+    return status, capsys.readouterr().out
+
+
+def test_every_xnnpack_row_runs_before_the_qnn_quantizer_is_imported(monkeypatch, capsys):
+    """Importing the QNN quantizer loads ExecuTorch's quantized kernels library, which changes what the
+    XNNPACK programs serialize to: so the command measures XNNPACK first."""
+    calls = []
+    _fake_flows(monkeypatch, calls)
+    status, out = _run([], capsys)
+    assert status == 0, out
+    assert calls == [("xnnpack", "tiny-llama"), ("xnnpack", "tiny-qwen3"), ("qnn import",),
+                     ("qnn", "tiny-llama"), ("qnn", "tiny-qwen3")]
+
+
+def test_an_unavailable_qnn_quantizer_exits_3_and_says_why_after_the_xnnpack_table(monkeypatch, capsys):
+    calls = []
+    _fake_flows(monkeypatch, calls, qnn_missing="no module named 'qualcomm'")
+    status, out = _run([], capsys)
+    assert status == 3, out
+    assert "QNN: not measured: no module named 'qualcomm' (--no-qnn measures XNNPACK alone)" in out
+    assert "XNNPACK, each .pte run in executorch.runtime:" in out and ("qnn", "tiny-llama") not in calls
+
+
+def _failed_flow(row):
+    row.failed["edgefuse"] = "RuntimeError: lowering failed"
+    return row
+
+
+def _mean_left_outside(row):
+    row.means_outside["edgefuse"] = 1
+    return row
+
+
+def _higher_own_error(row):
+    row.own["edgefuse"]["b"] = 1.5
+    return row
+
+
+def _own_error_not_measured(row):
+    del row.own["edgefuse"]["b"]
+    return row
+
+
+_BROKEN_ROWS = [
+    ("xnnpack", _failed_flow, "tiny-qwen3 float32 qs8 edgefuse: FAILED RuntimeError: lowering failed"),
+    ("xnnpack", _mean_left_outside, "tiny-qwen3 float32 qs8: 1 means left outside by edgefuse"),
+    ("qnn", _failed_flow, "tiny-qwen3 float32 edgefuse: FAILED RuntimeError: lowering failed"),
+    ("qnn", _higher_own_error, "tiny-qwen3 float32: rebuilt b has a higher own error than not rebuilt"),
+    ("qnn", _own_error_not_measured, "tiny-qwen3 float32: rebuilt b has no own error measured in both flows"),
+]
+#: Each broken row with QNN available, and the XNNPACK ones also with QNN unavailable (no QNN row is made then).
+_CASES = [(*case, None) for case in _BROKEN_ROWS] + [
+    (*case, "no module named 'qualcomm'") for case in _BROKEN_ROWS if case[0] == "xnnpack"]
+
+
+@pytest.mark.parametrize("flow, breaks, says, qnn_missing", _CASES)
+def test_a_failed_verdict_exits_1_and_outranks_an_unavailable_quantizer(flow, breaks, says, qnn_missing,
+                                                                        monkeypatch, capsys):
+    """One row of one flow fails a verdict (tiny-qwen3's, the other passes): the command names it and
+    exits 1, also when QNN is unavailable (exit 3 would hide the failure)."""
+    def broken(make):
+        return lambda model, *args, **kwargs: (breaks if model == "tiny-qwen3" else (lambda r: r))(
+            make(model, *args, **kwargs))
+
+    rows = {f"{flow}_row": broken(_passing_xnnpack_row if flow == "xnnpack" else _passing_qnn_row)}
+    _fake_flows(monkeypatch, [], qnn_missing=qnn_missing, **rows)
+    status, out = _run([], capsys)
+    assert status == 1, out
+    assert says in out and "tiny-llama float32 qs8 edgefuse: FAILED" not in out, out
