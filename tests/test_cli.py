@@ -332,6 +332,37 @@ def test_lower_writes_a_pte_and_a_delegate_map_that_names_the_delegates(workdir)
     assert headers[0].split(",")[0] in stock  # "stock: N delegates" agrees with the printed summary
 
 
+@pytest.mark.parametrize("stage", ["edge", "capture"])
+def test_report_map_lowers_the_export_the_report_read_and_leaves_it_unchanged(workdir, stage, monkeypatch, capsys):
+    """``report --map`` exports once: the report's recomposition leaves the exported program as it was,
+    so the map drawn from it equals the map of a fresh export."""
+    from edgefuse.flows import lower_to_pte
+
+    from edgefuse.modelspec import ModelSpec
+
+    exports = []
+    real_export = ModelSpec.export
+    monkeypatch.setattr(ModelSpec, "export", lambda self: exports.append(self.name) or real_export(self))
+    spec = resolve(f"{workdir / 'models.py'}:block", torch.float32)
+    program = spec.export()
+    before = (program.graph_module.code, {k: v.clone() for k, v in program.state_dict.items()})
+    build_report(spec, stage=stage, program=program)
+    assert program.graph_module.code == before[0]
+    assert all(torch.equal(program.state_dict[k], v) for k, v in before[1].items())
+
+    exports.clear()
+    path = workdir / f"report-{stage}.svg"
+    assert cli.main(["-q", "report", f"{workdir / 'models.py'}:block", "--stage", stage, "--map", str(path)]) == OK
+    assert len(exports) == 1, capsys.readouterr().out
+    root = ET.parse(path).getroot()
+    headers = [t.text for t in root.iter(f"{SVG}text") if t.text and t.text.startswith(("stock:", "edgefuse:"))]
+    fresh = [lower_to_pte(resolve(f"{workdir / 'models.py'}:block", torch.float32).export(), how, serialize=False)
+             for how in ("stock", "edgefuse")]
+    assert [h.split(",")[0] for h in headers] == [
+        f"{how}: {lowered.summary.delegates} delegate" + ("s" if lowered.summary.delegates != 1 else "")
+        for how, lowered in zip(("stock", "edgefuse"), fresh)], headers
+
+
 def test_demo_prints_both_tables_fewer_delegates_and_a_map(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "edgefuse", "-q", "demo"], cwd=tmp_path, capture_output=True, text=True,

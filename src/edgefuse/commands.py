@@ -102,7 +102,9 @@ def report(args, say: Say) -> int:
     spec = _spec(args)
     from edgefuse.report import add_quantization, build_report, format_report, to_json  # ExecuTorch: once the input is good
 
-    result = build_report(spec, backend=args.backend, stage=stage, progress=say)
+    # the map lowers the same export the report reads: neither changes the program it is given
+    program = spec.export() if args.map else None
+    result = build_report(spec, backend=args.backend, stage=stage, progress=say, program=program)
     if getattr(args, "quantize", None):
         add_quantization(result, args.quantize, _quantization(spec, say))
     if args.json:
@@ -112,7 +114,6 @@ def report(args, say: Say) -> int:
     if args.map:
         from edgefuse.flows import lower_to_pte
 
-        program = spec.export()
         summaries = [lower_to_pte(program, how, say, serialize=False).summary for how in ("stock", "edgefuse")]
         _write_map(args.map, summaries, f"delegate map: {spec.name} ({_dtype(spec)})", say)
     return OK if result.ok else CHECK_FAILED
