@@ -29,7 +29,9 @@ three ratios of edgefuse to stock (below 1 is faster): the CPU-time ratio of the
 (``call``). CPU time is robust to the machine being shared (time spent descheduled lands in the wall
 clock of whichever program was running), so read ``ratio`` and ``load`` (the 1-minute load average
 when the row finished) together. For the blocks, ``floor`` is the time of the same blocks without their
-norms (``x + Linear(x)``, lowered by stock) over stock's time: no lowering of the norms can go below it.
+norms (``x + Linear(x)``, lowered by stock) over stock's time: no lowering of the norms can go below it
+(CPU time, and ``fwall`` on the wall clock, the one to read beside ``wall`` with several threads: there the
+linears' threads share the work, so their CPU time does not shrink while their latency does).
 At one row the table also shows the edgefuse program under the other measured single-row policy
 (``auto`` against the default ``delegate``), which the default (:mod:`edgefuse.xnnpack.policy`) is
 chosen against. This is a measurement, not
@@ -255,20 +257,20 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
     print(
         f"threads: {actual} (reset with _unsafe_reset_threadpool({threads}) before loading); "
         f"up to {runs} timed rounds per row (column 'runs'; fewer when {runs} would take over "
-        f"{budget:.0f}s) after a tenth as many warm-up rounds, random order; default single-row policy "
+        f"{budget:g}s) after a tenth as many warm-up rounds, random order; default single-row policy "
         f"{DEFAULT_SINGLE_ROW_POLICY!r}; load average at start {_load()}",
         file=out,
     )
     print(
         "stock/edgefuse us: median CPU time of the program alone; ratio = edgefuse / stock of that (below 1 "
         "is faster); wall: the same on the wall clock; call: CPU-time ratio of the full call with its input "
-        "copy and output clone; floor: blocks without norms / stock",
+        "copy and output clone; floor, fwall: blocks without norms / stock, CPU time and wall clock",
         file=out,
     )
     header = (
         f"{'workload':<15} {'dtype':<8} {'rows':>4} {'edgefuse policy':<17} {'deleg s/e':>9} "
         f"{'outside stock':<28} {'outside edgefuse':<18} {'err stock':>9} {'err edgefuse':>12} "
-        f"{'runs':>5} {'stock us':>9} {'edgefuse us':>11} {'ratio':>6} {'wall':>5} {'call':>5} {'floor':>5} "
+        f"{'runs':>5} {'stock us':>9} {'edgefuse us':>11} {'ratio':>6} {'wall':>5} {'call':>5} {'floor':>5} {'fwall':>5} "
         f"{'load':>5}"
     )
     print(header, file=out)
@@ -299,7 +301,8 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
                     timed.append(_lower("floor", floor_module, x, floor_expected, stock_lowering))
                 medians, used = _time(timed, x, runs, budget)
                 base = medians[0]
-                floor = f"{medians[-1].run_cpu / base.run_cpu:>5.2f}" if workload.floor is not None else f"{'-':>5}"
+                floor = (f"{medians[-1].run_cpu / base.run_cpu:>5.2f} {medians[-1].run_wall / base.run_wall:>5.2f}"
+                         if workload.floor is not None else f"{'-':>5} {'-':>5}")
                 for lowered, m in zip(ours, medians[1:]):
                     print(
                         f"{workload.name:<15} {str(dtype).removeprefix('torch.'):<8} {count:>4} {lowered.label:<17} "
@@ -324,6 +327,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None,
                         help=f"comma-separated workloads to run (of {', '.join(w.name for w in WORKLOADS)})")
     args = parser.parse_args(argv)
+    from edgefuse.progress import quiet_libraries
+
+    quiet_libraries()  # lowering warns on every export (FutureWarnings of torch's pytree): not the table's business
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     runs = args.runs if args.runs is not None else (200 if args.quick else 1000)
