@@ -105,28 +105,38 @@ def _passing_qnn_row(model, dtype, say=None, quant_dtype=None):
 
 def _fake_flows(monkeypatch, calls, *, qnn_missing=None, xnnpack_row=_passing_xnnpack_row,
                 qnn_row=_passing_qnn_row):
-    """Replace the flows the command runs by ``xnnpack_row`` and ``qnn_row``, and the QNN import check by
-    one that reports ``qnn_missing``; ``calls`` records the order in which the command asked for them."""
+    """Replace the flows the command runs by ``xnnpack_row`` and ``qnn_row``, and the import of the QNN
+    quantizer by one that fails with ``qnn_missing`` (if given); ``calls`` records the order in which the
+    command asked for them. The fakes take what the real ones take, the same way (``say`` by keyword:
+    the real flows' next positional parameter is the number of held-out inputs)."""
     import edgefuse.quant.qnn as qnn
 
-    def xnnpack(model, dtype, scheme, say):
+    def xnnpack(model, dtype, scheme, *, say):
+        assert isinstance(dtype, torch.dtype) and callable(say)
         calls.append(("xnnpack", model))
         return xnnpack_row(model, dtype, scheme)
 
-    def available():
+    def load_quantizer_module():
         calls.append(("qnn import",))
-        return qnn_missing
+        if qnn_missing is not None:
+            raise qnn.QnnUnavailable(qnn_missing)
 
-    def qnn_flow(model, dtype, say, quant_dtype):
+    def qnn_flow(model, dtype, *, say, quant_dtype):
+        assert isinstance(dtype, torch.dtype) and callable(say)
         calls.append(("qnn", model))
         return qnn_row(model, dtype, quant_dtype=quant_dtype)
 
     monkeypatch.setattr(table, "xnnpack_row", xnnpack)
     monkeypatch.setattr(table, "qnn_row", qnn_flow)
-    monkeypatch.setattr(qnn, "qnn_available", available)
+    monkeypatch.setattr(qnn, "load_quantizer_module", load_quantizer_module)
 
 
-def _run(argv, capsys):
+def _run(argv, capsys, monkeypatch):
+    """The command on two models, one dtype and scheme, leaving the process's loggers and warnings as they
+    were (the fake flows print nothing to silence)."""
+    import edgefuse.progress
+
+    monkeypatch.setattr(edgefuse.progress, "quiet_libraries", lambda: None)
     threads = torch.get_num_threads()
     try:
         status = main(["--models", "tiny-llama,tiny-qwen3", "--dtypes", "float32", "--xnnpack-dtypes", "float32",
@@ -141,7 +151,7 @@ def test_every_xnnpack_row_runs_before_the_qnn_quantizer_is_imported(monkeypatch
     XNNPACK programs serialize to: so the command measures XNNPACK first."""
     calls = []
     _fake_flows(monkeypatch, calls)
-    status, out = _run([], capsys)
+    status, out = _run([], capsys, monkeypatch)
     assert status == 0, out
     assert calls == [("xnnpack", "tiny-llama"), ("xnnpack", "tiny-qwen3"), ("qnn import",),
                      ("qnn", "tiny-llama"), ("qnn", "tiny-qwen3")]
@@ -150,7 +160,7 @@ def test_every_xnnpack_row_runs_before_the_qnn_quantizer_is_imported(monkeypatch
 def test_an_unavailable_qnn_quantizer_exits_3_and_says_why_after_the_xnnpack_table(monkeypatch, capsys):
     calls = []
     _fake_flows(monkeypatch, calls, qnn_missing="no module named 'qualcomm'")
-    status, out = _run([], capsys)
+    status, out = _run([], capsys, monkeypatch)
     assert status == 3, out
     assert "QNN: not measured: no module named 'qualcomm' (--no-qnn measures XNNPACK alone)" in out
     assert "XNNPACK, each .pte run in executorch.runtime:" in out and ("qnn", "tiny-llama") not in calls
@@ -199,6 +209,7 @@ def test_a_failed_verdict_exits_1_and_outranks_an_unavailable_quantizer(flow, br
 
     rows = {f"{flow}_row": broken(_passing_xnnpack_row if flow == "xnnpack" else _passing_qnn_row)}
     _fake_flows(monkeypatch, [], qnn_missing=qnn_missing, **rows)
-    status, out = _run([], capsys)
+    status, out = _run([], capsys, monkeypatch)
     assert status == 1, out
-    assert says in out and "tiny-llama float32 qs8 edgefuse: FAILED" not in out, out
+    assert says in out, out
+    assert not [line for line in out.splitlines() if line.startswith("  tiny-llama")], out  # the passing row
