@@ -1,6 +1,6 @@
 """``python -m edgefuse.xnnpack.bench`` runs as a user runs it and prints a table people can read.
 
-The benchmark is not part of the test run: this runs its smallest workload for a few rounds and checks
+The benchmark is not part of the test run: this runs two small workloads for ten rounds and checks
 the table's structure (the thread count stated, what each lowering left outside, ratios that parse) and
 the usage errors. It asserts no time.
 """
@@ -15,9 +15,13 @@ import pytest
 from edgefuse.xnnpack.bench import main
 
 
-def test_the_mean_workload_prints_one_row_per_shape_and_policy_with_the_thread_count():
+#: The last cells of every row, in the header's order ("stock us" and "edgefuse us" are one cell each).
+TIMING = ("runs", "stock us", "edgefuse us", "ratio", "wall", "call", "floor", "fwall", "load")
+
+
+def test_the_table_has_a_row_per_shape_and_policy_with_the_thread_count_and_the_blocks_floor():
     done = subprocess.run(
-        [sys.executable, "-m", "edgefuse.xnnpack.bench", "--quick", "--only", "mean", "--runs", "10",
+        [sys.executable, "-m", "edgefuse.xnnpack.bench", "--quick", "--only", "mean,blocks-512", "--runs", "10",
          "--budget", "0.05", "--threads", "1"],
         capture_output=True, text=True, timeout=300,
     )
@@ -25,17 +29,24 @@ def test_the_mean_workload_prints_one_row_per_shape_and_policy_with_the_thread_c
     assert "Warning" not in done.stderr, done.stderr  # the lowering's warnings are silenced
     lines = done.stdout.splitlines()
     assert lines[0].startswith("threads: 1 (reset with _unsafe_reset_threadpool(1) before loading)"), lines[0]
-    header = next(line.split() for line in lines if line.startswith("workload"))
-    rows = [line.split() for line in lines if line.startswith("mean ")]
-    # float32 and float16, each at 1 row (default policy and the other one) and at 32 rows
-    assert [(r[1], r[2], r[3]) for r in rows] == [
-        (dtype, rows_, policy) for dtype in ("float32", "float16")
-        for rows_, policy in (("1", "delegate"), ("1", "auto"), ("32", "delegate"))]
+    assert next(line for line in lines if line.startswith("workload")).rstrip().endswith(
+        "runs  stock us edgefuse us  ratio  wall  call floor fwall  load")
+    rows = [line.split() for line in lines if line.startswith(("mean ", "blocks-512 "))]
+    # quick: float32 and float16, the mean at 1 row (default policy and the other one) and 32, the blocks at 32
+    assert [tuple(r[:4]) for r in rows] == [
+        (workload, dtype, count, policy) for workload, shapes in (
+            ("mean", (("1", "delegate"), ("1", "auto"), ("32", "delegate"))), ("blocks-512", (("32", "delegate"),)))
+        for dtype in ("float32", "float16") for count, policy in shapes]
     for row in rows:
-        cells = dict(zip(header[header.index("runs"):], row[-len(header[header.index("runs"):]):]))
-        assert (row[4], row[5], row[6]) == ("0/1", "1xmean", "-"), row  # stock leaves the mean outside
-        assert all(float(cells[name]) > 0 for name in ("ratio", "wall", "call")), row
-        assert cells["floor"] == cells["fwall"] == "-"  # only the blocks have a floor
+        cells = dict(zip(TIMING, row[-len(TIMING):]))
+        assert cells["runs"] == "10", row  # as asked: --runs is at most, and a short budget cuts no further
+        assert all(float(cells[name]) > 0 for name in ("stock us", "edgefuse us", "ratio", "wall", "call")), row
+        if row[0] == "mean":
+            assert (row[4], row[5], row[6]) == ("0/1", "1xmean", "-"), row  # stock leaves the mean outside
+            assert cells["floor"] == cells["fwall"] == "-"  # only the blocks have a floor
+        else:
+            assert row[4] == ("5/1" if row[1] == "float32" else "12/1") and row[6] == "-", row  # nothing left outside
+            assert float(cells["floor"]) > 0 and float(cells["fwall"]) > 0, row
     assert lines[-1].startswith("done in ")
 
 

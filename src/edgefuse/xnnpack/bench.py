@@ -1,6 +1,6 @@
 """Benchmark: stock ``XnnpackPartitioner`` against ``edgefuse.xnnpack.lower`` on mean and RMSNorm workloads.
 
-``python -m edgefuse.xnnpack.bench [--quick] [--threads N] [--runs N] [--budget S]``
+``python -m edgefuse.xnnpack.bench [--quick] [--threads N] [--runs N] [--budget S] [--only W,...]``
 
 Workloads, each in float32 and float16, following the shapes of the upstream change this replaces
 (``XNNStaticMean``, whose benchmark used a ``1x128x2048`` RMSNorm, a 3-D last-dim mean, and four pre-norm
@@ -185,8 +185,8 @@ def _round_order(count: int, previous: int, rng: random.Random) -> list[tuple[in
 def _time(methods: list[Lowered], x: torch.Tensor, runs: int, budget: float) -> tuple[list[Medians], int]:
     """Medians of each method's program-alone and full-call times, rounds in random order.
 
-    At most ``runs`` timed rounds, fewer (never under 100) when a round is so slow that ``runs`` of them
-    would take more than ``budget`` seconds; the count used is returned. CPU time is the process's (all
+    At most ``runs`` timed rounds, fewer (never under 100, or ``runs`` if less) when a round is so slow
+    that ``runs`` of them would take more than ``budget`` seconds; the count used is returned. CPU time is the process's (all
     threads), so it stays right with a threadpool of several threads.
     """
     start = time.perf_counter()
@@ -194,7 +194,7 @@ def _time(methods: list[Lowered], x: torch.Tensor, runs: int, budget: float) -> 
         lowered.method.execute([x])
         lowered.method.run()
     round_time = time.perf_counter() - start
-    runs = max(100, min(runs, int(budget / max(round_time, 1e-9))))
+    runs = max(min(runs, 100), min(runs, int(budget / max(round_time, 1e-9))))
     warmup = max(3, runs // 10)
     rng = random.Random(0)
     samples = {(k, mode): ([], []) for k in range(len(methods)) for mode in ("call", "run")}
@@ -327,9 +327,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None,
                         help=f"comma-separated workloads to run (of {', '.join(w.name for w in WORKLOADS)})")
     args = parser.parse_args(argv)
-    from edgefuse.progress import quiet_libraries
-
-    quiet_libraries()  # lowering warns on every export (FutureWarnings of torch's pytree): not the table's business
     if args.threads < 1:
         parser.error("--threads must be at least 1")
     runs = args.runs if args.runs is not None else (200 if args.quick else 1000)
@@ -339,10 +336,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [name for name in only or [] if name not in {w.name for w in WORKLOADS}]
     if unknown:
         parser.error(f"unknown workloads {', '.join(unknown)}")
-    start = time.monotonic()
     budget = args.budget if args.budget is not None else (1.5 if args.quick else 4.0)
     if budget <= 0:
         parser.error("--budget must be positive")
+    from edgefuse.progress import quiet_libraries
+
+    quiet_libraries()  # lowering warns on every export (FutureWarnings of torch's pytree): not the table's business
+    start = time.monotonic()
     run(args.quick, args.threads, runs, budget, only)
     print(f"done in {time.monotonic() - start:.0f}s")
     return 0
