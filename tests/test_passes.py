@@ -103,37 +103,15 @@ def test_dead_node_erasure_keeps_ops_edgefuse_does_not_know():
     assert not unknown._erased and cast._erased
 
 
-def test_folding_a_weight_in_an_edge_program_leaves_the_program_it_came_from_as_it_was():
-    """to_edge's program shares its constants dict with the exported program it was made from; the folded
-    Gemma weight goes into the edge program alone, and both programs still compute the norm."""
+def test_the_manager_a_transform_was_called_on_still_runs():
+    """ExecuTorch's transform copies the program shallowly (graph and signature shared with the result):
+    a folded weight must reach the constants both programs read."""
     from forms import GemmaNorm
 
-    from edgefuse.recompose import recompose_rms_norm
-
-    class WithConstant(torch.nn.Module):
-        """A Gemma norm beside a lifted constant: torch shares a non-empty constants dict."""
-
-        def __init__(self):
-            super().__init__()
-            self.norm = GemmaNorm()
-            self.register_buffer("offset", torch.linspace(-1, 1, 16), persistent=False)
-
-        def forward(self, x):
-            return self.norm(x), x + self.offset
-
-    module = WithConstant()
-    x = _x(torch.float32)
-    exported = export(module, (x,))
-    before = dict(exported.constants)
-    assert list(before) == ["offset"]
-    edge = to_edge(exported, compile_config=edgefuse.edge_compile_config()).exported_program()
-    result = recompose_rms_norm(edge, backend="qnn")
-    assert [d.rebuilt for d in result.decisions] == [True]
-    [node] = rms_norm_nodes(edge.graph_module)
-    folded = node.args[2].name
-    assert folded in edge.constants and folded not in exported.constants
-    assert exported.constants.keys() == before.keys()
-    assert all(exported.constants[k] is v for k, v in before.items())
-    for program in (exported, edge):
-        for expected, actual in zip(module(x), program.module()(x)):
-            assert compare(expected, actual).ok
+    module, x = GemmaNorm(), _x(torch.float32)
+    config = edgefuse.edge_compile_config()
+    old = to_edge(export(module, (x,)), compile_config=config)
+    new = old.transform([RecomposeRmsNorm(backend="qnn")], compile_config=config)
+    assert rms_norm_nodes(new.exported_program().graph_module)
+    for manager in (old, new):
+        assert compare(module(x), manager.exported_program().module()(x)).ok

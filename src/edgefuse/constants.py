@@ -26,7 +26,6 @@ class GraphConstants:
         self.program = program
         self.mutations = Mutations(graph_module.graph)
         self._count = 0
-        self._own_constants = False
 
     def is_constant(self, node: object) -> bool:
         """Whether the node is a tensor known when the program is built."""
@@ -98,11 +97,6 @@ class GraphConstants:
                 node = graph.get_attr(attr)
             node.meta["val"] = _fake_like(before, data)
             return node
-        if not self._own_constants:
-            # An edge program shares its constants dict with the program to_edge made it from (torch's
-            # run_decompositions passes the dict through): adding to a copy leaves the caller's program as it was.
-            self.program._constants = dict(self.program.constants)
-            self._own_constants = True
         taken = {n.name for n in graph.nodes} | {n.meta.get("requested_name") for n in graph.nodes}
         taken |= set(self.program.constants) | set(self.program.state_dict)
         while f"_edgefuse_{name}_{self._count}" in taken:

@@ -20,17 +20,19 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
 from edgefuse.errors import Unavailable
+from edgefuse.programs import detached
 
 STOCK = "stock"
 EDGEFUSE = "edgefuse"
 
 
 def stock_lower(program: ExportedProgram):
-    """ExecuTorch's stock XNNPACK flow: ``to_edge_transform_and_lower`` with ``XnnpackPartitioner()``."""
+    """ExecuTorch's stock XNNPACK flow: ``to_edge_transform_and_lower`` with ``XnnpackPartitioner()``, on
+    a :func:`~edgefuse.programs.detached` program, so that the caller's can be lowered again."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
-    return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
+    return to_edge_transform_and_lower(detached(program), partitioner=[XnnpackPartitioner()])
 
 
 def edgefuse_lower(program: ExportedProgram):

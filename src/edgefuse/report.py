@@ -29,6 +29,7 @@ from torch.utils import _pytree as pytree
 
 from edgefuse.errors import UsageError
 from edgefuse.modelspec import ModelSpec, error_summary
+from edgefuse.programs import detached
 from edgefuse.quant.facts import norm_key
 from edgefuse.recompose import Decision, recompose_rms_norm
 from edgefuse.table import format_table
@@ -120,7 +121,7 @@ def build_report(
 
         say("converting to the ExecuTorch edge dialect")
         try:
-            edge = to_edge(program, compile_config=edge_compile_config()).exported_program()
+            edge = to_edge(detached(program), compile_config=edge_compile_config()).exported_program()
         except Exception as error:  # noqa: BLE001  (ExecuTorch rejects the model before edgefuse runs)
             raise UsageError(
                 f"ExecuTorch's to_edge rejects {spec.name}: {error_summary(error, spec.source)}; try --stage "

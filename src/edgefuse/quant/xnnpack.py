@@ -27,11 +27,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
+from edgefuse.lowering import EDGEFUSE, STOCK, lower  # noqa: F401  (the quantized programs lower the same two ways)
 from edgefuse.ops import CAPTURE, EDGE, Role
 from edgefuse.quant.facts import NormQuantization, mark_norms, norm_quantization
 
-STOCK = "stock"
-EDGEFUSE = "edgefuse"
 SCHEMES = ("qs8", "8da4w")
 
 
@@ -139,20 +138,6 @@ def export_quantized(quantized: Quantized, example_inputs: Sequence[Any]) -> Exp
     """``torch.export`` of the quantized module, under ``no_grad``."""
     with torch.no_grad():
         return torch.export.export(quantized.module, tuple(example_inputs))
-
-
-def lower(program: ExportedProgram, how: str):
-    """Lower ``program`` stock (``XnnpackPartitioner``) or with :func:`edgefuse.xnnpack.lower`."""
-    if how == STOCK:
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-        from executorch.exir import to_edge_transform_and_lower
-
-        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()])
-    if how == EDGEFUSE:
-        from edgefuse.xnnpack import lower as edgefuse_lower
-
-        return edgefuse_lower(program)
-    raise ValueError(f"unknown lowering {how!r}; choose {STOCK!r} or {EDGEFUSE!r}")
 
 
 @dataclass(frozen=True)

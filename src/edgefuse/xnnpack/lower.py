@@ -14,6 +14,7 @@ from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
 
+from edgefuse.programs import detached
 from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy
 from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
@@ -43,7 +44,7 @@ def lower(
     check_policy(single_row)
     partitioner = EdgefuseXnnpackPartitioner(single_row=single_row, **partitioner_kwargs)
     manager = to_edge_transform_and_lower(
-        exported_program,
+        detached(exported_program),  # the caller's program keeps the constants a delegate takes in
         transform_passes=[SubstituteForXnnpack(means=means, casts=casts)],
         partitioner=[partitioner],
         compile_config=compile_config,
