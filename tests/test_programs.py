@@ -14,7 +14,6 @@ from edgefuse.flows import lower_to_pte
 from edgefuse.modelspec import ModelSpec
 from edgefuse.report import build_report
 from edgefuse.runtime import LoadedProgram
-from edgefuse.verify import compare
 from forms import GemmaNorm
 
 
@@ -46,14 +45,32 @@ def _x():
     return torch.randn(2, 16, generator=torch.Generator().manual_seed(0))
 
 
+def _matmuls_exact_and_bound(module: ConstantMatmul, x: torch.Tensor):
+    """``(x W^T + b) c`` in float64, and the float32 error bound of any summation order of each product.
+
+    Each output sums 17 terms (16 products and the bias), then 16: the computed value is within
+    ``(g17 + g16 + g17 g16) (|x| |W|^T + |b|) |c|`` of exact, ``gn = n u / (1 - n u)`` (Higham, 3.5).
+    """
+    w, b, c = (t.detach().double() for t in (module.linear.weight, module.linear.bias, module.c))
+    x = x.double()
+    u = torch.finfo(torch.float32).eps / 2
+    g17, g16 = (n * u / (1 - n * u) for n in (17, 16))
+    magnitude = (x.abs() @ w.abs().T + b.abs()) @ c.abs()
+    return (x @ w.T + b) @ c, (g17 + g16 + g17 * g16) * magnitude
+
+
 def _snapshot(program):
-    return dict(program.constants), dict(program.state_dict), str(program.graph_signature)
+    return (dict(program.constants), dict(program.state_dict), str(program.graph_signature),
+            program.graph_module.code)
 
 
 def _same(program, snapshot) -> bool:
-    constants, state, signature = snapshot
-    return (program.constants.keys() == constants.keys() and all(program.constants[k] is v for k, v in constants.items())
-            and program.state_dict.keys() == state.keys() and str(program.graph_signature) == signature)
+    """The program has the same constants (the very tensors), state, signature and graph as before."""
+    constants, state, signature, code = snapshot
+    return (program.constants.keys() == constants.keys()
+            and all(program.constants[k] is v for k, v in constants.items())
+            and program.state_dict.keys() == state.keys() and str(program.graph_signature) == signature
+            and program.graph_module.code == code)
 
 
 def test_one_program_lowers_stock_then_edgefuse_and_still_runs():
@@ -69,9 +86,11 @@ def test_one_program_lowers_stock_then_edgefuse_and_still_runs():
         assert lowered.summary.delegates == 1 and not lowered.summary.outside, lowered.summary
         got[how] = LoadedProgram(lowered.pte).run((x,))[0]
         assert _same(program, before), how
-    # no norm or mean: both flows make the same delegate; it reads the constant `c` at float32 precision
+    # no norm or mean: both flows make the same delegate, which reads the constant `c` (float32)
     assert torch.equal(got["stock"], got["edgefuse"])
-    assert compare(expected, got["edgefuse"]).ok  # two units of float32 at the largest output
+    exact, bound = _matmuls_exact_and_bound(module, x)
+    assert ((got["edgefuse"].double() - exact).abs() <= bound).all()
+    assert ((expected.double() - exact).abs() <= bound).all()
     assert torch.equal(program.module()(x), module(x))  # the caller's program still runs, on its own constant
 
 
@@ -83,3 +102,5 @@ def test_the_edge_report_does_not_add_its_folded_weight_to_the_callers_program()
                           program=program)
     assert [r.decision.rebuilt for r in report.rows] == [True] and report.ok
     assert _same(program, before)
+    for got, expected in zip(program.module()(x), module(x)):  # and it still runs, on its own constants
+        assert torch.equal(got, expected)

@@ -1,10 +1,10 @@
-"""A caller's exported program stays as it was: edgefuse's flows consume a copy of its dicts.
+"""A caller's exported program stays as it was: edgefuse's flows lower a copy with its own constants.
 
 ``to_edge`` hands the edge program the exported program's own constants dict (torch's
 ``run_decompositions`` passes it through when it is not empty). ExecuTorch's lowering then deletes from
 that dict every constant a delegate took in, and a pass that adds a constant adds it there: the caller's
 program no longer runs, or a second lowering of it fails. :func:`detached` gives a flow the same program
-with dicts of its own.
+with a constants dict of its own.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ from torch.export import ExportedProgram
 
 
 def detached(program: ExportedProgram) -> ExportedProgram:
-    """``program`` with its own dicts of constants and state, sharing the tensors, graph and signature.
+    """``program`` with its own constants dict, sharing the tensors, graph, state dict and signature.
 
-    Everything else is read, not changed, by ``to_edge`` (which traces a new graph), so nothing more is
-    copied; torch offers no public way to give a program a new constants dict.
+    The state dict needs no copy: ``run_decompositions`` builds the edge program a new one. For an
+    inference program the rest is read, not changed, by ``to_edge``, which traces a new graph. The copy
+    is shallow because ``ExportedProgram``'s constructor would rebuild the graph module.
     """
     twin = copy.copy(program)
     twin._constants = dict(program.constants)
-    twin._state_dict = dict(program.state_dict)
     return twin

@@ -186,8 +186,8 @@ def _time(methods: list[Lowered], x: torch.Tensor, runs: int, budget: float) -> 
     """Medians of each method's program-alone and full-call times, rounds in random order.
 
     At most ``runs`` timed rounds, fewer (never under 100, or ``runs`` if less) when a round is so slow
-    that ``runs`` of them would take more than ``budget`` seconds; the count used is returned. CPU time is the process's (all
-    threads), so it stays right with a threadpool of several threads.
+    that ``runs`` of them would take more than ``budget`` seconds; the count used is returned. CPU time
+    is the process's (all threads), so it stays right with a threadpool of several threads.
     """
     start = time.perf_counter()
     for lowered in methods:
@@ -270,8 +270,8 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
     header = (
         f"{'workload':<15} {'dtype':<8} {'rows':>4} {'edgefuse policy':<17} {'deleg s/e':>9} "
         f"{'outside stock':<28} {'outside edgefuse':<18} {'err stock':>9} {'err edgefuse':>12} "
-        f"{'runs':>5} {'stock us':>9} {'edgefuse us':>11} {'ratio':>6} {'wall':>5} {'call':>5} {'floor':>5} {'fwall':>5} "
-        f"{'load':>5}"
+        f"{'runs':>5} {'stock us':>9} {'edgefuse us':>11} {'ratio':>6} {'wall':>5} {'call':>5} {'floor':>5} "
+        f"{'fwall':>5} {'load':>5}"
     )
     print(header, file=out)
     print("-" * len(header), file=out)
