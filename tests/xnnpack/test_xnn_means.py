@@ -12,6 +12,7 @@ from torch.export import Dim
 
 from xnn_helpers import assert_matches, casts_outside, lower_and_run, means_outside
 
+from edgefuse.verify import tolerance
 from edgefuse.xnnpack.inspect import lowered_modules, xnn_graph
 from edgefuse.xnnpack.mean_plan import PlanError, plan_mean
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, SINGLE_ROW_POLICIES, keep_portable
@@ -95,7 +96,8 @@ def test_float16_means_and_rmsnorm():
     assert_matches(result)
     assert means_outside(result) == [] and casts_outside(result) == []
     assert result.delegates == 1
-    assert result.counts["XNNConvert"] == 2  # the norm's upcast and downcast
+    # the norm's upcast and downcast; x.mean((0, 2)) reduces its last dim by a float32 fully-connected
+    assert result.counts["XNNConvert"] == 4 and result.counts["XNNFullyConnected"] == 2
 
 
 def test_bfloat16_mean_runs_in_float32_between_converts():
@@ -293,6 +295,58 @@ def test_wide_last_dim_mean_is_averaged_in_lanes(dtype):
     assert [s.kind for s in plan_mean((1, 32, 2048), [-1], True)] == [
         "reshape", "global_avg_pool", "reshape", "fully_connected", "reshape"
     ]
+
+
+def test_a_float16_fully_connected_mean_runs_in_float32_and_keeps_nans():
+    # XNNPACK's float16 fully-connected turns a NaN row into -inf, and a float16 1/W row is off by up to
+    # half a float16 unit (far more once subnormal): the fully-connected runs in float32, converts around it.
+    one_row, rows = _x(1, 37, dtype=torch.float16), _x(4, 37, dtype=torch.float16, seed=1)
+    one_row[0, 3] = float("nan")
+    rows[1, 5] = float("nan")
+    rows[2, 0], rows[2, 1] = float("inf"), float("-inf")  # inf - inf: NaN too
+    for x, kind in ((one_row, "fully_connected"), (rows, "fully_connected_rows")):
+        result = lower_and_run(Means([((-1,), True)]), (x,), single_row="delegate")
+        assert means_outside(result) == []
+        assert [s.kind for s in plan_mean(tuple(x.shape), [-1], True)][0] == kind
+        assert [t for t in result.types[0] if t != "XNNStaticReshape"] == [
+            "XNNConvert", "XNNFullyConnected", "XNNConvert"
+        ], result.types
+        graph = xnn_graph(lowered_modules(result.manager)[0].processed_bytes)
+        datatype = {v["xvalue_union"]["id_out"]: v["xvalue_union"]["datatype"] for v in graph["xvalues"]}
+        (fc,) = [n["xnode_union"] for n in graph["xnodes"] if n["xnode_union_type"] == "XNNFullyConnected"]
+        assert {datatype[fc["input1_id"]], datatype[fc["filter_id"]]} == {"xnn_datatype_fp32"}
+        (got,), (expected,) = result.outputs[0], result.expected[0]
+        nan = torch.isnan(expected)
+        assert nan.any() and torch.equal(torch.isnan(got), nan)
+        finite = ~nan
+        if finite.any():
+            error = (got[finite].double() - expected[finite].double()).abs().max()
+            assert error <= tolerance(torch.float16, expected[finite], 8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_last_dim_run_too_wide_for_one_fully_connected_is_pooled(dtype):
+    # No lane count divides 65537 values: one fully-connected would sum each row in one float32 chain
+    # (a row of ones came out 127 float32 units off at 65535 values, 49752 at 500001); pooled, the rows
+    # of ones are exact.
+    width = 65537
+    x = torch.ones(3, width, dtype=dtype)
+    x[1] = _x(width, seed=1).to(dtype)
+    result = lower_and_run(Means([((-1,), True)]), (x,))
+    assert means_outside(result) == []
+    assert result.counts["XNNGlobalAvgPooling2d"] == 1 and result.counts["XNNFullyConnected"] == 0
+    (got,), (expected,) = result.outputs[0], result.expected[0]
+    assert torch.equal(got[[0, 2]], torch.ones(2, 1, dtype=dtype))
+    # The random row: a float32 sum of n values in any order is within (n - 1) u sum|x| of exact (u the
+    # float32 unit roundoff), then one rounding to the output dtype.
+    u = torch.finfo(torch.float32).eps / 2
+    bound = (width - 1) * u * float(x[1].double().abs().mean()) + torch.finfo(dtype).eps * float(expected[1].abs())
+    assert abs(float(got[1]) - float(x[1].double().mean())) <= bound
+    assert [s.kind for s in plan_mean((3, width), [-1], True)] == ["reshape", "global_avg_pool", "reshape"]
+    assert [s.kind for s in plan_mean((3, 65535), [-1], True)] == ["fully_connected_rows", "reshape"]
+    assert [s.kind for s in plan_mean((1, 65535), [-1], True)] == ["fully_connected"]
+    # with two run-time leading dims pooling needs a reshape XNNPACK cannot infer: one fully-connected
+    assert [s.kind for s in plan_mean((None, None, width), [-1], True, (2, 2, width))] == ["fully_connected"]
 
 
 def test_lane_count_is_the_largest_of_32_16_8_that_divides_the_width():

@@ -4,14 +4,16 @@ The released runtime has no reduction node but global average pooling, which ave
 dims of an NHWC tensor. edgefuse keeps the mean's input NCHW (no transposes) and reduces one run of
 consecutive dims at a time, on the tensor viewed as ``[outer, reduced, inner]``:
 
-- ``inner == 1`` (the run is last, as in every RMSNorm), the reduced size static, and no lanes (next
-  item): a ``FullyConnected`` with a constant ``[1, reduced]`` row of ``1/reduced``. With a static ``outer > 1``
-  the row is the fully-connected's *input* and the data, viewed as ``[outer, reduced]``, its filter
+- ``inner == 1`` (the run is last, as in every RMSNorm), the reduced size static and at most
+  :data:`MAX_FULLY_CONNECTED_WIDTH`, and no lanes (next item): a ``FullyConnected`` with a constant
+  ``[1, reduced]`` row of ``1/reduced``, in float32 (:mod:`edgefuse.xnnpack.visitors`). With a static
+  ``outer > 1`` the row is the fully-connected's *input* and the data, viewed as ``[outer, reduced]``, its filter
   (``fully_connected_rows``): one output row of ``outer`` values, which uses the whole GEMM tile. With
   the row as the filter (``fully_connected``), each of the ``outer`` rows fills one column of a tile
   at least 8 wide; on the shared 2-core x86 machine it was measured on, a float32 RMSNorm of 32 x 2048
   ran at 0.77 of stock that way and 0.65 the other (0.88 and 0.72 in CPU time, in another run).
-  At one row, or a run-time row count, the row is the filter: no reshape is needed (two run-time leading dims stay possible) and at one row it was the faster form.
+  At one row, or a run-time row count, the row is the filter: no reshape is needed (two run-time
+  leading dims stay possible) and at one row it was the faster form.
 - ``inner == 1`` and a wide static run (at least :data:`MIN_LANES_WIDTH` values, or
   :data:`MIN_SINGLE_ROW_LANES_WIDTH` at one row) that 32, 16 or 8 divides: *lanes*. The run, viewed as
   ``[outer, reduced / lanes, 1, lanes]``, is averaged per lane by ``GlobalAvgPooling2d`` (element j
@@ -22,7 +24,14 @@ consecutive dims at a time, on the tensor viewed as ``[outer, reduced, inner]``:
   float32 errors 4 to 5 times smaller (about eager's), where one fully-connected over thousands of
   values drifts by several ulps.
 - otherwise: ``GlobalAvgPooling2d`` on ``[outer, reduced, 1, inner]`` read as NHWC, which averages over
-  ``reduced`` for each of ``inner`` channels, and works for a dynamic ``reduced`` too.
+  ``reduced`` for each of ``inner`` channels, and works for a dynamic ``reduced`` too. A last-dim run
+  wider than :data:`MAX_FULLY_CONNECTED_WIDTH` that no lane count divides is pooled this way too, with
+  one channel: a fully-connected sums each row in one float32 chain, which drifts with the width.
+  Against the float64 mean, in float32 units of the result, a row of ones came out 127 units off at
+  65535 values, 49752 at 500001 and 263474 at 6291457, and 6291457 values in ``[0, 1)`` 19328 off;
+  pooled, 0.5 or less for the ones and 560 for those values. Up to 65535 values the two were as close
+  on values in ``[0, 1)`` (40 and 45 units at 65535) and the fully-connected ran 2.2 to 3.4 times
+  faster (rows of 257 to 65535 values, float32 and float16, 1 thread).
 
 Static reshapes go around each step where the shape needs it; XNNPACK infers at most one dim of a
 reshape at run time, so a plan whose reshapes would need two unknown dims is refused with a reason,
@@ -48,6 +57,10 @@ MIN_LANES_WIDTH = 256
 
 #: The same for a mean of a single row, where the plain fully-connected stays ahead up to a wider row.
 MIN_SINGLE_ROW_LANES_WIDTH = 1024
+
+#: The widest static last-dim run one fully-connected averages when no lane count divides it; a wider
+#: one is pooled (see the module docstring).
+MAX_FULLY_CONNECTED_WIDTH = 65536
 
 
 @dataclass(frozen=True)
@@ -158,10 +171,10 @@ def plan_mean(
             "fails on the dim order of a 0-d output)"
         )
     try:
-        return _plan(shape, bounds, reduced, keepdim, use_lanes=True)
+        return _plan(shape, bounds, reduced, keepdim, pool_wide=True)
     except PlanError:
-        # The lane form needs reshapes the plain forms can avoid (two run-time leading dims).
-        return _plan(shape, bounds, reduced, keepdim, use_lanes=False)
+        # Lanes and pooling need reshapes one fully-connected can avoid (two run-time leading dims).
+        return _plan(shape, bounds, reduced, keepdim, pool_wide=False)
 
 
 def lanes_for(width: int | None, rows: int | None = None) -> int | None:
@@ -173,7 +186,7 @@ def lanes_for(width: int | None, rows: int | None = None) -> int | None:
     return next((c for c in LANES if width % c == 0), None)
 
 
-def _plan(shape, bounds, reduced, keepdim, use_lanes: bool) -> list[Step]:
+def _plan(shape, bounds, reduced, keepdim, pool_wide: bool) -> list[Step]:
     steps: list[Step] = []
     # The keepdim shape of the mean so far, and the shape of the last serialized value; each with bounds.
     logical, logical_bound = tuple(shape), tuple(bounds)
@@ -183,18 +196,20 @@ def _plan(shape, bounds, reduced, keepdim, use_lanes: bool) -> list[Step]:
         outer, outer_bound = _product(logical[:first]), math.prod(logical_bound[:first])
         width, width_bound = _product(logical[first : last + 1]), math.prod(logical_bound[first : last + 1])
         inner, inner_bound = _product(logical[last + 1 :]), math.prod(logical_bound[last + 1 :])
-        lanes = lanes_for(width, outer) if use_lanes and inner == 1 else None
+        lanes = lanes_for(width, outer) if pool_wide and inner == 1 else None
+        too_wide = pool_wide and width is not DYNAMIC and width > MAX_FULLY_CONNECTED_WIDTH
+        fully_connected = inner == 1 and width is not DYNAMIC and not too_wide
         if lanes:
             _reshape(steps, current, (outer, width // lanes, 1, lanes), (outer_bound, width // lanes, 1, lanes))
             steps.append(Step("global_avg_pool", (outer, 1, 1, lanes), (outer_bound, 1, 1, lanes)))
             steps.append(Step("reshape", (outer, lanes), (outer_bound, lanes)))
             current, current_bound = (outer, 1), (outer_bound, 1)
             steps.append(Step("fully_connected", current, current_bound, lanes))
-        elif inner == 1 and width is not DYNAMIC and outer is not DYNAMIC and outer > 1:
+        elif fully_connected and outer is not DYNAMIC and outer > 1:
             _reshape(steps, current, (outer, width), (outer_bound, width_bound))
             current, current_bound = (1, outer), (1, outer_bound)
             steps.append(Step("fully_connected_rows", current, current_bound, width))
-        elif inner == 1 and width is not DYNAMIC:
+        elif fully_connected:
             if current == logical and first == last == rank - 1:
                 current, current_bound = logical[:-1] + (1,), logical_bound[:-1] + (1,)
             else:

@@ -2,7 +2,8 @@
 
 ``edgefuse.xnn_mean`` becomes the nodes of :func:`edgefuse.xnnpack.mean_plan.plan_mean`
 (``XNNFullyConnected`` against a constant ``1/W`` row, ``XNNGlobalAvgPooling2d``, ``XNNStaticReshape``);
-a bfloat16 mean, which XNNPACK cannot reduce, runs in float32 between two ``XNNConvert`` nodes.
+a fully-connected step of a float16 mean, and every step of a bfloat16 mean, runs in float32 between
+two ``XNNConvert`` nodes (see :func:`_step_dtype`).
 ``edgefuse.xnn_convert`` becomes one ``XNNConvert``. No node type is new, so the programs load on the
 released 1.5.1 runtime.
 
@@ -151,47 +152,50 @@ class XnnMeanVisitor(_EdgefuseVisitor):
         self.define_tensor(source, xnn_graph, vals_to_ids)
         self.define_tensor(node, xnn_graph, vals_to_ids)
         dtype = source.meta["val"].dtype
-        compute = dtype if dtype in _REDUCE_DTYPES else torch.float32
-
-        current = vals_to_ids[source]
-        if compute != dtype:
-            widened = self._internal_value(xnn_graph, get_shape(source), compute)
-            self._append(xnn_graph, XNNConvert(input_id=current, output_id=widened, flags=0), debug_handle)
-            current = widened
+        current, current_dtype, current_bound = vals_to_ids[source], dtype, get_shape(source)
         for index, step in enumerate(steps):
-            last = index == len(steps) - 1 and compute == dtype
-            out = vals_to_ids[node] if last else self._internal_value(xnn_graph, step.bound, compute)
+            wanted = _step_dtype(step, current_dtype)
+            if wanted != current_dtype:
+                converted = self._internal_value(xnn_graph, current_bound, wanted)
+                self._append(xnn_graph, XNNConvert(input_id=current, output_id=converted, flags=0), debug_handle)
+                current, current_dtype = converted, wanted
+            last = index == len(steps) - 1 and current_dtype == dtype
+            out = vals_to_ids[node] if last else self._internal_value(xnn_graph, step.bound, current_dtype)
             if step.kind == "reshape":
                 new_shape = [0 if s is DYNAMIC else s for s in step.shape]
                 union = XNNStaticReshape(
                     num_dims=len(new_shape), new_shape=new_shape, input_id=current, output_id=out, flags=0
                 )
-            elif step.kind == "fully_connected":
-                row = torch.full((1, step.width), 1.0 / step.width, dtype=torch.float64).to(compute)
-                union = XNNFullyConnected(
-                    input1_id=current,
-                    filter_id=self._constant_value(xnn_graph, row),
-                    bias_id=XNN_INVALID_VALUE_ID,
-                    output_id=out,
-                    flags=0,
+            elif step.kind in ("fully_connected", "fully_connected_rows"):
+                row = self._constant_value(
+                    xnn_graph, torch.full((1, step.width), 1.0 / step.width, dtype=torch.float64).to(current_dtype)
                 )
-            elif step.kind == "fully_connected_rows":
-                row = torch.full((1, step.width), 1.0 / step.width, dtype=torch.float64).to(compute)
+                data, weights = (current, row) if step.kind == "fully_connected" else (row, current)
                 union = XNNFullyConnected(
-                    input1_id=self._constant_value(xnn_graph, row),
-                    filter_id=current,
-                    bias_id=XNN_INVALID_VALUE_ID,
-                    output_id=out,
-                    flags=0,
+                    input1_id=data, filter_id=weights, bias_id=XNN_INVALID_VALUE_ID, output_id=out, flags=0
                 )
             elif step.kind == "global_avg_pool":
                 union = XNNGlobalAvgPooling2d(input_id=current, output_id=out, flags=XNN_FLAG_KEEP_DIMS)
             else:
                 raise PlanError(f"{node.name}: unknown plan step {step.kind!r}")
             self._append(xnn_graph, union, debug_handle)
-            current = out
-        if compute != dtype:
+            current, current_bound = out, step.bound
+        if current_dtype != dtype:
             self._append(xnn_graph, XNNConvert(input_id=current, output_id=vals_to_ids[node], flags=0), debug_handle)
+
+
+def _step_dtype(step: Step, current: torch.dtype) -> torch.dtype:
+    """The dtype a plan step runs in, given the dtype of its input.
+
+    Fully-connected steps run in float32: a float16 ``1/W`` row is off by up to half a float16 unit,
+    and far more once ``1/W`` is subnormal (``W`` over 16384: 2% at ``W = 783363``), and XNNPACK's
+    float16 fully-connected returns -inf for a row holding a NaN. Global average pooling, which keeps
+    its scale in float32 and NaNs as NaNs, runs in float16 too; a bfloat16 mean, which XNNPACK cannot
+    reduce, runs entirely in float32.
+    """
+    if step.kind in ("fully_connected", "fully_connected_rows") or current not in _REDUCE_DTYPES:
+        return torch.float32
+    return current
 
 
 @register_node_visitor
