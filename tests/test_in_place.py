@@ -62,8 +62,13 @@ class WriteBeforeNorm(nn.Module):
         return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
 
 
-def _capture(module, inputs, **options):
-    graph = export(module, inputs).module()
+def _capture(module, inputs, given="graph", **options):
+    """Recompose the captured graph, or the exported program (whose placeholders are its buffers)."""
+    program = export(module, inputs)
+    if given == "program":
+        result = edgefuse.recompose_rms_norm(program, **options)
+        return program.module(), result
+    graph = program.module()
     return graph, edgefuse.recompose_rms_norm(graph, **options)
 
 
@@ -105,9 +110,10 @@ class WrittenEps(nn.Module):
         return out
 
 
+@pytest.mark.parametrize("given", ["graph", "program"])
 @pytest.mark.parametrize("through_a_view", [False, True], ids=["directly", "through-a-view"])
-def test_a_buffer_written_in_place_is_not_a_constant_eps(through_a_view):
-    graph, result = _capture(WrittenEps(through_a_view), (_x(),))
+def test_a_buffer_written_in_place_is_not_a_constant_eps(through_a_view, given):
+    graph, result = _capture(WrittenEps(through_a_view), (_x(),), given)
     assert rms_norm_nodes(graph) == [] and "eps" in result.decisions[0].reason
     reference = WrittenEps(through_a_view)
     for _ in range(3):  # eps grows on every call, in both
@@ -127,8 +133,9 @@ class WrittenGemmaWeight(nn.Module):
         return y
 
 
-def test_qnn_never_folds_a_weight_the_model_writes():
-    graph, result = _capture(WrittenGemmaWeight(), (_x(),), backend="qnn")
+@pytest.mark.parametrize("given", ["graph", "program"])
+def test_qnn_never_folds_a_weight_the_model_writes(given):
+    graph, result = _capture(WrittenGemmaWeight(), (_x(),), given, backend="qnn")
     assert rms_norm_nodes(graph) == [] and "constant weight" in result.decisions[0].reason
     reference = WrittenGemmaWeight()
     for _ in range(3):

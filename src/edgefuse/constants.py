@@ -31,13 +31,16 @@ class GraphConstants:
         """Whether the node is a tensor known when the program is built."""
         if not isinstance(node, Node):
             return False
+        # A buffer the graph writes in place, or the program updates, is state, not a constant: folding it
+        # would freeze its first value. (torch.export keeps in-place ops on buffer placeholders, with
+        # ``buffers_to_mutate`` empty, until the program is decomposed.)
+        if self.mutations.is_written(node):
+            return False
         if node.op == "get_attr":
-            # A buffer the graph writes in place is state, not a constant: folding it would freeze its first value.
-            return not self.mutations.is_written(node)
+            return True
         if node.op != "placeholder" or self.program is None or not is_param_node(self.program, node):
             return False
         signature = self.program.graph_signature
-        # A buffer the program updates is state, not a constant: folding it would freeze its first value.
         return signature.inputs_to_buffers.get(node.name) not in signature.buffers_to_mutate.values()
 
     def value(self, node: object) -> torch.Tensor | None:
