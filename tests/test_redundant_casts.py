@@ -31,6 +31,34 @@ def test_no_op_casts_are_removed():
     assert compare(module(x), graph(x), ulps=0).ok
 
 
+class EndsInACast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = LlamaNorm()
+
+    def forward(self, x):
+        return self.norm(x).to(torch.float32)  # a no-op cast is the program's output
+
+
+def test_an_exported_program_keeps_its_signature_in_step():
+    x, module = torch.randn(2, 16), EndsInACast()
+    program = export(module, (x,))
+    output = program.graph_signature.output_specs[0].arg.name
+    removed = remove_redundant_casts(program)
+    assert output in removed and len(removed) == 3
+    assert program.graph_signature.output_specs[0].arg.name != output
+    program.validate()
+    assert compare(module(x), program.module()(x), ulps=0).ok
+
+
+def test_anything_else_is_a_type_error_before_any_change():
+    import pytest
+
+    for bad in (None, EndsInACast(), "graph"):
+        with pytest.raises(TypeError, match="GraphModule or an ExportedProgram"):
+            remove_redundant_casts(bad)
+
+
 class MemoryFormatCasts(nn.Module):
     def forward(self, x):
         half = x.to(torch.float16, memory_format=torch.contiguous_format)  # changes the dtype and layout

@@ -9,15 +9,31 @@ write to one tensor would reach the other.
 
 from __future__ import annotations
 
+from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
 from edgefuse.casts import cast_source, is_noop_cast
 from edgefuse.mutation import Mutations, returns_an_alias
 from edgefuse.ops import Role, table_for
+from edgefuse.signature import sync_signature
 
 
-def remove_redundant_casts(graph_module: GraphModule) -> list[str]:
-    """Remove no-op casts in place (and the metadata assertions on them); the names of those removed."""
+def remove_redundant_casts(graph_module: GraphModule | ExportedProgram) -> list[str]:
+    """Remove no-op casts in place (and the metadata assertions on them); the names of those removed.
+
+    ``graph_module`` is a graph module, or an ``ExportedProgram`` whose graph and signature are updated.
+    """
+    if isinstance(graph_module, ExportedProgram):
+        program = graph_module
+        removed = remove_redundant_casts(program.graph_module)
+        if removed:
+            sync_signature(program)
+        return removed
+    if not isinstance(graph_module, GraphModule):
+        raise TypeError(
+            "remove_redundant_casts takes a torch.fx.GraphModule or an ExportedProgram, not "
+            f"{type(graph_module).__name__}"
+        )
     table = table_for(graph_module.graph)
     removed = []
     in_place = bool(Mutations(graph_module.graph))
