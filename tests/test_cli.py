@@ -116,6 +116,22 @@ MODELS_PY = textwrap.dedent(
     def not_in_edge():
         torch.manual_seed(0)
         return Inverse(), (torch.randn(4, 4),)
+
+
+    class Branches(nn.Module):
+        """A norm in a branch of torch.cond, which export traces by re-importing this file's module."""
+
+        def __init__(self):
+            super().__init__()
+            self.norm = Norm(32)
+
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda x: self.norm(x), lambda x: x * 2, (x,))
+
+
+    def with_cond():
+        torch.manual_seed(0)
+        return Branches(), (torch.randn(1, 8, 32),)
     '''
 )
 
@@ -230,6 +246,16 @@ BAD_INPUT = {
     "not in the edge opset": (["report", "models.py:not_in_edge"], "ExecuTorch's to_edge rejects models.py:not_in_edge"),
     "stock does not lower": (["lower", "models.py:not_in_edge", "-o", "inv.pte"],
                              "ExecuTorch's XNNPACK lowering (to_edge_transform_and_lower) rejects this program"),
+    "--map over -o": (["lower", "models.py:block", "-o", "same.pte", "--map", "same.pte"],
+                      "the delegate map would be written to same.pte, which is also the .pte"),
+    "--map over MODEL": (["lower", "block.pt2", "-o", "b.pte", "--map", "block.pt2"],
+                         "the delegate map would be written to block.pt2, which is also the MODEL block.pt2"),
+    "report --map over MODEL": (["report", "models.py:block", "--map", "models.py"],
+                                "which is also the MODEL models.py:block"),
+    "sys.exit in the function": (["report", "exits.py:leave"], "calling leave() raised SystemExit: 0"),
+    "sys.exit on import": (["report", "exits_on_import.py:leave"], "importing exits_on_import.py raised SystemExit: 5"),
+    "a directory": (["report", "a_directory.pte"], "unknown model 'a_directory.pte' (a_directory.pte is a directory)"),
+    "a .pt2 directory": (["report", "a_directory.pt2"], "a_directory.pt2 is a directory, not a program"),
 }
 #: A model with an integer output, at both stages: it must match exactly, and does.
 INTEGER_OUTPUT = {
@@ -244,6 +270,9 @@ def command_results(workdir) -> dict[str, dict]:
     (workdir / "corrupt.pt2").write_bytes(b"not a zip archive")
     (workdir / "syntax.py").write_text("def build(:\n")
     (workdir / "a_directory.pte").mkdir(exist_ok=True)
+    (workdir / "a_directory.pt2").mkdir(exist_ok=True)
+    (workdir / "exits.py").write_text("import sys\n\n\ndef leave():\n    sys.exit(0)\n")
+    (workdir / "exits_on_import.py").write_text("import sys\n\nsys.exit(5)\n")
     cases = {**{name: argv for name, (argv, _) in BAD_INPUT.items()}, **INTEGER_OUTPUT}
     return dict(zip(cases, run_commands(*cases.values(), cwd=workdir)))
 
@@ -255,6 +284,8 @@ def test_bad_input_exits_2_with_a_message_and_no_traceback(workdir, command_resu
         assert message in last_line(done["stderr"]), (case, done["stderr"])
         assert "Traceback" not in done["stderr"], (case, done["stderr"])
         assert done["stdout"] == "", (case, done["stdout"])
+    assert not (workdir / "same.pte").exists() and not (workdir / "b.pte").exists()
+    assert (workdir / "block.pt2").read_bytes()[:2] == b"PK" and (workdir / "models.py").read_text() == MODELS_PY
     assert "data-dependent" in command_results["data-dependent"]["stderr"]
     assert "symbolic_shapes" not in command_results["data-dependent"]["stderr"]  # torch's warnings about symbols
     assert "def forward" not in command_results["data-dependent"]["stderr"]  # torch's partial graph dump
@@ -565,9 +596,8 @@ def test_bad_usage_in_process(workdir, capsys):
     assert cli.main(["report", str(workdir / "models.py")]) == USAGE
     assert "names a file but no function" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
-    assert "functions defined there: block, data_dependent, integer_output, not_in_edge, raises, wrong_inputs" in (
-        capsys.readouterr().err
-    )
+    functions = "block, data_dependent, integer_output, not_in_edge, raises, with_cond, wrong_inputs"
+    assert f"functions defined there: {functions}" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE
     assert "unknown backend 'npu9'" in capsys.readouterr().err
     assert cli.main(["report", str(workdir / "block.pt2"), "--dtype", "float32"]) == USAGE
@@ -584,6 +614,12 @@ def test_bad_usage_in_process(workdir, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["report"])  # argparse: MODEL is required
     assert exit_.value.code == USAGE
+
+
+def test_a_model_file_using_torch_cond_exports(workdir, capsys):
+    # export re-imports the module of the code it traces: the file's module must be importable by name
+    assert cli.main(["-q", "report", f"{workdir / 'models.py'}:with_cond"]) == OK
+    assert "inside the subgraph" in capsys.readouterr().out
 
 
 def test_report_quantize_table_has_a_column_for_how_each_norm_was_quantized(workdir, capsys):

@@ -48,6 +48,21 @@ def _check_output(path: str, what: str) -> None:
         raise UsageError(f"cannot write the {what} to {path}: permission denied")
 
 
+def _check_distinct(model: str, outputs: dict[str, str]) -> None:
+    """Refuse two outputs written to one file, or an output written over the model file it reads."""
+    from edgefuse.modelspec import model_file
+
+    seen: dict[str, str] = {}
+    source = model_file(model)
+    if source is not None and os.path.exists(source):
+        seen[os.path.realpath(source)] = f"MODEL {model}"
+    for what, path in outputs.items():
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError(f"the {what} would be written to {path}, which is also the {seen[real]}")
+        seen[real] = what
+
+
 def _write(path: str, what: str, write: Callable[[], None]) -> None:
     """Run ``write``; a file system error (the path changed since it was checked) is the user's to fix."""
     try:
@@ -99,6 +114,7 @@ def report(args, say: Say) -> int:
     stage = _stage(args)
     if args.map:
         _check_output(args.map, "delegate map")
+        _check_distinct(args.model, {"delegate map": args.map})
     spec = _spec(args)
     from edgefuse.report import add_quantization, build_report, format_report, to_json  # ExecuTorch: once the input is good
 
@@ -127,6 +143,7 @@ def lower(args, say: Say) -> int:
     map_path = args.map or default_map_path(output)
     _check_output(output, ".pte")
     _check_output(map_path, "delegate map")
+    _check_distinct(args.model, {".pte": output, "delegate map": map_path})
     spec = _spec(args)
     from edgefuse.flows import comparison_lines, flat_tensors, lower_to_pte, run_and_check
 

@@ -109,12 +109,22 @@ def resolve(text: str, dtype: torch.dtype | None = None, seq_len: int = 8) -> Mo
     return _builtin(text, dtype, seq_len)
 
 
+def model_file(text: str) -> str | None:
+    """The file MODEL reads (a ``.pt2`` or the ``.py`` of ``file.py:function``), or None for a built-in."""
+    if text.endswith(".pt2"):
+        return text
+    path, sep, _ = text.rpartition(":")
+    return path if sep and path.endswith(".py") else None
+
+
 def _builtin(name: str, dtype: torch.dtype | None, seq_len: int) -> ModelSpec:
     from edgefuse.models import MODEL_NAMES, build_model
 
     if name not in MODEL_NAMES:
         hint = ""
-        if os.path.exists(name):
+        if os.path.isdir(name):
+            hint = f" ({name} is a directory)"
+        elif os.path.exists(name):
             hint = f" ({name} is a file: name a function in it as {name}:function, or save a program as .pt2)"
         raise UsageError(
             f"unknown model {name!r}{hint}. MODEL is a built-in name ({', '.join(MODEL_NAMES)}), "
@@ -153,9 +163,11 @@ def _call_file(text: str, path: str, function: str, dtype: torch.dtype | None) -
     loaded = importlib.util.module_from_spec(spec)
     directory = os.path.dirname(os.path.abspath(path))
     sys.path.insert(0, directory)  # let the file import its neighbours
+    sys.modules[module_name] = loaded  # export re-imports the module of code it traces (torch.cond)
     try:
         spec.loader.exec_module(loaded)
-    except Exception as error:
+    except (Exception, SystemExit) as error:  # a model file's sys.exit must not set edgefuse's exit status
+        sys.modules.pop(module_name, None)
         raise UsageError(f"{text}: importing {path} raised {error_summary(error, path)}") from error
     finally:
         if sys.path and sys.path[0] == directory:
@@ -170,7 +182,7 @@ def _call_file(text: str, path: str, function: str, dtype: torch.dtype | None) -
         raise UsageError(f"{text}: {path} has no function {function!r}{known}")
     try:
         result = factory()
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         raise UsageError(f"{text}: calling {function}() raised {error_summary(error, path)}") from error
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], torch.nn.Module)):
         raise UsageError(
@@ -191,6 +203,8 @@ def _call_file(text: str, path: str, function: str, dtype: torch.dtype | None) -
 
 
 def _load_program(path: str) -> ModelSpec:
+    if os.path.isdir(path):
+        raise UsageError(f"{path} is a directory, not a program saved with torch.export.save")
     if not os.path.isfile(path):
         raise UsageError(f"no such file {path!r}: save a program with torch.export.save(program, {path!r})")
     try:
