@@ -132,6 +132,37 @@ MODELS_PY = textwrap.dedent(
     def with_cond():
         torch.manual_seed(0)
         return Branches(), (torch.randn(1, 8, 32),)
+
+
+    class WritesItsInput(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            x.mul_(2.0)
+            return self.block(x) + x
+
+
+    class CountsCalls(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+            self.register_buffer("calls", torch.zeros(32))
+
+        def forward(self, x):
+            self.calls.add_(1.0)
+            return self.block(x + self.calls)
+
+
+    def stateful():
+        torch.manual_seed(0)
+        return WritesItsInput(), (torch.randn(1, 8, 32),)
+
+
+    def counter():
+        torch.manual_seed(0)
+        return CountsCalls(), (torch.randn(1, 8, 32),)
     '''
 )
 
@@ -596,7 +627,7 @@ def test_bad_usage_in_process(workdir, capsys):
     assert cli.main(["report", str(workdir / "models.py")]) == USAGE
     assert "names a file but no function" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
-    functions = "block, data_dependent, integer_output, not_in_edge, raises, with_cond, wrong_inputs"
+    functions = "block, counter, data_dependent, integer_output, not_in_edge, raises, stateful, with_cond, wrong_inputs"
     assert f"functions defined there: {functions}" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE
     assert "unknown backend 'npu9'" in capsys.readouterr().err
@@ -614,6 +645,17 @@ def test_bad_usage_in_process(workdir, capsys):
     with pytest.raises(SystemExit) as exit_:
         cli.main(["report"])  # argparse: MODEL is required
     assert exit_.value.code == USAGE
+
+
+def test_a_model_that_writes_its_input_or_a_buffer_is_compared_on_fresh_copies(workdir, capsys):
+    # every run (eager, both programs, the .pte) sees the inputs and state the first one saw; the input
+    # the .pte writes, which the runtime returns before the model's output, is not taken for an output
+    for model in ("stateful", "counter"):
+        for stage in ("edge", "capture"):
+            assert cli.main(["-q", "report", f"{workdir / 'models.py'}:{model}", "--stage", stage]) == OK
+            assert "1 of 1 norms rebuilt" in capsys.readouterr().out
+        assert cli.main(["-q", "lower", f"{workdir / 'models.py'}:{model}", "-o", str(workdir / f"{model}.pte")]) == OK
+        assert "wrote" in capsys.readouterr().out
 
 
 def test_a_model_file_using_torch_cond_exports(workdir, capsys):

@@ -28,6 +28,7 @@ from torch.fx import GraphModule, Interpreter, Node
 from torch.utils import _pytree as pytree
 
 from edgefuse.errors import UsageError
+from edgefuse.fresh import fresh, kept_buffers
 from edgefuse.modelspec import ModelSpec, error_summary
 from edgefuse.programs import detached
 from edgefuse.quant.facts import norm_key
@@ -260,8 +261,8 @@ def _graph_with_module_outputs(gm: GraphModule, inputs: tuple, paths: Iterable[s
     """The outputs of a graph module and, for each module path, the tensor that module's code produced."""
     wanted = {node.name: path for path, node in module_outputs(gm, paths).items()}
     recorder = _Recorder(gm, wanted)
-    flat = pytree.tree_leaves(tuple(inputs))
-    with torch.no_grad():
+    flat = pytree.tree_leaves(fresh(tuple(inputs)))
+    with torch.no_grad(), kept_buffers(gm):
         result = recorder.run(*flat)
     tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
     return tensors, recorder.values

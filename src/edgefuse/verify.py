@@ -8,6 +8,7 @@ compared at the coarsest dtype on any path from a rebuilt norm to it (:func:`out
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -15,6 +16,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
+
+from edgefuse.fresh import kept_buffers
 
 #: The float dtypes, finest first.
 FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -136,8 +139,10 @@ def output_tolerance_dtypes(
 
 
 def outputs(program: Callable[..., Any], inputs: Sequence[Any]) -> list[torch.Tensor]:
-    """The flattened tensor outputs of ``program`` on a copy of ``inputs``."""
-    with torch.no_grad():
+    """The flattened tensor outputs of ``program`` on a copy of ``inputs``; a module's buffers are put
+    back after the run (:mod:`edgefuse.fresh`)."""
+    keep = kept_buffers(program) if isinstance(program, torch.nn.Module) else contextlib.nullcontext()
+    with torch.no_grad(), keep:
         result = program(*copy.deepcopy(tuple(inputs)))
     return [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
 
