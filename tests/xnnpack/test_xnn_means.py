@@ -466,3 +466,44 @@ def test_bad_input_gets_a_clear_error():
         lower(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="single_row policy"):
         EdgefuseXnnpackPartitioner(single_row="sometimes")
+
+
+class TorchRmsNorms(nn.Module):
+    """``torch.nn.RMSNorm`` and ``F.rms_norm``, which decompose their eps add into ``add.Scalar``."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.norm = nn.RMSNorm(32, eps=1e-6).to(dtype)
+        with torch.no_grad():
+            self.norm.weight.copy_(torch.linspace(0.5, 1.5, 32))
+
+    def forward(self, x):
+        return self.norm(x), nn.functional.rms_norm(x, (32,), eps=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_torch_rms_norm_is_one_delegate_with_its_eps_added_inside(dtype):
+    result = lower_and_run(TorchRmsNorms(dtype), (_x(2, 5, 32, dtype=dtype),))
+    assert_matches(result)  # each output is one norm: within 8 units of its dtype at its largest value
+    assert result.outside == [] and result.delegates == 1
+    assert result.counts["XNNAdd"] == 2  # the two eps adds, each against a one-value constant
+    stock = lower_and_run(TorchRmsNorms(dtype), (_x(2, 5, 32, dtype=dtype),), stock=True)
+    assert "aten.add.Scalar" in stock.outside and stock.delegates > 1
+
+
+class ScalarAdds(nn.Module):
+    def forward(self, x):
+        return torch.ops.aten.add.Scalar(x, 0.1), torch.ops.aten.add.Scalar(x, 0.25, 3)
+
+
+def test_a_scalar_add_is_delegated_as_eager_computes_it():
+    # Eager's float16 add.Scalar rounds 0.1 to float16 before adding, as the delegate's constant does;
+    # the portable kernel adds it in float32, which rounds 1486 of these 4096 values the other way.
+    x = torch.arange(-2048, 2048, dtype=torch.float32).mul(2**-15).half().view(4, 1024)
+    result = lower_and_run(ScalarAdds(), (x,))
+    assert result.outside == ["aten.add.Scalar"]  # the add with alpha 3, which XNNPACK's add cannot scale
+    assert result.counts["XNNAdd"] == 1
+    for got, expected in zip(result.outputs[0], result.expected[0]):
+        assert torch.equal(got, expected)
+    stock = lower_and_run(ScalarAdds(), (x,), stock=True)
+    assert int((stock.outputs[0][0] != stock.expected[0][0]).sum()) == 1486

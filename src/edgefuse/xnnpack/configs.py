@@ -1,4 +1,5 @@
-"""Partitioner configs: which means, casts and squares edgefuse hands to the XNNPACK delegate, and which GELUs it keeps from it.
+"""Partitioner configs: the means, casts, scalar adds and squares edgefuse hands to the XNNPACK delegate,
+and the GELUs it keeps from it.
 
 Each config is a stock ``XNNPartitionerConfig``: the partitioner builds it with every keyword argument
 it was given, so edgefuse's options (``single_row``) reach the configs the same way ``enable_bf16``
@@ -86,6 +87,18 @@ class XnnConvertConfig(GenericNodePartitionerConfig):
         return [ConfigPrecisionType.FP32]
 
 
+class XnnAddScalarConfig(GenericNodePartitionerConfig):
+    """Takes an ``edgefuse.xnn_add_scalar`` (see :mod:`edgefuse.xnnpack.substitute` for which adds)."""
+
+    target_name = "xnn_add_scalar.default"
+
+    def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
+        return self.check_common_constraints(node, ep)
+
+    def supported_precision_types(self) -> List[ConfigPrecisionType]:
+        return [ConfigPrecisionType.FP32]
+
+
 class SquarePowConfig(GenericNodePartitionerConfig):
     """Replaces the stock ``PowConfig``: takes ``pow(x, 2)`` with the exponent an int or the float 2.0.
 
@@ -124,4 +137,4 @@ class ExactGeluConfig(GeluConfig):
         return super().check_constraints(node, ep)
 
 
-EDGEFUSE_CONFIGS = (XnnMeanConfig, XnnConvertConfig, SquarePowConfig, ExactGeluConfig)
+EDGEFUSE_CONFIGS = (XnnMeanConfig, XnnConvertConfig, XnnAddScalarConfig, SquarePowConfig, ExactGeluConfig)

@@ -1,12 +1,14 @@
-"""Two placeholder ops that carry a mean and a cast through the XNNPACK delegate's preprocessing.
+"""Placeholder ops that carry a mean, a cast and a scalar add through the XNNPACK delegate's preprocessing.
 
 The released delegate keys its node visitors and its layout rules by op target: ``aten.mean.dim`` always
 becomes global average pooling in NHWC, and every ``aten._to_copy`` whose input and output are both NCHW
 is deleted by ``RemoveRedundantCopyPass``, dtype casts included. Giving the means and casts edgefuse
 delegates its own targets (``edgefuse::xnn_mean`` and ``edgefuse::xnn_convert``) lets edgefuse choose
-their serialization without touching the installed package or any other program's lowering.
+their serialization without touching the installed package or any other program's lowering. The
+released delegate has no config for ``aten.add.Scalar``, which ``torch.nn.RMSNorm`` decomposes its eps
+add into; ``edgefuse::xnn_add_scalar`` carries it as an add of a constant.
 
-Both ops have a CPU kernel that computes exactly what the ATen op they replace computes, so the edge
+The ops have a CPU kernel that computes exactly what the ATen op they replace computes, so the edge
 program can still be run in Python. They have no ExecuTorch kernel: :mod:`edgefuse.xnnpack.substitute`
 turns every one the partitioner leaves outside a delegate back into the ATen op.
 """
@@ -23,6 +25,7 @@ NAMESPACE = "edgefuse"
 _lib = Library(NAMESPACE, "DEF")
 _lib.define("xnn_mean(Tensor self, int[] dims, bool keepdim) -> Tensor")
 _lib.define("xnn_convert(Tensor self, ScalarType dtype) -> Tensor")
+_lib.define("xnn_add_scalar(Tensor self, float other) -> Tensor")
 
 
 def _mean(x: torch.Tensor, dims: list[int], keepdim: bool) -> torch.Tensor:
@@ -34,11 +37,18 @@ def _convert(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.to(dtype=dtype, copy=True)
 
 
+def _add_scalar(x: torch.Tensor, other: float) -> torch.Tensor:
+    return torch.add(x, other)
+
+
 _lib.impl("xnn_mean", _mean, "CompositeExplicitAutograd")
+_lib.impl("xnn_add_scalar", _add_scalar, "CompositeExplicitAutograd")
 _lib.impl("xnn_convert", _convert, "CompositeExplicitAutograd")
 
 #: The ops as ``torch.ops`` overloads and as edge-dialect targets (what the graph holds after ``to_edge``).
 XNN_MEAN = torch.ops.edgefuse.xnn_mean.default
 XNN_CONVERT = torch.ops.edgefuse.xnn_convert.default
+XNN_ADD_SCALAR = torch.ops.edgefuse.xnn_add_scalar.default
 EDGE_XNN_MEAN = exir_ops.edge.edgefuse.xnn_mean.default
 EDGE_XNN_CONVERT = exir_ops.edge.edgefuse.xnn_convert.default
+EDGE_XNN_ADD_SCALAR = exir_ops.edge.edgefuse.xnn_add_scalar.default

@@ -1,4 +1,4 @@
-"""``lower``: an exported program to a lowered ``EdgeProgramManager`` with every mean and norm cast delegated.
+"""``lower``: an exported program to a lowered ``EdgeProgramManager`` with every mean, norm cast and eps add delegated.
 
 The flow is ExecuTorch's ``to_edge_transform_and_lower`` with edgefuse's substitution as a transform
 pass and edgefuse's partitioner, followed by the restoration of anything left outside a delegate. The
@@ -26,13 +26,15 @@ def lower(
     single_row: str = DEFAULT_SINGLE_ROW_POLICY,
     means: bool = True,
     casts: bool = True,
+    adds: bool = True,
     compile_config: EdgeCompileConfig | None = None,
     **partitioner_kwargs: Any,
 ) -> EdgeProgramManager:
-    """Lower ``exported_program`` to XNNPACK with edgefuse's means, casts and squares (and no tanh GELU).
+    """Lower ``exported_program`` to XNNPACK with edgefuse's means, casts, scalar adds and squares (and no
+    tanh GELU).
 
-    ``single_row`` is the single-row mean policy (:mod:`edgefuse.xnnpack.policy`); ``means`` and
-    ``casts`` turn the two substitutions off one at a time (to measure them); ``compile_config`` goes to
+    ``single_row`` is the single-row mean policy (:mod:`edgefuse.xnnpack.policy`); ``means``, ``casts``
+    and ``adds`` turn the substitutions off one at a time (to measure them); ``compile_config`` goes to
     ``to_edge_transform_and_lower``; every other keyword goes to :class:`EdgefuseXnnpackPartitioner`
     and from there to ``XnnpackPartitioner`` (``enable_bf16``, ``config_precisions``, ...).
     """
@@ -45,7 +47,7 @@ def lower(
     partitioner = EdgefuseXnnpackPartitioner(single_row=single_row, **partitioner_kwargs)
     manager = to_edge_transform_and_lower(
         detached(exported_program),  # the caller's program keeps the constants a delegate takes in
-        transform_passes=[SubstituteForXnnpack(means=means, casts=casts)],
+        transform_passes=[SubstituteForXnnpack(means=means, casts=casts, adds=adds)],
         partitioner=[partitioner],
         compile_config=compile_config,
     )

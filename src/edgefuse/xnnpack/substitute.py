@@ -1,4 +1,4 @@
-"""The two graph passes around partitioning: swap means and casts for edgefuse's ops, and swap back.
+"""The two graph passes around partitioning: swap means, casts and scalar adds for edgefuse's ops, and back.
 
 :class:`SubstituteForXnnpack` runs on the edge program before partitioning. It replaces
 
@@ -7,7 +7,10 @@
   to stock), a mean with an explicit ``dtype``, and a mean of a dequantized tensor (quantized graphs
   keep the stock path), with ``edgefuse.xnn_mean``;
 - every cast that changes only the dtype, between float32 and float16 or bfloat16, with
-  ``edgefuse.xnn_convert``.
+  ``edgefuse.xnn_convert``;
+- every ``add.Scalar`` of a float32 or float16 tensor, with alpha 1, with ``edgefuse.xnn_add_scalar``:
+  ``torch.nn.RMSNorm`` adds its eps that way, and the released delegate takes no ``add.Scalar``. The
+  delegate adds the scalar rounded to the tensor's dtype, as eager's ``add.Scalar`` does.
 
 :class:`RestoreUndelegated` runs on the lowered program and turns every edgefuse op left outside a
 delegate (refused by a config, or by the single-row policy) back into the op it replaced, with the
@@ -23,7 +26,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from edgefuse.casts import changes_only_dtype, dtype_of
 from edgefuse.ops import EDGE, Role
-from edgefuse.xnnpack.custom_ops import EDGE_XNN_CONVERT, EDGE_XNN_MEAN
+from edgefuse.xnnpack.custom_ops import EDGE_XNN_ADD_SCALAR, EDGE_XNN_CONVERT, EDGE_XNN_MEAN
 from edgefuse.xnnpack.mean_plan import PlanError, normalize_dims
 
 #: ``node.meta`` key holding ``(target, args after the tensor, kwargs)`` of the op a node replaced.
@@ -86,6 +89,21 @@ def cast_reason(node: Node) -> str | None:
     return None
 
 
+def add_reason(node: Node) -> str | None:
+    """Why an add of a scalar is not substituted, or None when it is (only ``add.Scalar`` gets here:
+    in edge graphs an ``add.Tensor`` reads a lifted tensor, never a number)."""
+    other = node.args[1] if len(node.args) > 1 else None
+    if isinstance(other, bool) or not isinstance(other, (int, float)):
+        return "the add reads a tensor, which the stock delegate takes"
+    alpha = node.args[2] if len(node.args) > 2 else node.kwargs.get("alpha", 1)
+    if alpha != 1:
+        return f"add with alpha {alpha!r}"
+    dtype = dtype_of(node.args[0])
+    if dtype not in (torch.float32, torch.float16) or dtype_of(node) != dtype:
+        return f"add of a scalar to {dtype}: edgefuse substitutes float32 and float16 adds only"
+    return None
+
+
 def _replace(graph, node: Node, target, args: tuple, original) -> Node:
     with graph.inserting_before(node):
         new = graph.call_function(target, args)
@@ -97,12 +115,13 @@ def _replace(graph, node: Node, target, args: tuple, original) -> Node:
 
 
 class SubstituteForXnnpack(PassBase):
-    """Swap delegable means and casts for edgefuse's ops; ``substituted`` names the replaced nodes."""
+    """Swap delegable means, casts and scalar adds for edgefuse's ops; ``substituted`` names the replaced nodes."""
 
-    def __init__(self, means: bool = True, casts: bool = True) -> None:
+    def __init__(self, means: bool = True, casts: bool = True, adds: bool = True) -> None:
         super().__init__()
         self.means = means
         self.casts = casts
+        self.adds = adds
         self.substituted: list[str] = []
 
     def call(self, graph_module: GraphModule) -> PassResult:
@@ -119,6 +138,10 @@ class SubstituteForXnnpack(PassBase):
             elif self.casts and EDGE.is_a(node, Role.CAST) and cast_reason(node) is None:
                 original = (node.target, tuple(node.args[1:]), dict(node.kwargs))
                 _replace(graph, node, EDGE_XNN_CONVERT, (node.args[0], dtype_of(node)), original)
+                self.substituted.append(node.name)
+            elif self.adds and EDGE.is_a(node, Role.ADD) and add_reason(node) is None:
+                original = (node.target, tuple(node.args[1:]), dict(node.kwargs))
+                _replace(graph, node, EDGE_XNN_ADD_SCALAR, (node.args[0], float(node.args[1])), original)
                 self.substituted.append(node.name)
         if self.substituted:
             graph.lint()
@@ -137,7 +160,7 @@ class RestoreUndelegated(PassBase):
         self.restored = []
         graph = graph_module.graph
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.target not in (EDGE_XNN_MEAN, EDGE_XNN_CONVERT):
+            if node.op != "call_function" or node.target not in (EDGE_XNN_MEAN, EDGE_XNN_CONVERT, EDGE_XNN_ADD_SCALAR):
                 continue
             original = node.meta.get(ORIGINAL)
             if original is None:

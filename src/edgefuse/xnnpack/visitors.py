@@ -1,13 +1,13 @@
-"""Node visitors that serialize edgefuse's mean and cast with node types the released runtime has.
+"""Node visitors that serialize edgefuse's mean, cast and scalar add with node types the released runtime has.
 
 ``edgefuse.xnn_mean`` becomes the nodes of :func:`edgefuse.xnnpack.mean_plan.plan_mean`
 (``XNNFullyConnected`` against a constant ``1/W`` row, ``XNNGlobalAvgPooling2d``, ``XNNStaticReshape``);
 a fully-connected step of a float16 mean, and every step of a bfloat16 mean, runs in float32 between
 two ``XNNConvert`` nodes (see :func:`_step_dtype`).
-``edgefuse.xnn_convert`` becomes one ``XNNConvert``. No node type is new, so the programs load on the
-released 1.5.1 runtime.
+``edgefuse.xnn_convert`` becomes one ``XNNConvert``, ``edgefuse.xnn_add_scalar`` one ``XNNAdd`` of a
+constant. No node type is new, so the programs load on the released 1.5.1 runtime.
 
-Importing this module registers both visitors with the delegate (``register_node_visitor`` keys them by
+Importing this module registers the visitors with the delegate (``register_node_visitor`` keys them by
 their own targets, so no stock visitor is replaced) and adds the mean to the layout pass's set of ops
 that need NCHW inputs: the plan reduces NCHW dims, and a channels-last input (a graph input, or a
 convolution's output) then gets the one transpose it needs instead of averaging the wrong axes.
@@ -28,6 +28,7 @@ from executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass impor
 from executorch.backends.xnnpack.operators.node_visitor import NodeVisitor, register_node_visitor
 from executorch.backends.xnnpack.serialization.xnnpack_graph_schema import (
     ConstantDataOffset,
+    XNNAdd,
     XNNConvert,
     XNNDatatype,
     XNNFullyConnected,
@@ -45,7 +46,7 @@ from executorch.backends.xnnpack.utils.xnnpack_constants import (
     XNN_INVALID_VALUE_ID,
 )
 
-from edgefuse.xnnpack.custom_ops import EDGE_XNN_CONVERT, EDGE_XNN_MEAN
+from edgefuse.xnnpack.custom_ops import EDGE_XNN_ADD_SCALAR, EDGE_XNN_CONVERT, EDGE_XNN_MEAN
 from edgefuse.xnnpack.mean_plan import DYNAMIC, PlanError, Step, plan_mean
 
 _XNN_DTYPES = {
@@ -210,6 +211,28 @@ class XnnConvertVisitor(_EdgefuseVisitor):
         self._append(
             xnn_graph,
             XNNConvert(input_id=vals_to_ids[source], output_id=vals_to_ids[node], flags=0),
+            debug_handle,
+        )
+
+
+@register_node_visitor
+class XnnAddScalarVisitor(_EdgefuseVisitor):
+    """Serializes ``edgefuse.xnn_add_scalar`` as one ``XNNAdd`` of its input and a one-value constant."""
+
+    target = EDGE_XNN_ADD_SCALAR.__name__
+
+    def define_node(self, node: Node, xnn_graph: XNNGraph, vals_to_ids: Dict[Node, int], debug_handle: int) -> None:
+        self.define_nodes_tensor_inputs_outputs(node, xnn_graph, vals_to_ids)
+        source = node.args[0]
+        constant = torch.tensor([node.args[1]], dtype=torch.float64).to(source.meta["val"].dtype)
+        self._append(
+            xnn_graph,
+            XNNAdd(
+                input1_id=vals_to_ids[source],
+                input2_id=self._constant_value(xnn_graph, constant),
+                output_id=vals_to_ids[node],
+                flags=0,
+            ),
             debug_handle,
         )
 
