@@ -638,6 +638,8 @@ def test_bad_usage_in_process(workdir, capsys):
     block = f"{workdir / 'models.py'}:block"
     assert cli.main(["bench", block, "--warmup", "-5"]) == USAGE
     assert "--warmup must be 0 or more" in capsys.readouterr().err
+    assert cli.main(["bench", block, "--threads", "100000"]) == USAGE  # the runtime would crash on it
+    assert f"--threads must be at most {4 * (os.cpu_count() or 1)}" in capsys.readouterr().err
     assert cli.main(["report", block, "--quantize", "qnn", "--stage", "edge"]) == USAGE
     assert "quantizes the captured graph: use --stage capture" in capsys.readouterr().err
     assert cli.main(["report", block, "--quantize", "qnn", "--backend", "aten"]) == USAGE
@@ -656,6 +658,17 @@ def test_a_model_that_writes_its_input_or_a_buffer_is_compared_on_fresh_copies(w
             assert "1 of 1 norms rebuilt" in capsys.readouterr().out
         assert cli.main(["-q", "lower", f"{workdir / 'models.py'}:{model}", "-o", str(workdir / f"{model}.pte")]) == OK
         assert "wrote" in capsys.readouterr().out
+
+
+def test_the_demo_refuses_a_map_folder_it_cannot_make_before_any_work(tmp_path, monkeypatch, capsys):
+    import tempfile
+
+    (tmp_path / "edgefuse-demo").write_text("a file where the demo's folder goes")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert cli.main(["-q", "demo"]) == USAGE
+    out, err = capsys.readouterr()
+    assert "cannot be made" in err and "TMPDIR" in err and "Traceback" not in err
+    assert out == ""  # nothing was run
 
 
 def test_a_model_file_using_torch_cond_exports(workdir, capsys):

@@ -14,6 +14,7 @@ import os
 from typing import Callable
 
 from edgefuse.errors import CHECK_FAILED, OK, Unavailable, UsageError
+from edgefuse.threads import threads_problem
 
 Say = Callable[[str], None]
 
@@ -172,8 +173,9 @@ def bench(args, say: Say) -> int:
     """``edgefuse bench MODEL``: stock against edgefuse in the runtime, alternating, with ratios."""
     if args.runs < 10:
         raise UsageError("--runs must be at least 10")
-    if args.threads < 1:
-        raise UsageError("--threads must be at least 1")
+    problem = threads_problem(args.threads)
+    if problem:
+        raise UsageError(problem)
     if args.warmup is not None and args.warmup < 0:
         raise UsageError("--warmup must be 0 or more")
     spec = _spec(args)

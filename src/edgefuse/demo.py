@@ -45,13 +45,22 @@ _for_worker: dict[str, ExportedProgram] = {}
 def map_path() -> str:
     """Where the demo writes its delegate map: a fixed folder under the system's temporary directory."""
     directory = os.path.join(tempfile.gettempdir(), "edgefuse-demo")
-    os.makedirs(directory, exist_ok=True)
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as error:
+        raise UsageError(
+            f"the demo writes its delegate map in {directory}, which cannot be made: "
+            f"{error.strerror or error}; point TMPDIR at a folder you can write"
+        ) from error
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise UsageError(f"the demo writes its delegate map in {directory}: permission denied; point TMPDIR elsewhere")
     return os.path.join(directory, f"{MODEL}-{_name(XNNPACK_DTYPE)}.delegates.svg")
 
 
 def run(say: Progress | None = None) -> int:
     """Run the demo, printing results to stdout and progress to ``say``; returns the exit code."""
     say = say or Progress(enabled=False)
+    destination = map_path()  # before the work: a folder that cannot be written is the user's to fix
     # One intra-op thread: no OpenMP pool is started for the forked worker to inherit, and the worker and
     # this process have a core each.
     torch.set_num_threads(1)
@@ -105,7 +114,10 @@ def run(say: Progress | None = None) -> int:
 
     from edgefuse.delegate_map import write
 
-    path = write(map_path(), [stock.summary, ours.summary], f"delegate map: {MODEL} ({_name(XNNPACK_DTYPE)})")
+    try:
+        path = write(destination, [stock.summary, ours.summary], f"delegate map: {MODEL} ({_name(XNNPACK_DTYPE)})")
+    except OSError as error:
+        raise UsageError(f"cannot write the delegate map to {destination}: {error.strerror or error}") from error
     print(f"  delegate map (open it in a browser): {path}")
     return OK if ok else CHECK_FAILED
 

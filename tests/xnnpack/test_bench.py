@@ -7,6 +7,7 @@ the usage errors. It asserts no time.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -53,6 +54,7 @@ def test_the_table_has_a_row_per_shape_and_policy_with_the_thread_count_and_the_
 @pytest.mark.parametrize("argv, message", [
     (["--only", "blocks-1024"], "unknown workloads blocks-1024"),
     (["--threads", "0"], "--threads must be at least 1"),
+    (["--threads", "100000"], f"--threads must be at most {4 * (os.cpu_count() or 1)}"),
     (["--runs", "5"], "--runs must be at least 10"),
     (["--budget", "0"], "--budget must be positive"),
 ])

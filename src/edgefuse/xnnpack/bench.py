@@ -59,6 +59,7 @@ from executorch.exir import to_edge_transform_and_lower
 
 from edgefuse.xnnpack.inspect import load_method, lowered_modules, ops_outside, to_pte
 from edgefuse.xnnpack.lower import lower
+from edgefuse.threads import threads_problem
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY
 
 EPS = 1e-6
@@ -327,8 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None,
                         help=f"comma-separated workloads to run (of {', '.join(w.name for w in WORKLOADS)})")
     args = parser.parse_args(argv)
-    if args.threads < 1:
-        parser.error("--threads must be at least 1")
+    problem = threads_problem(args.threads)
+    if problem:
+        parser.error(problem)
     runs = args.runs if args.runs is not None else (200 if args.quick else 1000)
     if runs < 10:
         parser.error("--runs must be at least 10")
