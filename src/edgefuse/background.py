@@ -6,13 +6,17 @@ worker is forked (it inherits the imported modules and built programs, so it pay
 the caller keeps torch to one thread before it runs any tensor code, so no OpenMP pool exists to be
 broken by the fork. Where ``fork`` is
 not available, or there is a single core, the step runs in this process when its result is asked for:
-the same code, in sequence.
+the same code, in sequence. On Linux the worker is killed when this process ends, however it ends (a
+``SIGTERM`` to this process alone would otherwise leave the worker running, holding the terminal's
+output open).
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
 import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -26,7 +30,12 @@ class Background:
         self.executor: ProcessPoolExecutor | None = None
         if "fork" in multiprocessing.get_all_start_methods() and (os.cpu_count() or 1) >= 2:
             try:
-                self.executor = ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("fork"))
+                self.executor = ProcessPoolExecutor(
+                    max_workers=1,
+                    mp_context=multiprocessing.get_context("fork"),
+                    initializer=_end_with_parent,
+                    initargs=(os.getpid(),),
+                )
             except OSError:  # no semaphores here (a locked-down container): run in sequence
                 self.executor = None
 
@@ -51,6 +60,22 @@ class Background:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+#: ``prctl`` option: the signal the kernel sends this process when its parent ends (Linux).
+_PR_SET_PDEATHSIG = 1
+
+
+def _end_with_parent(parent: int) -> None:
+    """Worker initializer: have the kernel kill the worker when ``parent`` ends, where it can (Linux)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
+            return
+    except (OSError, AttributeError):  # no prctl: not Linux
+        return
+    if os.getppid() != parent:  # the parent ended before the request took effect
+        os._exit(1)
 
 
 class Pending:
