@@ -99,6 +99,18 @@ def test_a_module_that_is_not_a_graph_is_a_clear_error():
         edgefuse.recompose_rms_norm(LlamaNorm())
 
 
+def test_a_flag_that_is_not_a_bool_is_a_clear_error():
+    with pytest.raises(TypeError, match="quantization_capture is True or False, got 'no'"):
+        edgefuse.recompose_rms_norm(export(LlamaNorm(), (_x(torch.float32),)).module(), quantization_capture="no")
+
+
+def test_a_symbolically_traced_graph_is_a_clear_error_not_zero_decisions():
+    from torch.fx import symbolic_trace
+
+    with pytest.raises(ValueError, match="export the model with torch.export"):
+        edgefuse.recompose_rms_norm(symbolic_trace(LlamaNorm()))
+
+
 def test_quantization_capture_on_an_edge_graph_is_a_clear_error():
     program = exported(LlamaNorm(), (_x(torch.float32),), "edge")
     with pytest.raises(ValueError, match="holds ExecuTorch edge ops"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass, field, replace
 from typing import Iterable
 
@@ -84,6 +85,14 @@ def recompose_rms_norm(
     if not isinstance(graph_module, GraphModule):
         raise TypeError(
             f"recompose_rms_norm takes a torch.fx.GraphModule or an ExportedProgram, not {type(graph_module).__name__}"
+        )
+    if not isinstance(quantization_capture, bool):
+        raise TypeError(f"quantization_capture is True or False, got {quantization_capture!r}")
+    if any(_traced_not_captured(node) for node in graph_module.graph.nodes):
+        raise ValueError(
+            "recompose_rms_norm reads ATen graphs (torch.export) and ExecuTorch edge graphs; this graph calls "
+            "tensor methods or torch functions, as a torch.fx.symbolic_trace graph does: export the model with "
+            "torch.export"
         )
     profile = get_profile(backend)
     table = table_for(graph_module.graph)
@@ -214,6 +223,18 @@ class _Rewriter:
         match.output.replace_all_uses_with(node)
         _erase_dead(match.nodes, self.table)
         return node, weight
+
+
+def _traced_not_captured(node: Node) -> bool:
+    """Whether a node calls a tensor method or a Python-level torch function (``torch.mean``,
+    ``F.rms_norm``): a graph from ``torch.fx.symbolic_trace``, whose norms no table can read."""
+    if node.op == "call_method":
+        return True
+    if node.op != "call_function" or isinstance(node.target, torch._ops.OperatorBase):
+        return False
+    module = getattr(node.target, "__module__", None) or ""
+    builtin = isinstance(node.target, types.BuiltinFunctionType)  # torch.mean, not torch.sym_max
+    return (module == "torch" and builtin) or module.startswith("torch.nn.functional")
 
 
 def _reads(match: NormMatch, table: OpTable) -> set[Node]:

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 from torch import nn
-from torch.export import Dim
+from torch.export import Dim, export
 
 from xnn_helpers import assert_matches, casts_outside, lower_and_run, means_outside
 
@@ -466,6 +466,13 @@ def test_bad_input_gets_a_clear_error():
         lower(nn.Linear(2, 2))
     with pytest.raises(ValueError, match="single_row policy"):
         EdgefuseXnnpackPartitioner(single_row="sometimes")
+    program = export(nn.Linear(2, 2), (torch.randn(1, 2),))
+    with pytest.raises(TypeError, match="unknown options enable_bf61"):  # the partitioner would ignore it
+        lower(program, enable_bf61=True)
+    with pytest.raises(TypeError, match="means is True or False"):
+        lower(program, means="no")
+    with pytest.raises(TypeError, match="compile_config is an executorch.exir.EdgeCompileConfig"):
+        lower(program, compile_config="x")
 
 
 class TorchRmsNorms(nn.Module):

@@ -4,7 +4,8 @@ The generated cases' damaged variants are in :mod:`edgefuse.fuzz.hostile`; these
 cannot be generated from a norm module: an empty graph, a mean without arguments or metadata, a
 symbolically traced graph, an eps that is NaN or infinite, a weight whose shape is not the normalized
 shape, a symbolic normalized width. :func:`run_malformed` feeds each to the pass under every backend
-profile; a failure is an exception, a norm left without a reason, or a norm rebuilt that must not be.
+profile; a failure is an exception (but the clear refusal an input must get), a norm left without a
+reason, or a norm rebuilt that must not be.
 """
 
 from __future__ import annotations
@@ -25,12 +26,14 @@ BACKENDS = (("aten", False), ("qnn", False), ("qnn", True))
 
 @dataclass(frozen=True)
 class Malformed:
-    """One malformed input: how to make it, whether a norm may be rebuilt in it, and with a weight."""
+    """One malformed input: how to make it, whether a norm may be rebuilt in it, and with a weight;
+    ``refusal`` is part of the message of the ValueError the pass must refuse it with, if it must."""
 
     name: str
     make: Callable[[], object]
     rebuild_allowed: bool = False
     weight_allowed: bool = True
+    refusal: str | None = None
 
 
 class _Norm(nn.Module):
@@ -81,6 +84,7 @@ def malformed_graphs() -> Iterator[Malformed]:
     yield Malformed(
         "a symbolically traced graph (call_method nodes, torch functions, no metadata)",
         lambda: torch.fx.symbolic_trace(_Norm(weight_shape=None)),
+        refusal="export the model with torch.export",
     )
     for eps in (float("nan"), float("inf"), float("-inf"), -1e-6):
         yield Malformed(f"eps is {eps}", lambda eps=eps: _exported(_Norm(eps=eps)))
@@ -96,8 +100,14 @@ def check_malformed(item: Malformed, backend: str, capture: bool) -> str | None:
     """Why the pass fails ``item`` under one profile, or None when it gives every norm a decision and a reason."""
     try:
         result = edgefuse.recompose_rms_norm(item.make(), backend=backend, quantization_capture=capture)
+    except ValueError as error:
+        if item.refusal is not None and item.refusal in str(error):
+            return None
+        return "recompose_rms_norm raised:\n" + traceback.format_exc(limit=-6)
     except Exception:  # noqa: BLE001
         return "recompose_rms_norm raised:\n" + traceback.format_exc(limit=-6)
+    if item.refusal is not None:
+        return f"expected a ValueError saying {item.refusal!r}, got {len(result.decisions)} decisions"
     for decision in result.decisions:
         if decision.rebuilt and not item.rebuild_allowed:
             return f"a norm was rebuilt: {decision}"

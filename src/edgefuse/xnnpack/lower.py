@@ -20,6 +20,13 @@ from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy
 from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
 
 
+#: The keyword arguments the released ``XnnpackPartitioner`` and its configs read. The partitioner
+#: itself takes any keyword and ignores what it does not read; ``lower`` refuses a misspelt one.
+PARTITIONER_OPTIONS = (
+    "configs", "config_precisions", "per_op_mode", "verbose", "enable_bf16", "force_non_static_weights_for_f32_linear",
+)
+
+
 def lower(
     exported_program: ExportedProgram,
     *,
@@ -44,6 +51,17 @@ def lower(
             "call torch.export.export(module, inputs) first"
         )
     check_policy(single_row)
+    for name, value in (("means", means), ("casts", casts), ("adds", adds)):
+        if not isinstance(value, bool):
+            raise TypeError(f"lower's {name} is True or False, got {value!r}")
+    if compile_config is not None and not isinstance(compile_config, EdgeCompileConfig):
+        raise TypeError(f"compile_config is an executorch.exir.EdgeCompileConfig, got {type(compile_config).__name__}")
+    unknown = sorted(set(partitioner_kwargs) - set(PARTITIONER_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"lower got unknown options {', '.join(unknown)}; it takes single_row, means, casts, adds, "
+            f"compile_config and XnnpackPartitioner's {', '.join(PARTITIONER_OPTIONS)}"
+        )
     partitioner = EdgefuseXnnpackPartitioner(single_row=single_row, **partitioner_kwargs)
     manager = to_edge_transform_and_lower(
         detached(exported_program),  # the caller's program keeps the constants a delegate takes in
