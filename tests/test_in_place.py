@@ -121,23 +121,31 @@ def test_a_buffer_written_in_place_is_not_a_constant_eps(through_a_view, given):
 
 
 class WrittenGemmaWeight(nn.Module):
-    """Gemma's ``1 + w`` with ``w`` a buffer the model halves on every call."""
+    """Gemma's ``1 + w`` with ``w`` a buffer the model halves on every call, whole or one piece of it."""
 
-    def __init__(self):
+    def __init__(self, piece: str = "whole"):
         super().__init__()
+        self.piece = piece
         self.register_buffer("w", torch.linspace(-0.5, 0.5, 16))
 
     def forward(self, x):
         y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * (1.0 + self.w)
-        self.w.mul_(0.5)
+        written = {
+            "whole": lambda: self.w,
+            "chunk": lambda: self.w.chunk(2)[0],  # a getitem of a list of views
+            "split": lambda: self.w.split(8)[1],
+            "unbind": lambda: self.w.view(2, 8).unbind(0)[0],
+        }[self.piece]()
+        written.mul_(0.5)
         return y
 
 
+@pytest.mark.parametrize("piece", ["whole", "chunk", "split", "unbind"])
 @pytest.mark.parametrize("given", ["graph", "program"])
-def test_qnn_never_folds_a_weight_the_model_writes(given):
-    graph, result = _capture(WrittenGemmaWeight(), (_x(),), given, backend="qnn")
+def test_qnn_never_folds_a_weight_the_model_writes(given, piece):
+    graph, result = _capture(WrittenGemmaWeight(piece), (_x(),), given, backend="qnn")
     assert rms_norm_nodes(graph) == [] and "constant weight" in result.decisions[0].reason
-    reference = WrittenGemmaWeight()
+    reference = WrittenGemmaWeight(piece)
     for _ in range(3):
         assert compare(reference(_x()), graph(_x()), ulps=0).ok
 

@@ -9,6 +9,7 @@ effects edgefuse cannot read from a schema (a higher-order op) counts as writing
 
 from __future__ import annotations
 
+import operator
 from typing import Iterable
 
 import torch
@@ -71,7 +72,9 @@ class Mutations:
         """Mark ``node`` written, and the tensors it is a view of, since a write through a view writes them."""
         while node not in self.written:
             self.written.add(node)
-            if not returns_an_alias(node) or not node.args or not isinstance(node.args[0], Node):
+            # one piece of a split, chunk or unbind (getitem of a list of views) is a view of the whole
+            aliases = returns_an_alias(node) or (node.op == "call_function" and node.target is operator.getitem)
+            if not aliases or not node.args or not isinstance(node.args[0], Node):
                 return
             node = node.args[0]
 

@@ -503,6 +503,21 @@ class ScalarAdds(nn.Module):
         return torch.ops.aten.add.Scalar(x, 0.1), torch.ops.aten.add.Scalar(x, 0.25, 3)
 
 
+class ScalarAddsLeftOut(nn.Module):
+    """A 0-d add (the delegate cannot return a 0-d tensor) and an integer beyond 2**53 (which a float64
+    argument would round before the delegate rounds it to float32)."""
+
+    def forward(self, x, t):
+        return torch.ops.aten.add.Scalar(t, 0.5), torch.ops.aten.add.Scalar(x, 2**60 + 2**36 + 1)
+
+
+def test_scalar_adds_the_delegate_cannot_compute_as_eager_stay_portable():
+    result = lower_and_run(ScalarAddsLeftOut(), (torch.zeros(2, 3), torch.tensor(2.0)))
+    assert result.outside == ["aten.add.Scalar", "aten.add.Scalar"]
+    for got, expected in zip(result.outputs[0], result.expected[0]):
+        assert torch.equal(got, expected)
+
+
 def test_a_scalar_add_is_delegated_as_eager_computes_it():
     # Eager's float16 add.Scalar rounds 0.1 to float16 before adding, as the delegate's constant does;
     # the portable kernel adds it in float32, which rounds 1486 of these 4096 values the other way.

@@ -98,9 +98,14 @@ def add_reason(node: Node) -> str | None:
     alpha = node.args[2] if len(node.args) > 2 else node.kwargs.get("alpha", 1)
     if alpha != 1:
         return f"add with alpha {alpha!r}"
+    if isinstance(other, int) and abs(other) > 2**53:
+        return f"the integer {other} is no float64 value: the delegate would round it twice"
     dtype = dtype_of(node.args[0])
     if dtype not in (torch.float32, torch.float16) or dtype_of(node) != dtype:
         return f"add of a scalar to {dtype}: edgefuse substitutes float32 and float16 adds only"
+    value = node.args[0].meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return "add of a scalar to a 0-d tensor: the delegate cannot return a 0-d tensor"
     return None
 
 
