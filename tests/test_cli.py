@@ -163,6 +163,33 @@ MODELS_PY = textwrap.dedent(
     def counter():
         torch.manual_seed(0)
         return CountsCalls(), (torch.randn(1, 8, 32),)
+
+
+    class ReturnsItsBuffer(CountsCalls):
+        def forward(self, x):
+            return super().forward(x), self.calls
+
+
+    class WritesAWeight(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            y = self.block(x)
+            with torch.no_grad():
+                self.block.linear.weight.mul_(0.5)
+            return y
+
+
+    def returns_buffer():
+        torch.manual_seed(0)
+        return ReturnsItsBuffer(), (torch.randn(1, 8, 32),)
+
+
+    def writes_weight():
+        torch.manual_seed(0)
+        return WritesAWeight(), (torch.randn(1, 8, 32),)
     '''
 )
 
@@ -283,6 +310,8 @@ BAD_INPUT = {
                          "the delegate map would be written to block.pt2, which is also the MODEL block.pt2"),
     "report --map over MODEL": (["report", "models.py:block", "--map", "models.py"],
                                 "which is also the MODEL models.py:block"),
+    "--map a hard link to MODEL": (["report", "models.py:block", "--map", "models_link.svg"],
+                                   "which is also the MODEL models.py:block"),
     "sys.exit in the function": (["report", "exits.py:leave"], "calling leave() raised SystemExit: 0"),
     "sys.exit on import": (["report", "exits_on_import.py:leave"], "importing exits_on_import.py raised SystemExit: 5"),
     "a directory": (["report", "a_directory.pte"], "unknown model 'a_directory.pte' (a_directory.pte is a directory)"),
@@ -304,6 +333,8 @@ def command_results(workdir) -> dict[str, dict]:
     (workdir / "a_directory.pt2").mkdir(exist_ok=True)
     (workdir / "exits.py").write_text("import sys\n\n\ndef leave():\n    sys.exit(0)\n")
     (workdir / "exits_on_import.py").write_text("import sys\n\nsys.exit(5)\n")
+    if not (workdir / "models_link.svg").exists():
+        os.link(workdir / "models.py", workdir / "models_link.svg")
     cases = {**{name: argv for name, (argv, _) in BAD_INPUT.items()}, **INTEGER_OUTPUT}
     return dict(zip(cases, run_commands(*cases.values(), cwd=workdir)))
 
@@ -627,7 +658,8 @@ def test_bad_usage_in_process(workdir, capsys):
     assert cli.main(["report", str(workdir / "models.py")]) == USAGE
     assert "names a file but no function" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
-    functions = "block, counter, data_dependent, integer_output, not_in_edge, raises, stateful, with_cond, wrong_inputs"
+    functions = ("block, counter, data_dependent, integer_output, not_in_edge, raises, returns_buffer, stateful, "
+                 "with_cond, writes_weight, wrong_inputs")
     assert f"functions defined there: {functions}" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE
     assert "unknown backend 'npu9'" in capsys.readouterr().err
@@ -652,10 +684,12 @@ def test_bad_usage_in_process(workdir, capsys):
 def test_a_model_that_writes_its_input_or_a_buffer_is_compared_on_fresh_copies(workdir, capsys):
     # every run (eager, both programs, the .pte) sees the inputs and state the first one saw; the input
     # the .pte writes, which the runtime returns before the model's output, is not taken for an output
-    for model in ("stateful", "counter"):
+    for model in ("stateful", "counter", "returns_buffer", "writes_weight"):
         for stage in ("edge", "capture"):
             assert cli.main(["-q", "report", f"{workdir / 'models.py'}:{model}", "--stage", stage]) == OK
             assert "1 of 1 norms rebuilt" in capsys.readouterr().out
+        if model == "writes_weight":
+            continue  # ExecuTorch's XNNPACK lowering rejects a program that writes a weight it delegates
         assert cli.main(["-q", "lower", f"{workdir / 'models.py'}:{model}", "-o", str(workdir / f"{model}.pte")]) == OK
         assert "wrote" in capsys.readouterr().out
 

@@ -53,15 +53,24 @@ def _check_distinct(model: str, outputs: dict[str, str]) -> None:
     """Refuse two outputs written to one file, or an output written over the model file it reads."""
     from edgefuse.modelspec import model_file
 
-    seen: dict[str, str] = {}
+    seen: dict[object, str] = {}
     source = model_file(model)
     if source is not None and os.path.exists(source):
-        seen[os.path.realpath(source)] = f"MODEL {model}"
+        seen[_identity(source)] = f"MODEL {model}"
     for what, path in outputs.items():
-        real = os.path.realpath(path)
-        if real in seen:
-            raise UsageError(f"the {what} would be written to {path}, which is also the {seen[real]}")
-        seen[real] = what
+        key = _identity(path)
+        if key in seen:
+            raise UsageError(f"the {what} would be written to {path}, which is also the {seen[key]}")
+        seen[key] = what
+
+
+def _identity(path: str) -> object:
+    """What names one file: its device and inode when it exists (a hard link too), else its real path."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    return (status.st_dev, status.st_ino)
 
 
 def _write(path: str, what: str, write: Callable[[], None]) -> None:

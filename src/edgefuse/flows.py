@@ -36,9 +36,9 @@ class Lowered:
     pte: bytes
     loaded: LoadedProgram | None = None
     errors: list[float] | None = None  # per output, against eager; None until run
-    #: How many of the program's first outputs are inputs it writes in place, which the runtime returns
-    #: before the model's own outputs.
-    input_writes: int = 0
+    #: How many of the runtime's outputs are the model's own: the runtime returns the inputs and
+    #: parameters the program writes in place before them.
+    user_outputs: int | None = None
     allowed: list[float] | None = None  # per output
 
     @property
@@ -77,13 +77,13 @@ def lower_to_pte(
         return Lowered(how, summary, b"")
     say(f"serializing the {how} program to .pte")
     pte = _stock_step(lambda: manager.to_executorch().buffer, how, "to_executorch")
-    return Lowered(how, summary, pte, input_writes=_input_writes(manager))
+    return Lowered(how, summary, pte, user_outputs=_user_outputs(manager))
 
 
-def _input_writes(manager) -> int:
-    """How many outputs of the lowered program are inputs it writes in place."""
+def _user_outputs(manager) -> int:
+    """How many outputs of the lowered program are the model's own."""
     specs = manager.exported_program().graph_signature.output_specs
-    return sum(spec.kind == OutputKind.USER_INPUT_MUTATION for spec in specs)
+    return sum(spec.kind == OutputKind.USER_OUTPUT for spec in specs)
 
 
 def _stock_step(step: Callable[[], Any], how: str, name: str) -> Any:
@@ -111,7 +111,9 @@ def run_and_check(
     than one unit in the last place.
     """
     lowered.loaded = LoadedProgram(lowered.pte)
-    actual = lowered.loaded.run(fresh(inputs))[lowered.input_writes:]  # the model's own outputs
+    actual = lowered.loaded.run(fresh(inputs))
+    if lowered.user_outputs is not None and len(actual) > lowered.user_outputs:
+        actual = actual[len(actual) - lowered.user_outputs:]  # the model's own outputs come last
     if len(actual) != len(expected) or any(a.shape != e.shape or a.dtype != e.dtype for a, e in zip(actual, expected)):
         lowered.errors, lowered.allowed = [float("inf")], [0.0]
         return lowered

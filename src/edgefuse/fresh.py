@@ -1,6 +1,6 @@
-"""Run a model once without changing it: on copies of its inputs, with its buffers put back afterwards.
+"""Run a model once without changing it: on copies of its inputs, with its state put back afterwards.
 
-A model may write its inputs or its buffers in place (a counter, a cache, ``x.mul_(2)``). edgefuse runs
+A model may write its inputs, buffers or parameters in place (a counter, a cache, ``x.mul_(2)``). edgefuse runs
 the same model several times to compare (eager, the unrewritten and the rewritten program, the ``.pte``),
 and each run must see the inputs and state the first one saw, or the comparison measures the writes.
 """
@@ -20,12 +20,15 @@ def fresh(inputs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def kept_buffers(module: torch.nn.Module) -> Iterator[None]:
-    """Put every buffer of ``module`` back to its value on entry when the block ends."""
-    saved = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
+def kept_state(module: torch.nn.Module) -> Iterator[None]:
+    """Put every buffer and parameter of ``module`` back to its value on entry when the block ends.
+
+    Take copies of outputs inside the block (:func:`fresh`): an output may be a buffer itself.
+    """
+    saved = [(tensor, tensor.detach().clone()) for tensor in (*module.buffers(), *module.parameters())]
     try:
         yield
     finally:
         with torch.no_grad():
-            for buffer, value in saved:
-                buffer.copy_(value)
+            for tensor, value in saved:
+                tensor.copy_(value)

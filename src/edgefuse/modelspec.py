@@ -80,12 +80,12 @@ class ModelSpec:
 
     def eager(self, inputs: tuple | None = None) -> Any:
         """The outputs of the eager module (or, for a saved program, of that program) on the inputs, run on
-        copies of them with its buffers put back after, so a model that writes either stays as it was."""
-        from edgefuse.fresh import fresh, kept_buffers
+        copies of them with its state put back after, so a model that writes either stays as it was."""
+        from edgefuse.fresh import fresh, kept_state
 
         runner = self.module if self.module is not None else self.program.module()
-        with torch.no_grad(), kept_buffers(runner):
-            return runner(*fresh(self.inputs if inputs is None else inputs))
+        with torch.no_grad(), kept_state(runner):
+            return fresh(runner(*fresh(self.inputs if inputs is None else inputs)))
 
 
 def dtype_named(name: str | None) -> torch.dtype | None:

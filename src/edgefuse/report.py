@@ -28,7 +28,7 @@ from torch.fx import GraphModule, Interpreter, Node
 from torch.utils import _pytree as pytree
 
 from edgefuse.errors import UsageError
-from edgefuse.fresh import fresh, kept_buffers
+from edgefuse.fresh import fresh, kept_state
 from edgefuse.modelspec import ModelSpec, error_summary
 from edgefuse.programs import detached
 from edgefuse.quant.facts import norm_key
@@ -262,8 +262,8 @@ def _graph_with_module_outputs(gm: GraphModule, inputs: tuple, paths: Iterable[s
     wanted = {node.name: path for path, node in module_outputs(gm, paths).items()}
     recorder = _Recorder(gm, wanted)
     flat = pytree.tree_leaves(fresh(tuple(inputs)))
-    with torch.no_grad(), kept_buffers(gm):
-        result = recorder.run(*flat)
+    with torch.no_grad(), kept_state(gm):
+        result = fresh(recorder.run(*flat))  # an output may be a buffer put back
     tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
     return tensors, recorder.values
 

@@ -17,7 +17,7 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
 
-from edgefuse.fresh import kept_buffers
+from edgefuse.fresh import fresh, kept_state
 
 #: The float dtypes, finest first.
 FLOATS = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
@@ -139,11 +139,11 @@ def output_tolerance_dtypes(
 
 
 def outputs(program: Callable[..., Any], inputs: Sequence[Any]) -> list[torch.Tensor]:
-    """The flattened tensor outputs of ``program`` on a copy of ``inputs``; a module's buffers are put
-    back after the run (:mod:`edgefuse.fresh`)."""
-    keep = kept_buffers(program) if isinstance(program, torch.nn.Module) else contextlib.nullcontext()
+    """The flattened tensor outputs of ``program`` on a copy of ``inputs``; a module's state is put back
+    after the run (:mod:`edgefuse.fresh`)."""
+    keep = kept_state(program) if isinstance(program, torch.nn.Module) else contextlib.nullcontext()
     with torch.no_grad(), keep:
-        result = program(*copy.deepcopy(tuple(inputs)))
+        result = fresh(program(*copy.deepcopy(tuple(inputs))))  # an output may be a buffer put back
     return [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
 
 
