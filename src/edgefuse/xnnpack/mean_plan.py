@@ -79,6 +79,10 @@ class Step:
     width: int | None = None
 
 
+#: The step kinds that are a fully-connected against a constant ``1/W`` row.
+FULLY_CONNECTED_KINDS = frozenset({"fully_connected", "fully_connected_rows"})
+
+
 class PlanError(ValueError):
     """The mean cannot be expressed with the released node types; the message says why."""
 

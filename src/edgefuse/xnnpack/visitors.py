@@ -47,7 +47,7 @@ from executorch.backends.xnnpack.utils.xnnpack_constants import (
 )
 
 from edgefuse.xnnpack.custom_ops import EDGE_XNN_ADD_SCALAR, EDGE_XNN_CONVERT, EDGE_XNN_MEAN
-from edgefuse.xnnpack.mean_plan import DYNAMIC, PlanError, Step, plan_mean
+from edgefuse.xnnpack.mean_plan import DYNAMIC, FULLY_CONNECTED_KINDS, PlanError, Step, plan_mean
 
 _XNN_DTYPES = {
     torch.float32: XNNDatatype.xnn_datatype_fp32,
@@ -167,7 +167,7 @@ class XnnMeanVisitor(_EdgefuseVisitor):
                 union = XNNStaticReshape(
                     num_dims=len(new_shape), new_shape=new_shape, input_id=current, output_id=out, flags=0
                 )
-            elif step.kind in ("fully_connected", "fully_connected_rows"):
+            elif step.kind in FULLY_CONNECTED_KINDS:
                 row = self._constant_value(
                     xnn_graph, torch.full((1, step.width), 1.0 / step.width, dtype=torch.float64).to(current_dtype)
                 )
@@ -194,7 +194,7 @@ def _step_dtype(step: Step, current: torch.dtype) -> torch.dtype:
     its scale in float32 and NaNs as NaNs, runs in float16 too; a bfloat16 mean, which XNNPACK cannot
     reduce, runs entirely in float32.
     """
-    if step.kind in ("fully_connected", "fully_connected_rows") or current not in _REDUCE_DTYPES:
+    if step.kind in FULLY_CONNECTED_KINDS or current not in _REDUCE_DTYPES:
         return torch.float32
     return current
 
