@@ -190,6 +190,11 @@ MODELS_PY = textwrap.dedent(
     def writes_weight():
         torch.manual_seed(0)
         return WritesAWeight(), (torch.randn(1, 8, 32),)
+
+
+    def on_meta():
+        with torch.device("meta"):
+            return Block(), (torch.randn(1, 8, 32),)
     '''
 )
 
@@ -316,6 +321,8 @@ BAD_INPUT = {
     "sys.exit on import": (["report", "exits_on_import.py:leave"], "importing exits_on_import.py raised SystemExit: 5"),
     "a directory": (["report", "a_directory.pte"], "unknown model 'a_directory.pte' (a_directory.pte is a directory)"),
     "a .pt2 directory": (["report", "a_directory.pt2"], "a_directory.pt2 is a directory, not a program"),
+    "a meta-device model": (["report", "models.py:on_meta"], "norm.weight is on device meta; edgefuse runs models on the CPU"),
+    "lower a meta-device model": (["lower", "models.py:on_meta", "-o", "meta.pte"], "is on device meta"),
 }
 #: A model with an integer output, at both stages: it must match exactly, and does.
 INTEGER_OUTPUT = {

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from torch.export import ExportedProgram
+from torch.utils import _pytree as pytree
 
 from edgefuse.errors import UsageError
 from edgefuse.progress import quiet_torch_logs
@@ -198,11 +199,27 @@ def _call_file(text: str, path: str, function: str, dtype: torch.dtype | None) -
     if not isinstance(inputs, (tuple, list)):
         raise UsageError(f"{text}: example_inputs must be a tensor or a tuple of inputs, got {_describe(inputs)}")
     inputs = tuple(inputs)
+    off_cpu = _off_cpu(module, inputs)
+    if off_cpu:
+        raise UsageError(
+            f"{text}: {off_cpu}; edgefuse runs models on the CPU, with values: build the module and its "
+            "inputs on the CPU (a meta-device module has no values to run or compare)"
+        )
     module = module.eval()
     if dtype is not None:
         module = module.to(dtype)
         inputs = tuple(x.to(dtype) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in inputs)
     return ModelSpec(text, "file", inputs, module=module, source=path)
+
+
+def _off_cpu(module: torch.nn.Module, inputs: tuple) -> str | None:
+    """Where the first tensor of the module or its inputs that is not on the CPU lives, or None."""
+    named = [*module.named_parameters(), *module.named_buffers()]
+    named += [(f"example input {i}", leaf) for i, leaf in enumerate(pytree.tree_leaves(inputs))]
+    for name, tensor in named:
+        if isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
+            return f"{name} is on device {tensor.device}"
+    return None
 
 
 def _load_program(path: str) -> ModelSpec:
