@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+import edgefuse
+
 from edgefuse.verify import compare, compare_elementwise
 from forms import (
     ContiguousUpcastNorm,
@@ -402,6 +404,28 @@ def test_rule_a_half_norm_with_a_float32_weight_stays(mode):
     rewritten = rewrite(module, (_x(torch.float16),), mode)
     assert_left(rewritten, "rounds to float16 inside a float32 norm")
     assert rewritten.run(_x(torch.float16)).dtype == torch.float32
+
+
+class WeightInput(nn.Module):
+    """A norm whose weight is an input of the model: known only when the program runs."""
+
+    def forward(self, x, w):
+        return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qnn_leaves_a_weight_that_is_a_model_input_and_says_so(mode):
+    inputs = (_x(), torch.randn(16))
+    assert_left(rewrite(WeightInput(), inputs, mode, backend="qnn"), "the weight w is an input of the model")
+    rewritten = rewrite(WeightInput(), inputs, mode)  # aten takes any weight
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert_matches_eager(rewritten.module, inputs, rewritten)
+
+
+def test_qnn_asks_for_the_program_when_a_lifted_graph_alone_cannot_tell_a_weight_from_an_input():
+    program = torch.export.export(LlamaNorm(), (_x(),))  # its weight is a placeholder of program.graph_module
+    result = edgefuse.recompose_rms_norm(program.graph_module, backend="qnn")
+    assert "pass the ExportedProgram" in result.decisions[0].reason
 
 
 # Rule 8: a grouped norm is never rebuilt over the full width.

@@ -43,6 +43,23 @@ class GraphConstants:
         signature = self.program.graph_signature
         return signature.inputs_to_buffers.get(node.name) not in signature.buffers_to_mutate.values()
 
+    def source_kind(self, node: Node) -> str | None:
+        """What a graph input or attribute that is not a constant holds: ``"user input"``, ``"written state"``
+        (a parameter or buffer the graph or program writes), or None when the graph alone cannot tell."""
+        if node.op not in ("placeholder", "get_attr"):
+            return None
+        if self.mutations.is_written(node) or (
+            self.program is not None and node.name in self.program.graph_signature.inputs_to_buffers
+        ):
+            return "written state"
+        if node.op == "get_attr":
+            return None
+        if self.program is not None:
+            return "user input" if node.name in self.program.graph_signature.user_inputs else None
+        # ``ExportedProgram.module()`` reads every parameter and buffer through get_attr, and records the
+        # user inputs' structure as ``_in_spec``: there a placeholder can only be a user input.
+        return "user input" if hasattr(self.graph_module, "_in_spec") else None
+
     def value(self, node: object) -> torch.Tensor | None:
         """The tensor behind a constant node, or None when it is not a constant or cannot be read."""
         if not self.is_constant(node):

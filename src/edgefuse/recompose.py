@@ -179,12 +179,18 @@ class _Rewriter:
                 return node
         if weight.root is None:
             source = list(exact_ancestors(weight.node, self.table))[-1]
+            needs = f"{self.profile.name} needs a constant weight"
+            kind = self.constants.source_kind(source)
+            if kind == "user input":
+                return f"the weight {source.name} is an input of the model, not a constant; {needs}"
+            if kind == "written state":
+                return f"the weight {source.name} is state the model writes in place, not a constant; {needs}"
             if source.op == "placeholder" and self.constants.program is None:
                 return (
                     f"the weight {source.name} is a graph input; pass the ExportedProgram so edgefuse can tell a "
-                    f"parameter from a user input ({self.profile.name} needs a constant weight)"
+                    f"parameter from a user input ({needs})"
                 )
-            return f"the weight {weight.node.name} is computed at run time; {self.profile.name} needs a constant weight"
+            return f"the weight {weight.node.name} is computed at run time; {needs}"
         if wanted is not None and dtype_of(weight.node) != wanted:
             return (
                 f"the weight {weight.node.name} is {_name(dtype_of(weight.node))} and {self.profile.name} takes one "
