@@ -24,7 +24,7 @@ from forms import (
     WrongDim,
     EPS,
 )
-from harness import MODES, cast_path, rewrite, rms_norm_nodes
+from harness import MODES, cast_path, exported, rewrite, rms_norm_nodes
 from torch import nn
 
 
@@ -426,6 +426,41 @@ def test_qnn_asks_for_the_program_when_a_lifted_graph_alone_cannot_tell_a_weight
     program = torch.export.export(LlamaNorm(), (_x(),))  # its weight is a placeholder of program.graph_module
     result = edgefuse.recompose_rms_norm(program.graph_module, backend="qnn")
     assert "pass the ExportedProgram" in result.decisions[0].reason
+
+
+class PlainNorm(nn.Module):
+    """A norm with no casts, so a second one reads the first one's output itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(16) + 0.5)
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS))
+
+
+class TwoNormsInARow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = PlainNorm(), PlainNorm()
+
+    def forward(self, x):
+        return self.second(self.first(x))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_norm_reading_a_rebuilt_norm_names_its_input_as_the_graph_had_it(mode):
+    inputs = (_x(),)
+    before = exported(TwoNormsInARow(), inputs, mode)
+    before = before if mode == "capture" else before.graph_module
+    rewritten = rewrite(TwoNormsInARow(), inputs, mode, backend="qnn")
+    first, second = rewritten.result.decisions
+    assert first.rebuilt and second.rebuilt
+    assert_matches_eager(rewritten.module, inputs, rewritten)
+    # the second norm reads the first one's output: named as before the rewrite, not as the new rms_norm
+    [first_output] = [n for n in before.graph.nodes if n.name == second.input]
+    assert first_output.meta["nn_module_stack"] and "first" in list(first_output.meta["nn_module_stack"].values())[-1][0]
+    assert second.input != first.node
 
 
 # Rule 8: a grouped norm is never rebuilt over the full width.

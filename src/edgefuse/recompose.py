@@ -30,7 +30,8 @@ NESTED = "inside the subgraph {name}, which {op} runs: edgefuse rewrites the top
 class Decision:
     """What happened to one candidate norm (one mean of squares): rebuilt or not, and why.
 
-    Node names refer to the graph as it was before the rewrite; ``node`` names the new ``rms_norm``;
+    Node names refer to the graph as it was before the rewrite; ``node`` names the new ``rms_norm`` (and
+    ``weight`` the new constant, when edgefuse folded the weight into one);
     a norm inside a subgraph has its names qualified by the subgraph's (``true_graph_0.mean``);
     ``note`` says where the rebuilt node's arguments differ from how the model writes them, and why.
     """
@@ -113,6 +114,9 @@ class _Rewriter:
 
     def __init__(self, gm: GraphModule, table: OpTable, profile: BackendProfile, capture: bool, constants: GraphConstants):
         self.gm, self.table, self.profile, self.capture, self.constants = gm, table, profile, capture, constants
+        #: The name, before the rewrite, of the norm output each new ``rms_norm`` replaced: a later norm
+        #: that reads a rebuilt one (``n(n(x))``) names its input as the graph had it.
+        self.replaced: dict[str, str] = {}
 
     def run(self) -> list[Decision]:
         means = [n for n in self.gm.graph.nodes if self.table.is_a(n, Role.MEAN)]
@@ -123,7 +127,11 @@ class _Rewriter:
                 continue
             decision = self._decide(mean)
             modified |= decision.rebuilt
-            decisions.append(decision)
+            decisions.append(replace(
+                decision,
+                input=self.replaced.get(decision.input, decision.input),
+                weight=self.replaced.get(decision.weight, decision.weight),
+            ))
         if modified:
             self.gm.graph.lint()
             self.gm.recompile()
@@ -226,6 +234,7 @@ class _Rewriter:
             node = graph.call_function(self.table.rms_norm, (match.input, list(match.normalized_shape), weight, match.eps))
         node.meta.update({k: v for k, v in match.output.meta.items() if k in ("nn_module_stack", "stack_trace")})
         node.meta["val"] = value
+        self.replaced[node.name] = self.replaced.get(match.output.name, match.output.name)
         match.output.replace_all_uses_with(node)
         _erase_dead(match.nodes, self.table)
         return node, weight
