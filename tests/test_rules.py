@@ -339,7 +339,44 @@ def test_qnn_never_rounds_a_float32_weight_into_a_half_norm(mode):
     assert_matches_eager(module, inputs, rewritten)
 
 
-# Rule 7: input and output share a dtype D, and everything the norm computes is D or wider.
+# Rule 7: input and output share a dtype D, and everything the norm computes is D or wider, and no wider
+# than the precision rms_norm computes D in.
+
+
+class Float64Inside(nn.Module):
+    """A norm computed in float64 between an upcast and a cast back to the model's dtype, then the weight."""
+
+    def __init__(self, eps: float = EPS):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(16) + 0.5)
+        self.eps = eps
+
+    def forward(self, x):
+        h = x.double()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rule_a_norm_computed_wider_than_rms_norm_computes_stays(mode, dtype):
+    # rms_norm computes a float32 (or bfloat16) norm in float32: rebuilt, squares of 1e20 would overflow
+    # where the model's float64 squares do not, and every step would round to float32.
+    module = Float64Inside().to(dtype)
+    inputs = (_x(dtype) * 1e20,)
+    assert_left(rewrite(module, inputs, mode), "computes in float64 inside a", "would add roundings")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_a_float64_norm_is_rebuilt_in_float64(mode):
+    # eps a float32 value: to_edge lifts a scalar eps into a float32 constant, so 1e-6 would already be
+    # rounded in the unrewritten edge program
+    module = Float64Inside(eps=2.0**-20).double()
+    inputs = (_x(torch.float64),)
+    rewritten = rewrite(module, inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert node.meta["val"].dtype == torch.float64
+    assert_matches_eager(module, inputs, rewritten)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -18,8 +18,11 @@ weight and trailing dtype-only casts. The rules, each with its reason:
    the normalized shape, and a scalar is never a weight: so a later ``* s`` is never taken as the weight.
 6. The input is the nearest tensor of the output dtype among those holding the scaled values: the walk
    back passes only casts that keep every value, never a narrowing cast or a dim-order change.
-7. Input and output share one dtype D and every tensor the norm computes is D or wider: a rebuilt
-   ``rms_norm`` reads and produces D and computes in at least D, so it must not drop a rounding below D.
+7. Input and output share one dtype D and every tensor the norm computes is D or wider, and no wider
+   than the precision ``rms_norm`` computes D in (float32 for the half dtypes, D itself otherwise): a
+   rebuilt ``rms_norm`` reads and produces D and computes in that precision, so it must not drop a
+   rounding below D, nor round where the model computed wider (a float32 norm computed in float64 has
+   squares that do not overflow, and no float32 rounding at each step).
    Computing in a wider dtype may also remove an overflow or underflow that a norm computed wholly in
    float16 had (a square rounding to inf, or to 0 for values below about 2e-4): the rebuilt norm then
    returns the value float64 would, where the model returned inf, NaN or a value off by its rounding.
@@ -358,8 +361,15 @@ def _input_of(dtype: torch.dtype, core: _Core, table: OpTable) -> Node | None:
     return None
 
 
+def rms_norm_precision(dtype: torch.dtype) -> torch.dtype:
+    """The dtype ``aten.rms_norm`` computes a norm of ``dtype`` in: float32 for the half dtypes, else ``dtype``."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def _rounding_reason(computed: Sequence[Node], dtype: torch.dtype) -> str | None:
-    """Rule 7: the first computed tensor narrower than the norm dtype, as a reason; None when there is none."""
+    """Rule 7: the first computed tensor narrower than the norm dtype, or wider than the precision a
+    rebuilt ``rms_norm`` computes in, as a reason; None when there is none."""
+    widest = rms_norm_precision(dtype)
     for node in computed:
         node_dtype = dtype_of(node)
         if node_dtype is None:
@@ -368,6 +378,11 @@ def _rounding_reason(computed: Sequence[Node], dtype: torch.dtype) -> str | None
             return (
                 f"{node.name} rounds to {_dtype_name(node_dtype)} inside a {_dtype_name(dtype)} norm; "
                 "a rebuilt rms_norm would drop that rounding"
+            )
+        if node_dtype.is_floating_point and not at_least(widest, node_dtype):
+            return (
+                f"{node.name} computes in {_dtype_name(node_dtype)} inside a {_dtype_name(dtype)} norm, which a "
+                f"rebuilt rms_norm computes in {_dtype_name(widest)}: it would add roundings the model does not make"
             )
     return None
 
