@@ -95,3 +95,27 @@ def test_a_no_op_cast_that_would_make_an_input_an_output_is_kept():
     graph.recompile()
     assert _casts(graph) == [cast]
     assert remove_redundant_casts(graph) == [] and _casts(graph) == [cast]
+
+
+class ReturnsCopies(nn.Module):
+    """Returns copies made by no-op casts: of another output, and of a parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(4))
+
+    def forward(self, x):
+        y = x * 2
+        return y, y.to(torch.float32, copy=True), self.w.to(torch.float32, copy=True)
+
+
+def test_a_copy_the_model_returns_is_kept_so_no_output_aliases_another_or_a_parameter():
+    module, x = ReturnsCopies(), torch.ones(4)
+    graph = export(module, (x,)).module()
+    assert len(_casts(graph)) == 2
+    assert remove_redundant_casts(graph) == [] and len(_casts(graph)) == 2
+    first, copy, weight = graph(x)
+    with torch.no_grad():
+        first.add_(100)
+        weight.add_(7)
+    assert copy.tolist() == [2.0] * 4 and graph.w.tolist() == [0.0] * 4

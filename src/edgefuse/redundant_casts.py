@@ -2,9 +2,10 @@
 
 A cast is redundant only when its output's metadata equals its input's: dtype, shape, layout, device and
 dim order. Keyword arguments do not decide it: ``_to_copy(x, dtype=float16, memory_format=...)`` on a
-float32 tensor changes the dtype whatever its memory format says, and must stay. In a graph with
-in-place ops (a captured graph may keep them), a cast that copies is kept too: with the copy gone, a
-write to one tensor would reach the other.
+float32 tensor changes the dtype whatever its memory format says, and must stay. A cast that copies is
+kept too in a graph with in-place ops (a captured graph may keep them), and wherever the copy is an
+output: with the copy gone, a write to one tensor would reach the other (an output would be another
+output, a parameter or an input, where the model returned a tensor of its own).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def remove_redundant_casts(graph_module: GraphModule | ExportedProgram) -> list[
     for node in list(graph_module.graph.nodes):
         if not is_noop_cast(node, table) or _would_return_an_input(node, table):
             continue
-        if in_place and not returns_an_alias(node):
+        if not returns_an_alias(node) and (in_place or any(u.op == "output" for u in node.users)):
             continue
         for user in [u for u in node.users if table.is_a(u, Role.ASSERT_METADATA)]:
             graph_module.graph.erase_node(user)
