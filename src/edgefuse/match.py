@@ -181,6 +181,9 @@ def _eps(add: Node, mean: Node, table: OpTable, constants: GraphConstants) -> fl
     if _alpha(add) != 1:
         return "the eps addition scales its operand (alpha != 1)"
     if isinstance(other, Node) and other.op == "placeholder" and not constants.is_constant(other):
+        kind = constants.source_kind(other)
+        if kind is not None:
+            return f"eps is the graph input {other.name}, {'an input of the model' if kind == 'user input' else kind}, not a constant"
         if constants.program is None and other.meta.get("val") is not None and other.meta["val"].dim() == 0:
             return (
                 f"eps is the graph input {other.name}, whose value edgefuse cannot read without its "
