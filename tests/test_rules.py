@@ -577,6 +577,31 @@ def test_qnn_takes_the_weight_in_the_norm_dtype_behind_a_cast(mode):
     assert_matches_eager(module, inputs, rewritten)
 
 
+class WeightTypeAs(nn.Module):
+    """A float32 weight cast to the activation's dtype with ``type_as(x)``: x gives the dtype, no values."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(16) + 0.5)
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
+        return self.weight.type_as(x) * h.to(x.dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qnn_folds_a_weight_cast_with_type_as(mode):
+    module = WeightTypeAs()
+    inputs = (_x(torch.float16),)
+    rewritten = rewrite(module, inputs, mode, backend="qnn")
+    [decision] = rewritten.result.decisions
+    assert decision.rebuilt, decision.reason
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert node.meta["val"].dtype == torch.float16 and cast_path(node.args[0]) == ("x", ())
+    assert_matches_eager(module, inputs, rewritten)
+
+
 class ScaledEpsNorm(nn.Module):
     """``mean + alpha * eps`` through ``aten.add.Scalar``, whose alpha is positional."""
 

@@ -14,6 +14,7 @@ from torch.fx import GraphModule, Node
 from executorch.backends.transforms.utils import create_constant_placeholder, get_param_tensor, is_param_node
 from torch.export.graph_signature import InputKind
 
+from edgefuse.casts import cast_source, changes_only_dtype, dtype_of
 from edgefuse.mutation import Mutations
 from edgefuse.ops import OpTable, Role
 
@@ -83,6 +84,10 @@ class GraphConstants:
             return self.value(node)
         if node.op != "call_function" or not table.is_a(node, Role.CAST, Role.ADD):
             return None
+        if table.is_a(node, Role.CAST) and changes_only_dtype(node, table):
+            # only the dtype matters: a cast to another tensor's dtype (type_as(x)) reads x for its dtype alone
+            value = self.fold(cast_source(node, table), table)
+            return None if value is None else value.to(dtype_of(node))
         args = []
         for arg in node.args:
             value = self.fold(arg, table) if isinstance(arg, Node) else arg
