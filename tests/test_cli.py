@@ -665,7 +665,7 @@ def test_bad_usage_in_process(workdir, capsys):
     assert cli.main(["report", str(workdir / "models.py")]) == USAGE
     assert "names a file but no function" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
-    functions = ("block, counter, data_dependent, integer_output, not_in_edge, raises, returns_buffer, stateful, "
+    functions = ("block, counter, data_dependent, integer_output, not_in_edge, on_meta, raises, returns_buffer, stateful, "
                  "with_cond, writes_weight, wrong_inputs")
     assert f"functions defined there: {functions}" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE
