@@ -33,15 +33,36 @@ FORMS = {
 }
 
 
-def _inputs(dtype, shape=(2, 5, 16)):
+#: How far, per element, a rebuilt norm may lie from eager, in units of D's epsilon times the element
+#: (``compare_elementwise``'s unit: one unit is two unit roundoffs u of D). The model's roundings and
+#: rms_norm's add up; the mean of squares and eps are computed alike in both (0 units apart in float32
+#: for the rsqrt forms), so only the roundings after them count:
+#: - the model computes the norm in rms_norm's precision and rounds to D after normalizing and after
+#:   the weight (Llama, T5, OLMo2, Gemma, no weight; and float32 rsqrt forms): 2u against rms_norm's one
+#:   rounding u, 1.5 units;
+#: - the model divides by a sqrt, or computes every step in a half D: in float32 its sqrt, division (or
+#:   reciprocal and product) and weight round (4u) where rms_norm's rsqrt (1.5u, measured), product and
+#:   weight do (3.5u); in a half D its square, mean and eps roundings reach the root halved (1.5u), then
+#:   the root, product and weight round (3u) where rms_norm rounds once (u): 7.5u at most, 4 units.
+ONE_ROUNDING_MORE, OWN_ORDER = 1.5, 4.0
+
+
+def allowed_units(form: str, dtype: torch.dtype) -> float:
+    sqrt_form = form in ("div-sqrt", "reciprocal-sqrt")
+    computed_in_half = dtype != torch.float32 and form in ("div-sqrt", "reciprocal-sqrt", "rsqrt-left")
+    return OWN_ORDER if sqrt_form or computed_in_half else ONE_ROUNDING_MORE
+
+
+def _inputs(dtype, shape=(4096, 4, 16)):
+    """Many rows (262144 values at the default shape), so that the rarer worst roundings occur."""
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(0)).mul(3).to(dtype),)
 
 
-def assert_matches_eager(module, inputs, rewritten):
-    """The rewritten program's output has eager's dtype and each element lies within two units in its last place."""
+def assert_matches_eager(module, inputs, rewritten, units=ONE_ROUNDING_MORE):
+    """The rewritten program's output has eager's dtype and each element lies within ``units``."""
     expected = module(*inputs)
     actual = rewritten.run(*inputs)
-    comparison = compare_elementwise(expected, actual)
+    comparison = compare_elementwise(expected, actual, units)
     assert comparison.dtype_ok, (expected.dtype, actual.dtype)
     assert comparison.ok, f"max error {comparison.max_error} > {comparison.allowed} ({expected.dtype})"
 
@@ -64,7 +85,7 @@ def test_every_form_is_rebuilt_on_its_input(form, dtype, mode):
     assert node.meta["val"].dtype == dtype
     has_weight = form != "no-weight"
     assert (node.args[2] is not None) == has_weight
-    assert_matches_eager(module, inputs, rewritten)
+    assert_matches_eager(module, inputs, rewritten, allowed_units(form, dtype))
 
 
 @pytest.mark.parametrize("mode", ("edge", "edge-no-dim-order"))
@@ -83,7 +104,7 @@ def test_functional_rms_norm_decomposed_by_edge_is_rebuilt(dtype, mode):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_qk_norm_on_four_dims_is_rebuilt_over_the_head_dim(dtype, mode):
     module = LlamaNorm().to(dtype)
-    inputs = _inputs(dtype, (2, 3, 4, 16))
+    inputs = _inputs(dtype, (1024, 3, 4, 16))
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert cast_path(node.args[0]) == ("x", ()) and node.args[1] == [16]
