@@ -508,7 +508,29 @@ def test_a_norm_reading_a_rebuilt_norm_names_its_input_as_the_graph_had_it(mode)
 def test_rule_a_grouped_norm_stays(mode, dtype):
     module = GroupedNorm().to(dtype)
     rewritten = rewrite(module, (_x(dtype),), mode)
-    assert_left(rewritten, "grouped norm")
+    assert_left(rewritten, "grouped norm", "before a full-width weight")
+
+
+class HeadsMerged(nn.Module):
+    """Groups normalized and merged back with no weight after them; ``twice`` also returns the merge."""
+
+    def __init__(self, twice: bool = False):
+        super().__init__()
+        self.twice = twice
+
+    def forward(self, x):
+        *lead, width = x.shape
+        h = x.view(*lead, 4, width // 4)
+        merged = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).view(*lead, width)
+        return (merged, merged * 2) if self.twice else merged
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("twice", [False, True])
+def test_a_grouped_norm_with_no_weight_says_so_in_its_reason(mode, twice):
+    rewritten = rewrite(HeadsMerged(twice), (_x(),), mode)
+    assert_left(rewritten, "grouped norm: groups of 4 are normalized separately and merged back in")
+    assert "weight" not in rewritten.result.decisions[0].reason
 
 
 # Backend profiles.

@@ -404,11 +404,14 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
     last = middle[-1] if middle else core.normalized
     after = _single_user(last, table)
     if _group_merge(core, after, table):
+        merged = [after, *_forward_casts(after, table)]
+        user = _single_user(merged[-1], table)
+        weighted = user is not None and table.is_a(user, Role.MUL)
         return Rejection(
             mean,
             f"grouped norm: groups of {core.normalized_shape[-1]} are normalized separately and merged back in "
-            f"{after.name} before a full-width weight; edgefuse leaves grouped norms decomposed, since an "
-            "rms_norm over the full width computes another function",
+            f"{after.name}{' before a full-width weight' if weighted else ''}; edgefuse leaves grouped norms "
+            "decomposed, since an rms_norm over the full width computes another function",
             core.form,
             core.nodes,
             eps=core.eps,
