@@ -72,6 +72,36 @@ def test_rule_mean_without_keepdim_stays(mode):
     assert_left(rewritten, "keepdim=False")
 
 
+class MeanWithDtype(nn.Module):
+    """A mean given ``dtype=``: the input's own (nothing is cast) or another one."""
+
+    def __init__(self, dtype: torch.dtype):
+        super().__init__()
+        self.dtype = dtype
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True, dtype=self.dtype) + EPS)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rule_a_mean_given_its_inputs_own_dtype_is_rebuilt_and_one_that_casts_stays(mode):
+    module = MeanWithDtype(torch.float32)
+    rewritten = rewrite(module, (_x(),), mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert_matches_eager(module, (_x(),), rewritten)
+    half = (_x(torch.float16),)
+    assert_left(rewrite(MeanWithDtype(torch.float32), half, mode), "the mean casts to float32 while it reduces float16")
+
+
+class ZeroDimNorm(nn.Module):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(dim=[], keepdim=True) + EPS)
+
+
+def test_rule_a_norm_of_a_0d_tensor_stays_and_says_why():
+    assert_left(rewrite(ZeroDimNorm(), (torch.tensor(3.0),), "capture"), "the mean reads a 0-d tensor")
+
+
 # Rule 2: the square is pow(x, 2), square(x) or x * x of one tensor.
 
 
@@ -180,6 +210,27 @@ def test_rule_an_eps_that_overflows_where_it_is_added_stays(mode):
     rewritten = rewrite(module, inputs, mode)
     assert_left(rewritten, "overflows float16" if mode == "capture" else "eps is inf")  # edge lifts a float16 inf
     assert_matches_eager(module, inputs, rewritten, ulps=0)
+
+
+class SharedEpsSum(nn.Module):
+    """``mean + eps`` is also returned: the mean itself has one user, the sum two."""
+
+    def forward(self, x):
+        v = x.pow(2).mean(-1, keepdim=True) + EPS
+        return x * torch.rsqrt(v), v
+
+
+class CastFactor(nn.Module):
+    """The factor is computed in float32 and rounded to the input's half dtype before it scales it."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + EPS).to(x.dtype)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_norm_left_for_its_shared_sum_or_its_cast_factor_names_that_node(mode):
+    assert_left(rewrite(SharedEpsSum(), (_x(),), mode), "the mean of squares plus eps (", "is used by more than one node")
+    assert_left(rewrite(CastFactor(), (_x(torch.float16),), mode), "the rsqrt is cast (")
 
 
 # Rule 5: only dtype-only casts between normalization and weight; the weight has the normalized shape.

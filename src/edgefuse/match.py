@@ -157,21 +157,25 @@ def _square_base(node: Node, table: OpTable) -> Node | str:
     return f"the mean averages {node.name}, which is not a square"
 
 
-def _mean_dims(mean: Node, rank: int) -> list[int] | str:
+def _mean_dims(mean: Node, value: torch.Tensor) -> list[int] | str:
     """The dims the mean reduces, non-negative and sorted, or why they are not usable."""
     dims = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
     keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
     if not keepdim:
         return "the mean drops the reduced dims (keepdim=False)"
-    if mean.kwargs.get("dtype") is not None:
-        return "the mean casts to another dtype while it reduces"
+    dtype = mean.kwargs.get("dtype")
+    if dtype is not None and dtype != value.dtype:
+        return f"the mean casts to {_dtype_name(dtype)} while it reduces {_dtype_name(value.dtype)} values"
+    rank = value.dim()
+    if rank == 0:
+        return "the mean reads a 0-d tensor: rms_norm normalizes at least one dim"
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         dims = list(range(rank))
     if isinstance(dims, int):
         dims = [dims]
     try:
         return sorted({d % rank for d in dims})
-    except (TypeError, ZeroDivisionError):
+    except TypeError:
         return f"the mean's dims {dims!r} are not constant ints"
 
 
@@ -225,7 +229,7 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
     base = _square_base(squared, table)
     if isinstance(base, str):
         return Rejection(mean, base, nodes=(squared, mean))
-    dims = _mean_dims(mean, value.dim())
+    dims = _mean_dims(mean, value)
     if isinstance(dims, str):
         return Rejection(mean, dims, nodes=(squared, mean))
     rank = value.dim()
@@ -249,7 +253,8 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
         nodes.append(step)
         step = _single_user(step, table)
     if step is None:
-        return Rejection(mean, "the mean of squares is used by more than one node or by none", nodes=tuple(nodes))
+        used = f"the mean of squares plus eps ({nodes[-1].name})" if len(nodes) > 2 else "the mean of squares"
+        return Rejection(mean, f"{used} is used by more than one node or by none", nodes=tuple(nodes))
 
     inverse = _inverse(step, table)
     if isinstance(inverse, str):
@@ -279,6 +284,8 @@ def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str
     if role is Role.RSQRT:
         if user is not None and table.is_a(user, Role.MUL) and step in user.args[:2]:
             return "rsqrt", [step, user], _other_operand(user, step)
+        if user is not None and table.is_a(user, Role.CAST):
+            return f"the rsqrt is cast ({user.name}) before it scales a tensor; edgefuse takes an rsqrt that scales one"
         return "the rsqrt does not scale a tensor"
     if role is Role.SQRT:
         if user is not None and table.is_a(user, Role.DIV) and len(user.args) == 2 and user.args[1] is step:
