@@ -192,6 +192,23 @@ MODELS_PY = textwrap.dedent(
         return WritesAWeight(), (torch.randn(1, 8, 32),)
 
 
+    class MaskedLogits(nn.Module):
+        """A norm, then logits with the positions past each row's length masked to -inf."""
+
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            keep = torch.arange(x.shape[1]).unsqueeze(-1) < 5
+            return self.block(x).masked_fill(~keep, float("-inf"))
+
+
+    def masked():
+        torch.manual_seed(0)
+        return MaskedLogits(), (torch.randn(1, 8, 32),)
+
+
     def on_meta():
         with torch.device("meta"):
             return Block(), (torch.randn(1, 8, 32),)
@@ -324,6 +341,12 @@ BAD_INPUT = {
     "a meta-device model": (["report", "models.py:on_meta"], "norm.weight is on device meta; edgefuse runs models on the CPU"),
     "lower a meta-device model": (["lower", "models.py:on_meta", "-o", "meta.pte"], "is on device meta"),
 }
+#: A model whose correct output holds -inf: matched infinities are no error, for every command.
+MASKED = {
+    "masked report": ["report", "models.py:masked"],
+    "masked lower": ["lower", "models.py:masked", "-o", "masked.pte"],
+    "masked bench": ["bench", "models.py:masked", "--runs", "10", "--warmup", "1"],
+}
 #: A model with an integer output, at both stages: it must match exactly, and does.
 INTEGER_OUTPUT = {
     "edge": ["report", "models.py:integer_output"],
@@ -342,7 +365,7 @@ def command_results(workdir) -> dict[str, dict]:
     (workdir / "exits_on_import.py").write_text("import sys\n\nsys.exit(5)\n")
     if not (workdir / "models_link.svg").exists():
         os.link(workdir / "models.py", workdir / "models_link.svg")
-    cases = {**{name: argv for name, (argv, _) in BAD_INPUT.items()}, **INTEGER_OUTPUT}
+    cases = {**{name: argv for name, (argv, _) in BAD_INPUT.items()}, **INTEGER_OUTPUT, **MASKED}
     return dict(zip(cases, run_commands(*cases.values(), cwd=workdir)))
 
 
@@ -370,6 +393,13 @@ def test_an_integer_output_must_match_exactly(command_results):
         assert done["code"] == OK, (case, done)
         assert "Traceback" not in done["stderr"], (case, done["stderr"])
         assert "1 of 1 norms rebuilt" in done["stdout"] and ", within the allowed" in done["stdout"]
+
+
+def test_an_output_masked_to_minus_infinity_matches_where_eager_has_it(command_results):
+    for case in MASKED:
+        done = command_results[case]
+        assert done["code"] == OK, (case, done["stdout"], done["stderr"])
+        assert "nan" not in done["stdout"] and "OUTSIDE" not in done["stdout"], (case, done["stdout"])
 
 
 # --- the machine form (subprocess) ----------------------------------------------------------------------
@@ -665,7 +695,7 @@ def test_bad_usage_in_process(workdir, capsys):
     assert cli.main(["report", str(workdir / "models.py")]) == USAGE
     assert "names a file but no function" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
-    functions = ("block, counter, data_dependent, integer_output, not_in_edge, on_meta, raises, returns_buffer, stateful, "
+    functions = ("block, counter, data_dependent, integer_output, masked, not_in_edge, on_meta, raises, returns_buffer, stateful, "
                  "with_cond, writes_weight, wrong_inputs")
     assert f"functions defined there: {functions}" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE

@@ -22,7 +22,7 @@ from edgefuse.fresh import fresh
 from edgefuse.lowering import STOCK, DelegateSummary, lower, summarize
 from edgefuse.modelspec import error_summary
 from edgefuse.runtime import LoadedProgram
-from edgefuse.verify import tolerance
+from edgefuse.verify import finite_tolerance, max_error
 
 ULPS = 8
 
@@ -117,13 +117,11 @@ def run_and_check(
     if len(actual) != len(expected) or any(a.shape != e.shape or a.dtype != e.dtype for a, e in zip(actual, expected)):
         lowered.errors, lowered.allowed = [float("inf")], [0.0]
         return lowered
-    lowered.errors = [
-        float((a.double() - e.double()).abs().max()) if e.numel() else 0.0 for a, e in zip(actual, expected)
-    ]
-    lowered.allowed = [tolerance(e.dtype, e, ULPS) if e.is_floating_point() else 0.0 for e in expected]
+    lowered.errors = [max_error(e, a) for a, e in zip(actual, expected)]
+    lowered.allowed = [finite_tolerance(e.dtype, e, ULPS) if e.is_floating_point() else 0.0 for e in expected]
     if stock is not None and stock.errors is not None and len(stock.errors) == len(expected):
         lowered.allowed = [
-            max(allowed, theirs + (tolerance(e.dtype, e, 1) if e.is_floating_point() else 0.0))
+            max(allowed, theirs + (finite_tolerance(e.dtype, e, 1) if e.is_floating_point() else 0.0))
             for allowed, theirs, e in zip(lowered.allowed, stock.errors, expected)
         ]
     return lowered

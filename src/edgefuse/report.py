@@ -34,7 +34,7 @@ from edgefuse.programs import detached
 from edgefuse.quant.facts import norm_key
 from edgefuse.recompose import Decision, recompose_rms_norm
 from edgefuse.table import format_table
-from edgefuse.verify import compare, output_tolerance_dtypes, outputs
+from edgefuse.verify import compare, max_error, output_tolerance_dtypes, outputs
 
 SCHEMA_VERSION = 1
 STAGES = ("capture", "edge")
@@ -290,11 +290,7 @@ def _clean_path(path: str) -> str:
 def _max_error(expected: torch.Tensor, actual: torch.Tensor) -> float | None:
     if expected.shape != actual.shape:
         return None
-    if expected.numel() == 0:
-        return 0.0
-    diff = (actual.double() - expected.double()).abs()
-    both_nan = torch.isnan(actual.double()) & torch.isnan(expected.double())
-    return float(torch.where(both_nan, torch.zeros_like(diff), diff).max())
+    return max_error(expected, actual)
 
 
 # --- presenting ----------------------------------------------------------------------------------------

@@ -79,11 +79,22 @@ def compare(
     shape_ok = actual.shape == reference.shape
     if not shape_ok:
         return Comparison(dtype_ok, False, float("inf"), 0.0)
+    return Comparison(dtype_ok, True, max_error(reference, actual), finite_tolerance(dtype or reference.dtype, reference, ulps))
+
+
+def max_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
+    """The largest absolute difference of two same-shaped tensors; where either is not finite, 0 when
+    both hold the same NaN or infinity and inf otherwise (a ``-inf`` mask value matched is no error)."""
     a, r = actual.detach().double(), reference.detach().double()
     error = _with_specials(a, r, (a - r).abs())
-    max_error = float(error.max()) if error.numel() else 0.0
-    finite = r[torch.isfinite(r)]
-    return Comparison(dtype_ok, True, max_error, tolerance(dtype or reference.dtype, finite, ulps))
+    return float(error.max()) if error.numel() else 0.0
+
+
+def finite_tolerance(dtype: torch.dtype, reference: torch.Tensor, ulps: float = 2.0) -> float:
+    """:func:`tolerance` at the largest finite magnitude of ``reference`` (its infinities and NaNs must
+    match exactly, see :func:`max_error`, and give no scale)."""
+    r = reference.detach()
+    return tolerance(dtype, r[torch.isfinite(r)] if r.is_floating_point() else r, ulps)
 
 
 def compare_elementwise(

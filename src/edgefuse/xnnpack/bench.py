@@ -57,6 +57,7 @@ from torch.export import export
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 
+from edgefuse.verify import max_error
 from edgefuse.xnnpack.inspect import load_method, lowered_modules, ops_outside, to_pte
 from edgefuse.xnnpack.lower import lower
 from edgefuse.threads import threads_problem
@@ -156,7 +157,7 @@ def _lower(label: str, module: nn.Module, x: torch.Tensor, expected: torch.Tenso
     delegates, outside = len(lowered_modules(manager)), ops_outside(manager)
     method = load_method(to_pte(manager))
     out = method.execute([x])[0]
-    error = float((out.double() - expected.double()).abs().max())
+    error = max_error(expected, out)
     return Lowered(label, delegates, outside, method, error)
 
 

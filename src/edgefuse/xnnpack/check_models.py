@@ -22,7 +22,7 @@ import time
 import torch
 from torch.export import export
 
-from edgefuse.verify import tolerance
+from edgefuse.verify import max_error, tolerance
 from edgefuse.xnnpack.inspect import lowered_modules, run_pte, to_pte
 from edgefuse.xnnpack.lower import lower
 
@@ -79,7 +79,7 @@ def check(name: str, dtype: torch.dtype, stock: bool, out=sys.stdout) -> bool:
         manager = how(export(module, inputs))
         means, norm_ops, count = outside_report(manager)
         actual = run_pte(to_pte(manager), list(inputs))[0]
-        error = float((actual.double() - expected.double()).abs().max())
+        error = max_error(expected, actual)
         passed = not means and not norm_ops and error <= allowed and actual.shape == expected.shape
         if label == "edgefuse":
             ok = passed
