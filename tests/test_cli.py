@@ -209,6 +209,15 @@ MODELS_PY = textwrap.dedent(
         return MaskedLogits(), (torch.randn(1, 8, 32),)
 
 
+    class Rank7Norm(nn.Module):
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+    def rank7():
+        return Rank7Norm(), (torch.randn(1, 2, 1, 2, 1, 2, 16),)
+
+
     def on_meta():
         with torch.device("meta"):
             return Block(), (torch.randn(1, 8, 32),)
@@ -339,6 +348,9 @@ BAD_INPUT = {
     "a directory": (["report", "a_directory.pte"], "unknown model 'a_directory.pte' (a_directory.pte is a directory)"),
     "a .pt2 directory": (["report", "a_directory.pt2"], "a_directory.pt2 is a directory, not a program"),
     "a meta-device model": (["report", "models.py:on_meta"], "norm.weight is on device meta; edgefuse runs models on the CPU"),
+    "stock .pte does not load": (["lower", "models.py:rank7", "-o", "rank7.pte"],
+                                 "XNNPACK lowering (loading its .pte in the runtime) rejects this program"),
+    "bench: stock .pte does not load": (["bench", "models.py:rank7", "--runs", "10"], "loading its .pte in the runtime"),
     "lower a meta-device model": (["lower", "models.py:on_meta", "-o", "meta.pte"], "is on device meta"),
 }
 #: A model whose correct output holds -inf: matched infinities are no error, for every command.
@@ -695,8 +707,8 @@ def test_bad_usage_in_process(workdir, capsys):
     assert cli.main(["report", str(workdir / "models.py")]) == USAGE
     assert "names a file but no function" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
-    functions = ("block, counter, data_dependent, integer_output, masked, not_in_edge, on_meta, raises, returns_buffer, stateful, "
-                 "with_cond, writes_weight, wrong_inputs")
+    functions = ("block, counter, data_dependent, integer_output, masked, not_in_edge, on_meta, raises, rank7, "
+                 "returns_buffer, stateful, with_cond, writes_weight, wrong_inputs")
     assert f"functions defined there: {functions}" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE
     assert "unknown backend 'npu9'" in capsys.readouterr().err

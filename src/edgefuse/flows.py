@@ -110,7 +110,7 @@ def run_and_check(
     With ``stock`` (already checked), an output also passes when it is no worse than stock's by more
     than one unit in the last place.
     """
-    lowered.loaded = LoadedProgram(lowered.pte)
+    lowered.loaded = _stock_step(lambda: LoadedProgram(lowered.pte), lowered.how, "loading its .pte in the runtime")
     actual = lowered.loaded.run(fresh(inputs))
     if lowered.user_outputs is not None and len(actual) > lowered.user_outputs:
         actual = actual[len(actual) - lowered.user_outputs:]  # the model's own outputs come last
