@@ -218,6 +218,22 @@ MODELS_PY = textwrap.dedent(
         return Rank7Norm(), (torch.randn(1, 2, 1, 2, 1, 2, 16),)
 
 
+    class NormThenLogsumexp(nn.Module):
+        """A float16 norm, then logsumexp, which to_edge decomposes into float16 steps that round."""
+
+        def __init__(self):
+            super().__init__()
+            self.norm = Norm(64)
+
+        def forward(self, x):
+            return torch.logsumexp(self.norm(x) * 3, -1)
+
+
+    def logsumexp():
+        torch.manual_seed(0)
+        return NormThenLogsumexp().half(), (torch.randn(4, 8, 64, dtype=torch.float16) * 3,)
+
+
     def on_meta():
         with torch.device("meta"):
             return Block(), (torch.randn(1, 8, 32),)
@@ -646,6 +662,14 @@ def test_report_of_a_saved_program_compares_with_that_program(workdir, capsys):
     out = capsys.readouterr().out
     assert "block.pt2 (float16), edge stage, backend qnn: 1 norms" in out
     assert "1 of 1 norms rebuilt" in out and "max error against program" in out
+    # The reference is the saved program, so what to_edge alone changes shows as for the eager model.
+    spec = resolve(f"{workdir / 'models.py'}:logsumexp")
+    torch.export.save(spec.export(), str(workdir / "logsumexp.pt2"))
+    errors = {}
+    for model in (f"{workdir / 'models.py'}:logsumexp", str(workdir / "logsumexp.pt2")):
+        assert cli.main(["-q", "report", model, "--json"]) == OK
+        errors[model] = json.loads(capsys.readouterr().out)["summary"]["unrewritten_max_error"]
+    assert len(set(errors.values())) == 1 and next(iter(errors.values())) > 0, errors
 
 
 def test_bench_alternates_and_prints_ratios(workdir, capsys):
@@ -707,7 +731,7 @@ def test_bad_usage_in_process(workdir, capsys):
     assert cli.main(["report", str(workdir / "models.py")]) == USAGE
     assert "names a file but no function" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
-    functions = ("block, counter, data_dependent, integer_output, masked, not_in_edge, on_meta, raises, rank7, "
+    functions = ("block, counter, data_dependent, integer_output, logsumexp, masked, not_in_edge, on_meta, raises, rank7, "
                  "returns_buffer, stateful, with_cond, writes_weight, wrong_inputs")
     assert f"functions defined there: {functions}" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE

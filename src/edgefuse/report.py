@@ -147,8 +147,9 @@ def compare_decisions(
         reference_name = "eager"
         expected, expected_at = _eager_with_module_outputs(spec.module, inputs, paths)
     else:
-        reference_name = "program"
-        expected, expected_at = _graph_with_module_outputs(unrewritten, inputs, paths)
+        reference_name = "program"  # the saved program itself, before to_edge changes anything
+        saved = spec.program.module() if spec.program is not None else unrewritten
+        expected, expected_at = _graph_with_module_outputs(saved, inputs, paths)
     actual, actual_at = _graph_with_module_outputs(rewritten, inputs, paths)
     before = outputs(unrewritten, inputs)
 
