@@ -94,6 +94,14 @@ def test_the_command_line_exits_one_on_a_finding_and_writes_reproducers(capsys, 
     assert len(list((tmp_path / "edgefuse-fuzz-failures").glob("exception-*.py"))) == 3
 
 
+@pytest.mark.parametrize("spec", ['{"foo": 1}', "[1, 2]", '{"__type__": "Nope"}', '{"__type__": "CaseSpec", "bogus": 1}'])
+def test_replaying_a_spec_the_fuzzer_did_not_write_is_a_usage_error(spec, capsys, tmp_path):
+    path = tmp_path / "bad.py"
+    path.write_text(f"SPEC = {spec}\n")
+    assert cli.main(["--replay", str(path)]) == 2
+    assert "its SPEC is not a list of cases the fuzzer wrote" in capsys.readouterr().err
+
+
 # --- the generator ------------------------------------------------------------------------------------
 
 

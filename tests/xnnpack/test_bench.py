@@ -56,7 +56,9 @@ def test_the_table_has_a_row_per_shape_and_policy_with_the_thread_count_and_the_
     (["--threads", "0"], "--threads must be at least 1"),
     (["--threads", "100000"], f"--threads must be at most {4 * (os.cpu_count() or 1)}"),
     (["--runs", "5"], "--runs must be at least 10"),
-    (["--budget", "0"], "--budget must be positive"),
+    (["--budget", "0"], "--budget must be a positive number of seconds"),
+    (["--budget", "nan"], "--budget must be a positive number of seconds"),
+    (["--budget", "inf"], "--budget must be a positive number of seconds"),
 ])
 def test_bad_options_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:

@@ -350,12 +350,18 @@ def read_specs(path: Path) -> list[CaseSpec]:
     """The specs a reproducer file holds in ``SPEC`` (the file is parsed, not executed)."""
     import ast
 
-    from edgefuse.fuzz.spec import from_dict
+    from edgefuse.fuzz.spec import CaseSpec, from_dict
 
     tree = ast.parse(Path(path).read_text())
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SPEC" for t in node.targets):
-            return list(from_dict(_eval_literal(node.value)))
+            try:
+                specs = from_dict(_eval_literal(node.value))
+            except (KeyError, TypeError, ValueError, AttributeError) as error:
+                raise ValueError(f"its SPEC is not a list of cases the fuzzer wrote ({type(error).__name__}: {error})") from error
+            if not isinstance(specs, (list, tuple)) or not all(isinstance(spec, CaseSpec) for spec in specs):
+                raise ValueError("its SPEC is not a list of cases the fuzzer wrote")
+            return list(specs)
     raise ValueError(f"{path} holds no SPEC")
 
 

@@ -340,8 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown workloads {', '.join(unknown)}")
     budget = args.budget if args.budget is not None else (1.5 if args.quick else 4.0)
-    if budget <= 0:
-        parser.error("--budget must be positive")
+    if not 0 < budget < float("inf"):  # also NaN
+        parser.error("--budget must be a positive number of seconds")
     from edgefuse.progress import quiet_libraries
 
     quiet_libraries()  # lowering warns on every export (FutureWarnings of torch's pytree): not the table's business
