@@ -672,6 +672,15 @@ def test_report_of_a_saved_program_compares_with_that_program(workdir, capsys):
     assert len(set(errors.values())) == 1 and next(iter(errors.values())) > 0, errors
 
 
+def test_lower_and_bench_of_a_saved_program_name_that_program_as_the_reference(workdir, capsys):
+    assert cli.main(["-q", "lower", str(workdir / "block.pt2"), "-o", str(workdir / "saved.pte")]) == OK
+    out = capsys.readouterr().out
+    assert out.count("max error against program") == 2 and "eager" not in out, out
+    assert cli.main(["-q", "bench", str(workdir / "block.pt2"), "--runs", "10", "--warmup", "1"]) == OK
+    out = capsys.readouterr().out
+    assert "err vs program" in out and "eager" not in out, out
+
+
 def test_bench_alternates_and_prints_ratios(workdir, capsys):
     code = cli.main(["-q", "bench", f"{workdir / 'models.py'}:block", "--runs", "10", "--warmup", "1"])
     out = capsys.readouterr().out
@@ -691,8 +700,8 @@ def test_lower_exits_1_and_says_so_when_the_stock_program_fails_its_check(workdi
 
     real = flows.run_and_check
 
-    def stock_off(lowered, inputs, expected, stock=None):
-        checked = real(lowered, inputs, expected, stock)
+    def stock_off(lowered, inputs, expected, stock=None, reference="eager"):
+        checked = real(lowered, inputs, expected, stock, reference)
         if lowered.how == "stock":
             checked.errors = [e + 1.0 for e in checked.errors]
         return checked

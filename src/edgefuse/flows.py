@@ -40,6 +40,7 @@ class Lowered:
     #: parameters the program writes in place before them.
     user_outputs: int | None = None
     allowed: list[float] | None = None  # per output
+    reference: str = "eager"  # what the outputs were compared with: "eager", or the saved "program"
 
     @property
     def ok(self) -> bool:
@@ -103,13 +104,15 @@ def _stock_step(step: Callable[[], Any], how: str, name: str) -> Any:
 
 
 def run_and_check(
-    lowered: Lowered, inputs: tuple, expected: list[torch.Tensor], stock: Lowered | None = None
+    lowered: Lowered, inputs: tuple, expected: list[torch.Tensor], stock: Lowered | None = None,
+    reference: str = "eager",
 ) -> Lowered:
     """Load ``lowered`` in the runtime, run it once on ``inputs`` and measure its errors against ``expected``.
 
     With ``stock`` (already checked), an output also passes when it is no worse than stock's by more
     than one unit in the last place.
     """
+    lowered.reference = reference
     lowered.loaded = _stock_step(lambda: LoadedProgram(lowered.pte), lowered.how, "loading its .pte in the runtime")
     actual = lowered.loaded.run(fresh(inputs))
     if lowered.user_outputs is not None and len(actual) > lowered.user_outputs:
@@ -139,7 +142,8 @@ def failed_checks_line(programs: list[Lowered]) -> str | None:
     if not failed:
         return None
     programs_differ = "programs differ" if len(failed) > 1 else "program differs"
-    return f"check failed: the {' and the '.join(failed)} {programs_differ} from eager by more than allowed"
+    reference = programs[0].reference
+    return f"check failed: the {' and the '.join(failed)} {programs_differ} from {reference} by more than allowed"
 
 
 def comparison_lines(stock: Lowered | None, ours: Lowered | None) -> list[str]:
@@ -149,7 +153,7 @@ def comparison_lines(stock: Lowered | None, ours: Lowered | None) -> list[str]:
         if lowered is None:
             continue
         error = "" if lowered.error is None else (
-            f"; max error against eager {lowered.error:.2e} "
+            f"; max error against {lowered.reference} {lowered.error:.2e} "
             f"({'within' if lowered.ok else 'OUTSIDE'} {lowered.worst_allowed:.2e})"
         )
         lines.append(f"  {lowered.summary.line()}{error}")
