@@ -234,6 +234,11 @@ MODELS_PY = textwrap.dedent(
         return NormThenLogsumexp().half(), (torch.randn(4, 8, 64, dtype=torch.float16) * 3,)
 
 
+    def torch_norm():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.RMSNorm(32, eps=1e-6), nn.Linear(32, 32)), (torch.randn(1, 8, 32),)
+
+
     def on_meta():
         with torch.device("meta"):
             return Block(), (torch.randn(1, 8, 32),)
@@ -681,6 +686,20 @@ def test_lower_and_bench_of_a_saved_program_name_that_program_as_the_reference(w
     assert "err vs program" in out and "eager" not in out, out
 
 
+def test_a_norm_the_graph_already_holds_as_one_op_is_counted_not_hidden(workdir, capsys):
+    # torch.nn.RMSNorm is one aten.rms_norm in the captured graph and decomposed by to_edge.
+    model = f"{workdir / 'models.py'}:torch_norm"
+    counts = {}
+    for stage in ("capture", "edge"):
+        assert cli.main(["-q", "report", model, "--stage", stage, "--json"]) == OK
+        data = json.loads(capsys.readouterr().out)
+        jsonschema.validate(data, schema(), cls=jsonschema.Draft202012Validator)
+        counts[stage] = (data["summary"]["norms"], data["summary"]["rebuilt"], data["summary"]["already_one_op"])
+    assert counts == {"capture": (0, 0, 1), "edge": (1, 1, 0)}
+    assert cli.main(["-q", "report", model, "--stage", "capture"]) == OK
+    assert "0 of 0 norms rebuilt, 0 left decomposed, 1 already one rms_norm op" in capsys.readouterr().out
+
+
 def test_bench_alternates_and_prints_ratios(workdir, capsys):
     code = cli.main(["-q", "bench", f"{workdir / 'models.py'}:block", "--runs", "10", "--warmup", "1"])
     out = capsys.readouterr().out
@@ -741,7 +760,7 @@ def test_bad_usage_in_process(workdir, capsys):
     assert "names a file but no function" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
     functions = ("block, counter, data_dependent, integer_output, logsumexp, masked, not_in_edge, on_meta, raises, rank7, "
-                 "returns_buffer, stateful, with_cond, writes_weight, wrong_inputs")
+                 "returns_buffer, stateful, torch_norm, with_cond, writes_weight, wrong_inputs")
     assert f"functions defined there: {functions}" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE
     assert "unknown backend 'npu9'" in capsys.readouterr().err

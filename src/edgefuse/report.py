@@ -30,6 +30,7 @@ from torch.utils import _pytree as pytree
 from edgefuse.errors import UsageError
 from edgefuse.fresh import fresh, kept_state
 from edgefuse.modelspec import ModelSpec, error_summary
+from edgefuse.ops import Role, table_for
 from edgefuse.programs import detached
 from edgefuse.quant.facts import norm_key
 from edgefuse.recompose import Decision, recompose_rms_norm
@@ -89,6 +90,9 @@ class Report:
     allowed: float = 0.0
     ok: bool = True
     quantization: str | None = None  # the scheme of ``--quantize`` (rows then say how each norm was quantized)
+    #: Norms the graph already held as one ``rms_norm`` node (``torch.nn.RMSNorm`` or ``F.rms_norm``
+    #: captured before ``to_edge`` decomposes them): nothing to rebuild, so they have no row.
+    already_one_op: int = 0
 
     @property
     def rebuilt(self) -> list[NormRow]:
@@ -162,6 +166,8 @@ def compare_decisions(
         rows.append(NormRow(d, layer_of(d.module_path), error, shared=per_path[d.module_path] > 1))
 
     report = Report(spec.name, spec.kind, spec.dtype, backend, stage, reference_name, rows)
+    table = table_for(unrewritten.graph)
+    report.already_one_op = sum(1 for n in unrewritten.graph.nodes if table.is_a(n, Role.RMS_NORM))
     if len(actual) != len(before) or len(actual) != len(expected):
         report.ok, report.output_error = False, math.inf
         return report
@@ -332,6 +338,8 @@ def summary_line(report: Report) -> str:
     reasons = sorted({r.decision.reason for r in report.left})
     distinct = f" ({len(reasons)} distinct reason{'s' if len(reasons) != 1 else ''})" if reasons else ""
     left = f"{len(report.left)} left decomposed{distinct}"
+    if report.already_one_op:
+        left += f", {report.already_one_op} already one rms_norm op"
     return (
         f"{len(report.rebuilt)} of {len(report.rows)} norms rebuilt, {left}; max error against "
         f"{report.reference} {_error(report.output_error)} (unrewritten program {_error(report.unrewritten_error)}); "
@@ -373,6 +381,7 @@ def to_json(report: Report) -> dict:
             "norms": len(report.rows),
             "rebuilt": len(report.rebuilt),
             "left": len(report.left),
+            "already_one_op": report.already_one_op,
             "output_max_error": _number(report.output_error),
             "unrewritten_max_error": _number(report.unrewritten_error),
             "rewritten_vs_unrewritten": _number(report.difference),
