@@ -56,7 +56,7 @@ def write(path: str, summaries: Sequence[DelegateSummary], title: str) -> str:
 
 def _column(summary: DelegateSummary, x: int) -> tuple[str, int]:
     header = (
-        f"{summary.label}: {_count(summary.delegates, 'delegate')}, {len(summary.outside)} ops outside, "
+        f"{summary.label}: {_count(summary.delegates, 'delegate')}, {_count(len(summary.outside), 'op')} outside, "
         f"{_count(summary.splits, 'split')}"
     )
     parts = [f'<g class="program" data-label="{escape(summary.label)}">',

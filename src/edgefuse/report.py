@@ -310,7 +310,7 @@ def format_report(report: Report) -> str:
     quantized = report.quantization is not None
     lines = [
         f"{report.model} ({_dtype_name(report.dtype)}), {report.stage} stage, backend {report.backend}: "
-        f"{len(report.rows)} norms" + (f", quantized for {report.quantization}" if quantized else "")
+        f"{len(report.rows)} norm{'s' if len(report.rows) != 1 else ''}" + (f", quantized for {report.quantization}" if quantized else "")
     ]
     if report.rows:
         header = HEADER + (("quantized as",) if quantized else ())
