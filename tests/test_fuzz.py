@@ -94,6 +94,12 @@ def test_the_command_line_exits_one_on_a_finding_and_writes_reproducers(capsys, 
     assert len(list((tmp_path / "edgefuse-fuzz-failures").glob("exception-*.py"))) == 3
 
 
+@pytest.mark.parametrize("argv", [["--cases", "0"], ["--jobs", "0"], ["--start", "-5"], ["--hostile-every", "-1"]])
+def test_numbers_out_of_range_are_usage_errors(argv, capsys):
+    assert cli.main(argv) == 2
+    assert "non-negative ones" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("spec", ['{"foo": 1}', "[1, 2]", '{"__type__": "Nope"}', '{"__type__": "CaseSpec", "bogus": 1}'])
 def test_replaying_a_spec_the_fuzzer_did_not_write_is_a_usage_error(spec, capsys, tmp_path):
     path = tmp_path / "bad.py"

@@ -57,9 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.replay is not None:
         return _replay(args.replay)
-    if min(args.cases, args.batch, args.edge_every, args.jobs) < 1 or min(args.hostile_every, args.xnnpack_every) < 0:
-        print("--cases, --batch, --edge-every and --jobs take positive numbers, --hostile-every and "
-              "--xnnpack-every non-negative ones", file=sys.stderr)
+    if min(args.cases, args.batch, args.edge_every, args.jobs) < 1 or min(
+        args.hostile_every, args.xnnpack_every, args.start
+    ) < 0:
+        print("--cases, --batch, --edge-every and --jobs take positive numbers, --hostile-every, "
+              "--xnnpack-every and --start non-negative ones", file=sys.stderr)
         return 2
     options = Options(
         seed=args.seed,

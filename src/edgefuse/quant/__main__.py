@@ -22,8 +22,10 @@ DTYPES = ("float32", "float16", "bfloat16")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edgefuse.quant", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", default="tiny-llama,tiny-qwen3,tiny-gemma3,tiny-t5")
+    description = __doc__.splitlines()[0].replace("``", "")
+    parser = argparse.ArgumentParser(prog="python -m edgefuse.quant", description=description)
+    parser.add_argument("--models", default="tiny-llama,tiny-qwen3,tiny-gemma3,tiny-t5",
+                        help="comma-separated built-in models (default %(default)s)")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="dtypes of the QNN table")
     parser.add_argument("--xnnpack-dtypes", default="float32,float16", help="dtypes of the XNNPACK table")
     parser.add_argument("--schemes", default="qs8,8da4w", help="XNNPACK quantization schemes")

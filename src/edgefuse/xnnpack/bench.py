@@ -320,7 +320,8 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edgefuse.xnnpack.bench", description=__doc__.split("\n")[0])
+    description = __doc__.split("\n")[0].replace("``", "")
+    parser = argparse.ArgumentParser(prog="python -m edgefuse.xnnpack.bench", description=description)
     parser.add_argument("--quick", action="store_true", help="fewer rows and runs")
     parser.add_argument("--threads", type=int, default=1, help="XNNPACK threadpool size (default 1)")
     parser.add_argument("--runs", type=int, default=None, help="most timed rounds per row (default 1000, quick 200)")

@@ -97,7 +97,8 @@ def check(name: str, dtype: torch.dtype, stock: bool, out=sys.stdout) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edgefuse.xnnpack.check_models", description=__doc__.split("\n")[0])
+    description = __doc__.split("\n")[0].replace("``", "")
+    parser = argparse.ArgumentParser(prog="python -m edgefuse.xnnpack.check_models", description=description)
     parser.add_argument("--models", default=",".join(DEFAULT_MODELS))
     parser.add_argument("--dtypes", default="float32,float16")
     parser.add_argument("--stock", action="store_true", help="also lower with stock XnnpackPartitioner")
