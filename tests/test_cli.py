@@ -368,6 +368,7 @@ BAD_INPUT = {
     "sys.exit on import": (["report", "exits_on_import.py:leave"], "importing exits_on_import.py raised SystemExit: 5"),
     "a directory": (["report", "a_directory.pte"], "unknown model 'a_directory.pte' (a_directory.pte is a directory)"),
     "a .pt2 directory": (["report", "a_directory.pt2"], "a_directory.pt2 is a directory, not a program"),
+    "-o .pte": (["lower", "models.py:block", "-o", ".pte"], "name the program before its .pte"),
     "a meta-device model": (["report", "models.py:on_meta"], "norm.weight is on device meta; edgefuse runs models on the CPU"),
     "stock .pte does not load": (["lower", "models.py:rank7", "-o", "rank7.pte"],
                                  "XNNPACK lowering (loading its .pte in the runtime) rejects this program"),

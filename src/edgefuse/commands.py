@@ -150,6 +150,8 @@ def lower(args, say: Say) -> int:
     output = args.output
     if not output.endswith(".pte"):
         raise UsageError(f"-o {output}: the output is an ExecuTorch program and its name must end in .pte")
+    if os.path.basename(output) == ".pte":
+        raise UsageError(f"-o {output}: name the program before its .pte (model.pte), not a hidden file '.pte'")
     map_path = args.map or default_map_path(output)
     _check_output(output, ".pte")
     _check_output(map_path, "delegate map")
