@@ -61,6 +61,23 @@ def test_ranks_1_to_6():
     assert result.counts["XNNGlobalAvgPooling2d"] == 5  # the first-dim means: [1, d0, 1, rest]
 
 
+class PlainNorm(torch.nn.Module):
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+
+
+def test_a_norm_over_7_dims_stays_outside_so_the_program_loads():
+    # XNNPACK defines tensors of at most 6 dims: stock delegates the rank-7 pow and mul, and its program
+    # fails to load; edgefuse's keeps every rank-7 op on the portable kernels.
+    x = _x(1, 2, 1, 2, 1, 2, 16)
+    result = lower_and_run(PlainNorm(), (x,))
+    assert_matches(result)
+    assert result.delegates == 0 and len(result.outside) == 5
+    result = lower_and_run(PlainNorm(), (x[0],))  # rank 6: one delegate, nothing outside
+    assert_matches(result)
+    assert result.delegates == 1 and result.outside == []
+
+
 def test_a_mean_to_a_0d_tensor_stays_portable_and_runs():
     result = lower_and_run(Means([((0,), False), (None, False)]), (_x(5),), single_row="delegate")
     assert_matches(result)

@@ -48,6 +48,9 @@ from typing import Sequence
 #: A dim size that is only known at run time.
 DYNAMIC = None
 
+#: The most dims an XNNPACK tensor has (``XNN_MAX_TENSOR_DIMS``): the runtime refuses to define a larger one.
+MAX_RANK = 6
+
 #: Lane counts a wide last-dim mean is split into, most preferred first (see the module docstring).
 LANES = (32, 16, 8)
 
@@ -166,8 +169,8 @@ def plan_mean(
         raise PlanError(f"shape {_show(shape)} and bounds {list(bounds)} differ in rank")
     if rank == 0:
         raise PlanError("a mean of a 0-d tensor is the tensor itself; XNNPACK has nothing to do")
-    if rank > 6:
-        raise PlanError(f"XNNPACK tensors have at most 6 dims, got {rank}")
+    if rank > MAX_RANK:
+        raise PlanError(f"XNNPACK tensors have at most {MAX_RANK} dims, got {rank}")
     reduced = normalize_dims(dims, rank)
     if not keepdim and len(reduced) == rank:
         raise PlanError(

@@ -9,13 +9,17 @@ The partitioner only chooses nodes; ExecuTorch forbids a partitioner to change t
 casts it delegates are the ``edgefuse`` ops that :class:`~edgefuse.xnnpack.substitute.SubstituteForXnnpack`
 puts in the graph before partitioning, and :class:`~edgefuse.xnnpack.substitute.RestoreUndelegated`
 must run after it; :func:`edgefuse.xnnpack.lower` does all three. On a graph without edgefuse ops it
-partitions like stock, except that ``pow(x, 2.0)`` is taken as a square and a tanh GELU, which the
-delegate would compute as the erf GELU, is left out.
+partitions like stock, except that ``pow(x, 2.0)`` is taken as a square, and that a tanh GELU, which the
+delegate would compute as the erf GELU, and any node with a tensor of more than six dims, which the
+runtime cannot define (stock's program then fails to load), are left out.
 """
 
 from __future__ import annotations
 
 from typing import List, Optional, Type
+
+import torch
+from torch.utils import _pytree as pytree
 
 from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
 from executorch.backends.xnnpack.partition.config.xnnpack_config import XNNPartitionerConfig
@@ -23,6 +27,7 @@ from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPar
 
 import edgefuse.xnnpack.visitors  # noqa: F401  (registers the visitors the delegated ops need)
 from edgefuse.xnnpack.configs import EDGEFUSE_CONFIGS
+from edgefuse.xnnpack.mean_plan import MAX_RANK
 
 #: The targets stock configs take: an edgefuse config with one of these amends that stock config.
 STOCK_TARGETS = frozenset(getattr(config, "target_name", None) for config in ALL_PARTITIONER_CONFIGS)
@@ -54,3 +59,16 @@ class EdgefuseXnnpackPartitioner(XnnpackPartitioner):
             single_row=single_row,
             **kwargs,
         )
+        for config in self.target_partitioner_configs.values():
+            config.check_constraints = _within_max_rank(config.check_constraints)
+
+
+def _within_max_rank(check):
+    """``check``, refusing first a node that reads or makes a tensor of more dims than XNNPACK defines:
+    stock configs delegate such a node and the program then fails to load (a rank-7 ``pow``)."""
+    def checked(node, ep) -> bool:
+        values = [node.meta.get("val"), *(arg.meta.get("val") for arg in node.all_input_nodes)]
+        tensors = [v for v in pytree.tree_leaves(values) if isinstance(v, torch.Tensor)]
+        return all(t.dim() <= MAX_RANK for t in tensors) and check(node, ep)
+
+    return checked
