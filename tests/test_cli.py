@@ -519,8 +519,9 @@ def test_report_map_lowers_the_export_the_report_read_and_leaves_it_unchanged(wo
 
     exports.clear()
     path = workdir / f"report-{stage}.svg"
-    assert cli.main(["-q", "report", f"{workdir / 'models.py'}:block", "--stage", stage, "--map", str(path)]) == OK
+    assert cli.main(["report", f"{workdir / 'models.py'}:block", "--stage", stage, "--map", str(path)]) == OK
     assert len(exports) == 1, capsys.readouterr().out
+    assert capsys.readouterr().err.count("] exporting ") == 1  # its progress line, once
     root = ET.parse(path).getroot()
     headers = [t.text for t in root.iter(f"{SVG}text") if t.text and t.text.startswith(("stock:", "edgefuse:"))]
     fresh = [lower_to_pte(resolve(f"{workdir / 'models.py'}:block", torch.float32).export(), how, serialize=False)

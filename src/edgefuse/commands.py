@@ -129,7 +129,10 @@ def report(args, say: Say) -> int:
     from edgefuse.report import add_quantization, build_report, format_report, to_json  # ExecuTorch: once the input is good
 
     # the map lowers the same export the report reads: neither changes the program it is given
-    program = spec.export() if args.map else None
+    program = None
+    if args.map:
+        say(f"exporting {spec.name}")
+        program = spec.export()
     result = build_report(spec, backend=args.backend, stage=stage, progress=say, program=program)
     if getattr(args, "quantize", None):
         add_quantization(result, args.quantize, _quantization(spec, say))
