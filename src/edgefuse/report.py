@@ -308,9 +308,11 @@ HEADER = ("layer", "module", "form", "dtype", "rebuilt", "input", "max err", "re
 def format_report(report: Report) -> str:
     """The terminal table: one row per norm, then the summary line."""
     quantized = report.quantization is not None
+    dtype = _dtype_name(report.dtype) if report.dtype is not None else "no float weights"
+    norms = f"{len(report.rows)} norm{'s' if len(report.rows) != 1 else ''}"
     lines = [
-        f"{report.model} ({_dtype_name(report.dtype)}), {report.stage} stage, backend {report.backend}: "
-        f"{len(report.rows)} norm{'s' if len(report.rows) != 1 else ''}" + (f", quantized for {report.quantization}" if quantized else "")
+        f"{report.model} ({dtype}), {report.stage} stage, backend {report.backend}: {norms}"
+        + (f", quantized for {report.quantization}" if quantized else "")
     ]
     if report.rows:
         header = HEADER + (("quantized as",) if quantized else ())
