@@ -702,7 +702,7 @@ def test_a_norm_the_graph_already_holds_as_one_op_is_counted_not_hidden(workdir,
     assert "0 of 0 norms rebuilt, 0 left decomposed, 1 already one rms_norm op" in capsys.readouterr().out
 
 
-def test_a_model_without_float_weights_is_said_to_have_none_by_report_and_lower_alike(workdir, capsys):
+def test_report_says_a_model_without_float_weights_has_none(workdir, capsys):
     assert cli.main(["-q", "report", f"{workdir / 'models.py'}:rank7"]) == OK
     assert "models.py:rank7 (no float weights), edge stage, backend qnn: 1 norm\n" in capsys.readouterr().out
 
