@@ -745,7 +745,8 @@ def test_fuzz_hands_its_arguments_over(monkeypatch, capsys):
     module.main = lambda argv: seen.append(argv) or 0
     monkeypatch.setitem(sys.modules, "edgefuse.fuzz", module)
     assert cli.main(["fuzz", "--cases", "3", "--help"]) == OK
-    assert seen == [["--cases", "3", "--help"]]
+    assert cli.main(["-q", "fuzz", "--cases", "3"]) == OK
+    assert seen == [["--cases", "3", "--help"], ["--quiet", "--cases", "3"]]
 
 
 def test_fuzz_says_so_when_the_fuzzer_is_missing(monkeypatch, capsys):

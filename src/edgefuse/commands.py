@@ -252,7 +252,10 @@ def fuzz(args, say: Say) -> int:
             f"edgefuse fuzz is unavailable in this installation: the module edgefuse.fuzz could not be "
             f"imported ({type(error).__name__}: {error})"
         ) from error
-    code = main(list(args.fuzz_args))
+    fuzz_args = list(args.fuzz_args)
+    if args.quiet and not {"-q", "--quiet"} & set(fuzz_args):
+        fuzz_args.insert(0, "--quiet")  # edgefuse -q fuzz: the fuzzer's progress goes quiet too
+    code = main(fuzz_args)
     return int(code or 0)
 
 

@@ -48,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--shrink", type=int, default=5, help="shrink the first failing case of this many distinct failures")
     parser.add_argument("--max-files", type=int, default=100, help="write at most this many reproducer files")
     parser.add_argument("--progress", type=float, default=30.0, metavar="SECONDS", help="progress line interval")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no header or progress lines on stderr")
     parser.add_argument("--replay", type=Path, default=None, metavar="FILE", help="re-check the case(s) of a reproducer file")
     return parser
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         out=None if args.no_reproducers else args.out,
         shrink=args.shrink,
         max_files=args.max_files,
-        progress_seconds=args.progress,
+        progress_seconds=float("inf") if args.quiet else args.progress,
     )
     extras = [
         f"edge modes on {'every case' if args.edge_every == 1 else f'cases whose index is a multiple of {args.edge_every}'}"
@@ -85,12 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         extras.append(f"hostile graphs on multiples of {args.hostile_every} and the malformed set")
     if args.xnnpack_every:
         extras.append(f"XNNPACK on multiples of {args.xnnpack_every}")
-    print(
-        f"edgefuse fuzz: seed {args.seed}, {args.cases} cases from {args.start}, batches of {args.batch}; "
-        + "; ".join(extras),
-        file=sys.stderr,
-        flush=True,
-    )
+    if not args.quiet:
+        print(
+            f"edgefuse fuzz: seed {args.seed}, {args.cases} cases from {args.start}, batches of {args.batch}; "
+            + "; ".join(extras),
+            file=sys.stderr,
+            flush=True,
+        )
     summary = run(options)
     print(format_summary(summary))
     return 1 if summary.failed else 0
