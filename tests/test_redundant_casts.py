@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.export import export
@@ -52,8 +53,6 @@ def test_an_exported_program_keeps_its_signature_in_step():
 
 
 def test_anything_else_is_a_type_error_before_any_change():
-    import pytest
-
     for bad in (None, EndsInACast(), "graph"):
         with pytest.raises(TypeError, match="GraphModule or an ExportedProgram"):
             remove_redundant_casts(bad)
@@ -98,19 +97,22 @@ def test_a_no_op_cast_that_would_make_an_input_an_output_is_kept():
 
 
 class ReturnsCopies(nn.Module):
-    """Returns copies made by no-op casts: of another output, and of a parameter."""
+    """Returns copies made by no-op casts, of another output and of a parameter, whole or through a view."""
 
-    def __init__(self):
+    def __init__(self, view: bool = False):
         super().__init__()
         self.w = nn.Parameter(torch.zeros(4))
+        self.view = view
 
     def forward(self, x):
         y = x * 2
-        return y, y.to(torch.float32, copy=True), self.w.to(torch.float32, copy=True)
+        copies = y.to(torch.float32, copy=True), self.w.to(torch.float32, copy=True)
+        return (y, *(c.view(2, 2) for c in copies)) if self.view else (y, *copies)
 
 
-def test_a_copy_the_model_returns_is_kept_so_no_output_aliases_another_or_a_parameter():
-    module, x = ReturnsCopies(), torch.ones(4)
+@pytest.mark.parametrize("view", [False, True])
+def test_a_copy_the_model_returns_is_kept_so_no_output_aliases_another_or_a_parameter(view):
+    module, x = ReturnsCopies(view), torch.ones(4)
     graph = export(module, (x,)).module()
     assert len(_casts(graph)) == 2
     assert remove_redundant_casts(graph) == [] and len(_casts(graph)) == 2
@@ -118,4 +120,4 @@ def test_a_copy_the_model_returns_is_kept_so_no_output_aliases_another_or_a_para
     with torch.no_grad():
         first.add_(100)
         weight.add_(7)
-    assert copy.tolist() == [2.0] * 4 and graph.w.tolist() == [0.0] * 4
+    assert copy.flatten().tolist() == [2.0] * 4 and graph.w.tolist() == [0.0] * 4

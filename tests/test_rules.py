@@ -565,21 +565,23 @@ def test_rule_a_grouped_norm_stays(mode, dtype):
 class HeadsMerged(nn.Module):
     """Groups normalized and merged back with no weight after them; ``twice`` also returns the merge."""
 
-    def __init__(self, twice: bool = False):
+    def __init__(self, after: str = "nothing"):
         super().__init__()
-        self.twice = twice
+        self.after = after
 
     def forward(self, x):
         *lead, width = x.shape
         h = x.view(*lead, 4, width // 4)
         merged = (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).view(*lead, width)
-        return (merged, merged * 2) if self.twice else merged
+        if self.after == "two uses":
+            return merged, merged * 2
+        return merged * 2.0 if self.after == "a scalar" else merged
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("twice", [False, True])
-def test_a_grouped_norm_with_no_weight_says_so_in_its_reason(mode, twice):
-    rewritten = rewrite(HeadsMerged(twice), (_x(),), mode)
+@pytest.mark.parametrize("after", ["nothing", "two uses", "a scalar"])
+def test_a_grouped_norm_with_no_weight_says_so_in_its_reason(mode, after):
+    rewritten = rewrite(HeadsMerged(after), (_x(),), mode)
     assert_left(rewritten, "grouped norm: groups of 4 are normalized separately and merged back in")
     assert "weight" not in rewritten.result.decisions[0].reason
 

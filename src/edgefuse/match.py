@@ -413,7 +413,9 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
     if _group_merge(core, after, table):
         merged = [after, *_forward_casts(after, table)]
         user = _single_user(merged[-1], table)
-        weighted = user is not None and table.is_a(user, Role.MUL)
+        other = tensor_meta(_other_operand(user, merged[-1])) if user is not None and table.is_a(user, Role.MUL) else None
+        width = tensor_meta(after).shape[-1]
+        weighted = other is not None and other.dim() >= 1 and same_size(other.shape[-1], width)
         return Rejection(
             mean,
             f"grouped norm: groups of {core.normalized_shape[-1]} are normalized separately and merged back in "

@@ -35,6 +35,28 @@ def returns_an_alias(node: Node) -> bool:
     return not _argument(node, "copy", False)
 
 
+def _is_view_of_first_input(node: Node) -> bool:
+    """Whether the node is a view of its first input: an aliasing op, or one piece of a split, chunk or unbind
+    (a getitem of a list of views)."""
+    return returns_an_alias(node) or (node.op == "call_function" and node.target is operator.getitem)
+
+
+def reaches_an_output(node: Node) -> bool:
+    """Whether the graph returns the tensor ``node`` makes, itself or a view of it: a caller may then write it."""
+    work, seen = [node], set()
+    while work:
+        current = work.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in current.users:
+            if user.op == "output":
+                return True
+            if _is_view_of_first_input(user) and user.args and user.args[0] is current:
+                work.append(user)
+    return False
+
+
 def _argument(node: Node, name: str, default: object) -> object:
     """An argument of an ``OpOverload`` call by its schema name, positional or keyword."""
     for i, argument in enumerate(node.target._schema.arguments):
@@ -73,8 +95,7 @@ class Mutations:
         while node not in self.written:
             self.written.add(node)
             # one piece of a split, chunk or unbind (getitem of a list of views) is a view of the whole
-            aliases = returns_an_alias(node) or (node.op == "call_function" and node.target is operator.getitem)
-            if not aliases or not node.args or not isinstance(node.args[0], Node):
+            if not _is_view_of_first_input(node) or not node.args or not isinstance(node.args[0], Node):
                 return
             node = node.args[0]
 

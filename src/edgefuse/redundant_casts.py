@@ -3,8 +3,8 @@
 A cast is redundant only when its output's metadata equals its input's: dtype, shape, layout, device and
 dim order. Keyword arguments do not decide it: ``_to_copy(x, dtype=float16, memory_format=...)`` on a
 float32 tensor changes the dtype whatever its memory format says, and must stay. A cast that copies is
-kept too in a graph with in-place ops (a captured graph may keep them), and wherever the copy is an
-output: with the copy gone, a write to one tensor would reach the other (an output would be another
+kept too in a graph with in-place ops (a captured graph may keep them), and wherever the copy, or a view
+of it, is an output: with the copy gone, a write to one tensor would reach the other (an output would be another
 output, a parameter or an input, where the model returned a tensor of its own).
 """
 
@@ -14,7 +14,7 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
 from edgefuse.casts import cast_source, is_noop_cast
-from edgefuse.mutation import Mutations, returns_an_alias
+from edgefuse.mutation import Mutations, reaches_an_output, returns_an_alias
 from edgefuse.ops import Role, table_for
 from edgefuse.signature import sync_signature
 
@@ -41,7 +41,7 @@ def remove_redundant_casts(graph_module: GraphModule | ExportedProgram) -> list[
     for node in list(graph_module.graph.nodes):
         if not is_noop_cast(node, table) or _would_return_an_input(node, table):
             continue
-        if not returns_an_alias(node) and (in_place or any(u.op == "output" for u in node.users)):
+        if not returns_an_alias(node) and (in_place or reaches_an_output(node)):
             continue
         for user in [u for u in node.users if table.is_a(u, Role.ASSERT_METADATA)]:
             graph_module.graph.erase_node(user)
