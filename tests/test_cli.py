@@ -239,6 +239,21 @@ MODELS_PY = textwrap.dedent(
         return nn.Sequential(nn.RMSNorm(32, eps=1e-6), nn.Linear(32, 32)), (torch.randn(1, 8, 32),)
 
 
+    class TorchNormInCond(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first, self.inner = nn.RMSNorm(32, eps=1e-6), nn.RMSNorm(32, eps=1e-6)
+
+        def forward(self, x):
+            y = self.first(x)
+            return torch.cond(y.sum() > 0, lambda y: self.inner(y), lambda y: y * 2, (y,))
+
+
+    def torch_norm_in_cond():
+        torch.manual_seed(0)
+        return TorchNormInCond(), (torch.randn(1, 8, 32),)
+
+
     def on_meta():
         with torch.device("meta"):
             return Block(), (torch.randn(1, 8, 32),)
@@ -371,8 +386,9 @@ BAD_INPUT = {
     "-o .pte": (["lower", "models.py:block", "-o", ".pte"], "name the program before its .pte"),
     "a meta-device model": (["report", "models.py:on_meta"], "norm.weight is on device meta; edgefuse runs models on the CPU"),
     "stock .pte does not load": (["lower", "models.py:rank7", "-o", "rank7.pte"],
-                                 "XNNPACK lowering (loading its .pte in the runtime) rejects this program"),
-    "bench: stock .pte does not load": (["bench", "models.py:rank7", "--runs", "10"], "loading its .pte in the runtime"),
+                                 "XNNPACK lowering (to_executorch) writes a program the runtime cannot load"),
+    "bench: stock .pte does not load": (["bench", "models.py:rank7", "--runs", "10"], "the runtime cannot load"),
+    "a program saved on the meta device": (["report", "meta.pt2"], "meta.pt2: weight is on device meta"),
     "lower a meta-device model": (["lower", "models.py:on_meta", "-o", "meta.pte"], "is on device meta"),
 }
 #: A model whose correct output holds -inf: matched infinities are no error, for every command.
@@ -397,6 +413,9 @@ def command_results(workdir) -> dict[str, dict]:
     (workdir / "a_directory.pt2").mkdir(exist_ok=True)
     (workdir / "exits.py").write_text("import sys\n\n\ndef leave():\n    sys.exit(0)\n")
     (workdir / "exits_on_import.py").write_text("import sys\n\nsys.exit(5)\n")
+    with torch.device("meta"):
+        meta, meta_input = torch.nn.Linear(4, 4), torch.randn(1, 4)
+    torch.export.save(torch.export.export(meta, (meta_input,)), str(workdir / "meta.pt2"))
     if not (workdir / "models_link.svg").exists():
         os.link(workdir / "models.py", workdir / "models_link.svg")
     cases = {**{name: argv for name, (argv, _) in BAD_INPUT.items()}, **INTEGER_OUTPUT, **MASKED}
@@ -476,8 +495,8 @@ def test_lower_writes_a_pte_and_a_delegate_map_that_names_the_delegates(workdir)
     assert "before (stock) and after (edgefuse)" in out
     stock = next(line for line in out.splitlines() if line.strip().startswith("stock:"))
     ours = next(line for line in out.splitlines() if line.strip().startswith("edgefuse:"))
-    assert "delegate" in stock and " outside" in stock and "within" in stock
-    assert "delegate" in ours and " outside" in ours and "within" in ours
+    assert "stock: 2 delegates, 1 op outside (1 mean.dim); max error against eager" in stock and "within" in stock
+    assert "edgefuse: 1 delegate, 0 ops outside; max error against eager" in ours and "within" in ours
 
     pte = (workdir / "block.pte").read_bytes()
     from executorch.runtime import Runtime
@@ -667,7 +686,7 @@ def test_two_norms_of_one_module_get_rows_and_quantization_facts_of_their_own():
 def test_report_of_a_saved_program_compares_with_that_program(workdir, capsys):
     assert cli.main(["-q", "report", str(workdir / "block.pt2")]) == OK
     out = capsys.readouterr().out
-    assert "block.pt2 (float16), edge stage, backend qnn: 1 norm" in out
+    assert "block.pt2 (float16), edge stage, backend qnn: 1 norm\n" in out
     assert "1 of 1 norms rebuilt" in out and "max error against program" in out
     # The reference is the saved program, so what to_edge alone changes shows as for the eager model.
     spec = resolve(f"{workdir / 'models.py'}:logsumexp")
@@ -699,7 +718,9 @@ def test_a_norm_the_graph_already_holds_as_one_op_is_counted_not_hidden(workdir,
         counts[stage] = (data["summary"]["norms"], data["summary"]["rebuilt"], data["summary"]["already_one_op"])
     assert counts == {"capture": (0, 0, 1), "edge": (1, 1, 0)}
     assert cli.main(["-q", "report", model, "--stage", "capture"]) == OK
-    assert "0 of 0 norms rebuilt, 0 left decomposed, 1 already one rms_norm op" in capsys.readouterr().out
+    assert "0 of 0 norms rebuilt, 0 left decomposed, 1 already one rms_norm op;" in capsys.readouterr().out
+    assert cli.main(["-q", "report", f"{model}_in_cond", "--stage", "capture"]) == OK  # one inside a branch
+    assert "0 of 0 norms rebuilt, 0 left decomposed, 2 already rms_norm ops;" in capsys.readouterr().out
 
 
 def test_report_says_a_model_without_float_weights_has_none(workdir, capsys):
@@ -768,7 +789,7 @@ def test_bad_usage_in_process(workdir, capsys):
     assert "names a file but no function" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:nothere"]) == USAGE
     functions = ("block, counter, data_dependent, integer_output, logsumexp, masked, not_in_edge, on_meta, raises, rank7, "
-                 "returns_buffer, stateful, torch_norm, with_cond, writes_weight, wrong_inputs")
+                 "returns_buffer, stateful, torch_norm, torch_norm_in_cond, with_cond, writes_weight, wrong_inputs")
     assert f"functions defined there: {functions}" in capsys.readouterr().err
     assert cli.main(["report", f"{workdir / 'models.py'}:block", "--backend", "npu9"]) == USAGE
     assert "unknown backend 'npu9'" in capsys.readouterr().err
@@ -865,11 +886,13 @@ def test_the_delegate_map_marks_splits_and_escapes_names():
         Segment("outside", ["mean.dim", "_to_dim_order_copy"]),
         Segment("delegate", ["mul.Tensor"], "XnnpackBackend", 1),
     ])
-    ours = DelegateSummary("edgefuse <&>", [Segment("delegate", ["linear", "xnn_mean", "mul.Tensor"], "XnnpackBackend", 0)])
+    ours = DelegateSummary("edgefuse <&>", [
+        Segment("delegate", ["linear", "xnn_mean"], "XnnpackBackend", 0), Segment("outside", ["gelu"]),
+    ])
     assert stock.delegates == 2 and stock.splits == 1 and stock.outside == ["mean.dim", "_to_dim_order_copy"]
     root = ET.fromstring(render([stock, ours], "map"))
     assert root.tag == f"{SVG}svg"
     texts = [t.text for t in root.iter(f"{SVG}text")]
     assert any(t.startswith("split: 2 ops") for t in texts)
-    assert "edgefuse <&>: 1 delegate, 0 ops outside, 0 splits" in texts
+    assert "edgefuse <&>: 1 delegate, 1 op outside, 0 splits" in texts
     assert sum("XnnpackBackend #" in t for t in texts) == 3

@@ -41,9 +41,10 @@ FORMS = {
 #:   the weight (Llama, T5, OLMo2, Gemma, no weight; and float32 rsqrt forms): 2u against rms_norm's one
 #:   rounding u, 1.5 units;
 #: - the model divides by a sqrt, or computes every step in a half D: in float32 its sqrt, division (or
-#:   reciprocal and product) and weight round (4u) where rms_norm's rsqrt (1.5u, measured), product and
-#:   weight do (3.5u); in a half D its square, mean and eps roundings reach the root halved (1.5u), then
-#:   the root, product and weight round (3u) where rms_norm rounds once (u): 7.5u at most, 4 units.
+#:   reciprocal and product) and weight round (3u, or 4u) where rms_norm's rsqrt (1.5u, measured),
+#:   product and weight do (3.5u): 7.5u at most; in a half D its square, mean and eps roundings reach the
+#:   root halved (1.5u), then the root, division (or reciprocal and product) and weight round (3u, or
+#:   4u) where rms_norm rounds once (u): 6.5u at most. 8u is 4 units (to first order in u).
 ONE_ROUNDING_MORE, OWN_ORDER = 1.5, 4.0
 
 

@@ -101,12 +101,26 @@ def test_numbers_out_of_range_are_usage_errors(argv, capsys):
     assert "non-negative ones" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("spec", ['{"foo": 1}', "[1, 2]", '{"__type__": "Nope"}', '{"__type__": "CaseSpec", "bogus": 1}'])
+@pytest.mark.parametrize("spec", ['{"foo": 1}', "[1, 2]", "[]", '{"__type__": "Nope"}', '{"__type__": "CaseSpec", "bogus": 1}'])
 def test_replaying_a_spec_the_fuzzer_did_not_write_is_a_usage_error(spec, capsys, tmp_path):
     path = tmp_path / "bad.py"
     path.write_text(f"SPEC = {spec}\n")
     assert cli.main(["--replay", str(path)]) == 2
     assert "its SPEC is not a list of cases the fuzzer wrote" in capsys.readouterr().err
+
+
+def test_replaying_a_case_with_values_the_fuzzer_never_writes_is_a_usage_error(capsys, tmp_path):
+    from dataclasses import replace
+
+    from edgefuse.fuzz.spec import CaseSpec, NormSpec, to_dict
+
+    case = CaseSpec(seed=0, index=0, shape=(2, 16), dtype="float32", norm=NormSpec("llama"))
+    good, bad = tmp_path / "good.py", tmp_path / "bad.py"
+    good.write_text(f"SPEC = {[to_dict(case)]!r}\n")
+    bad.write_text(f"SPEC = {[to_dict(replace(case, dtype='float99'))]!r}\n")
+    assert cli.main(["--replay", str(good)]) == 0
+    assert cli.main(["--replay", str(bad)]) == 2
+    assert "a case ran no check" in capsys.readouterr().err
 
 
 # --- the generator ------------------------------------------------------------------------------------

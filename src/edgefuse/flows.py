@@ -87,7 +87,7 @@ def _user_outputs(manager) -> int:
     return sum(spec.kind == OutputKind.USER_OUTPUT for spec in specs)
 
 
-def _stock_step(step: Callable[[], Any], how: str, name: str) -> Any:
+def _stock_step(step: Callable[[], Any], how: str, name: str, failure: str = "rejects this program") -> Any:
     """Run one ExecuTorch step; when it fails on the stock flow, the program is one ExecuTorch itself
     rejects (a usage error). edgefuse's own flow, and a missing module, fail as they are."""
     try:
@@ -98,7 +98,7 @@ def _stock_step(step: Callable[[], Any], how: str, name: str) -> Any:
         if how != STOCK:
             raise
         raise UsageError(
-            f"ExecuTorch's XNNPACK lowering ({name}) rejects this program: {error_summary(error)}; edgefuse "
+            f"ExecuTorch's XNNPACK lowering ({name}) {failure}: {error_summary(error)}; edgefuse "
             "compares its lowering with that one, so it needs a program ExecuTorch lowers"
         ) from error
 
@@ -113,7 +113,11 @@ def run_and_check(
     than one unit in the last place.
     """
     lowered.reference = reference
-    lowered.loaded = _stock_step(lambda: LoadedProgram(lowered.pte), lowered.how, "loading its .pte in the runtime")
+    lowered.loaded = _stock_step(
+        lambda: LoadedProgram(lowered.pte), lowered.how, "to_executorch",
+        "writes a program the runtime cannot load (the runtime's log above says why, such as a tensor of more "
+        "than six dims)",
+    )
     actual = lowered.loaded.run(fresh(inputs))
     if lowered.user_outputs is not None and len(actual) > lowered.user_outputs:
         actual = actual[len(actual) - lowered.user_outputs:]  # the model's own outputs come last

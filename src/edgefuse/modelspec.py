@@ -199,7 +199,7 @@ def _call_file(text: str, path: str, function: str, dtype: torch.dtype | None) -
     if not isinstance(inputs, (tuple, list)):
         raise UsageError(f"{text}: example_inputs must be a tensor or a tuple of inputs, got {_describe(inputs)}")
     inputs = tuple(inputs)
-    off_cpu = _off_cpu(module, inputs)
+    off_cpu = _off_cpu([*module.named_parameters(), *module.named_buffers()], inputs)
     if off_cpu:
         raise UsageError(
             f"{text}: {off_cpu}; edgefuse runs models on the CPU, with values: build the module and its "
@@ -212,10 +212,10 @@ def _call_file(text: str, path: str, function: str, dtype: torch.dtype | None) -
     return ModelSpec(text, "file", inputs, module=module, source=path)
 
 
-def _off_cpu(module: torch.nn.Module, inputs: tuple) -> str | None:
-    """Where the first tensor of the module or its inputs that is not on the CPU lives, or None."""
-    named = [*module.named_parameters(), *module.named_buffers()]
-    named += [(f"example input {i}", leaf) for i, leaf in enumerate(pytree.tree_leaves(inputs))]
+def _off_cpu(named: list[tuple[str, object]], inputs: tuple) -> str | None:
+    """Where the first of the named tensors or of the inputs that is not on the CPU lives, or None."""
+    leaves, _ = pytree.tree_flatten_with_path(inputs)
+    named = [*named, *((f"example input {pytree.keystr(path)}", leaf) for path, leaf in leaves)]
     for name, tensor in named:
         if isinstance(tensor, torch.Tensor) and tensor.device.type != "cpu":
             return f"{name} is on device {tensor.device}"
@@ -241,6 +241,12 @@ def _load_program(path: str) -> ModelSpec:
     args, kwargs = example
     if kwargs:
         raise UsageError(f"{path}: programs with keyword inputs are not supported; export with positional inputs")
+    off_cpu = _off_cpu([*program.state_dict.items(), *program.constants.items()], tuple(args))
+    if off_cpu:
+        raise UsageError(
+            f"{path}: {off_cpu}; edgefuse runs programs on the CPU, with values: export the model with its "
+            "parameters and inputs on the CPU (a program saved from meta tensors has no values to run)"
+        )
     return ModelSpec(path, "program", tuple(args), program=program)
 
 

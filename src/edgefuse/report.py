@@ -166,8 +166,10 @@ def compare_decisions(
         rows.append(NormRow(d, layer_of(d.module_path), error, shared=per_path[d.module_path] > 1))
 
     report = Report(spec.name, spec.kind, spec.dtype, backend, stage, reference_name, rows)
-    table = table_for(unrewritten.graph)
-    report.already_one_op = sum(1 for n in unrewritten.graph.nodes if table.is_a(n, Role.RMS_NORM))
+    graphs = [m.graph for m in unrewritten.modules() if isinstance(m, GraphModule)]  # and the subgraphs of cond, ...
+    report.already_one_op = sum(
+        1 for graph in graphs for n in graph.nodes if table_for(graph).is_a(n, Role.RMS_NORM)
+    )
     if len(actual) != len(before) or len(actual) != len(expected):
         report.ok, report.output_error = False, math.inf
         return report
@@ -341,7 +343,8 @@ def summary_line(report: Report) -> str:
     distinct = f" ({len(reasons)} distinct reason{'s' if len(reasons) != 1 else ''})" if reasons else ""
     left = f"{len(report.left)} left decomposed{distinct}"
     if report.already_one_op:
-        left += f", {report.already_one_op} already one rms_norm op"
+        n = report.already_one_op
+        left += f", {n} already {'one rms_norm op' if n == 1 else 'rms_norm ops'}"
     return (
         f"{len(report.rebuilt)} of {len(report.rows)} norms rebuilt, {left}; max error against "
         f"{report.reference} {_error(report.output_error)} (unrewritten program {_error(report.unrewritten_error)}); "

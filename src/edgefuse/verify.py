@@ -34,7 +34,7 @@ def tolerance(dtype: torch.dtype, reference: torch.Tensor, ulps: float = 2.0) ->
     One rebuilt norm may round once where the decomposed one rounded twice (about one unit in the last
     place of its output), and the backend computes in its own order; two units cover both (a norm written
     as ``x / sqrt(...)``, which ``rms_norm`` computes with ``rsqrt``, came to 1.6 over a million values,
-    though single small elements move by up to 2.7 of their own units). The bound is
+    though single small elements move by up to about 3 of their own units). The bound is
     norm-wise, at the largest magnitude, because later ops (a residual add) may cancel a norm's value to
     near zero while keeping its rounding; it is never below the dtype's smallest normal value.
     """

@@ -110,7 +110,7 @@ def _replay(path: Path) -> int:
     except (OSError, SyntaxError, ValueError) as error:
         print(f"cannot replay {path}: {error}", file=sys.stderr)
         return 2
-    failed = False
+    failed = unchecked = False
     with cached_cia_ops():
         for spec in specs:
             [result] = run_unit([spec], CHECKS)
@@ -121,4 +121,9 @@ def _replay(path: Path) -> int:
             for finding in result.findings:
                 failed = True
                 print(f"  {finding.kind} {check_name(finding.check)}: {finding.detail.strip()[:500]}")
+            unchecked |= not result.checks
+    if unchecked and not failed:
+        print(f"cannot replay {path}: a case ran no check (see above): its SPEC is not one the fuzzer wrote",
+              file=sys.stderr)
+        return 2
     return 1 if failed else 0

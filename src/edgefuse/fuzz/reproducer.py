@@ -359,7 +359,7 @@ def read_specs(path: Path) -> list[CaseSpec]:
                 specs = from_dict(_eval_literal(node.value))
             except (KeyError, TypeError, ValueError, AttributeError) as error:
                 raise ValueError(f"its SPEC is not a list of cases the fuzzer wrote ({type(error).__name__}: {error})") from error
-            if not isinstance(specs, (list, tuple)) or not all(isinstance(spec, CaseSpec) for spec in specs):
+            if not specs or not isinstance(specs, (list, tuple)) or not all(isinstance(s, CaseSpec) for s in specs):
                 raise ValueError("its SPEC is not a list of cases the fuzzer wrote")
             return list(specs)
     raise ValueError(f"{path} holds no SPEC")

@@ -22,7 +22,7 @@ import time
 import torch
 from torch.export import export
 
-from edgefuse.verify import max_error, tolerance
+from edgefuse.verify import finite_tolerance, max_error
 from edgefuse.xnnpack.inspect import lowered_modules, run_pte, to_pte
 from edgefuse.xnnpack.lower import lower
 
@@ -65,7 +65,7 @@ def check(name: str, dtype: torch.dtype, stock: bool, out=sys.stdout) -> bool:
     module, inputs = build_model(name, dtype, 0)
     with torch.no_grad():
         expected = module(*inputs)
-    allowed = tolerance(dtype, expected, ULPS)
+    allowed = finite_tolerance(dtype, expected, ULPS)
     rows = []
     lowerings = [("edgefuse", lambda ep: lower(ep))]
     if stock:
