@@ -228,7 +228,7 @@ def _reference(spec) -> str:
 
 
 def _checked(programs) -> int:
-    """OK when every lowered program passed its check against eager; else say which failed."""
+    """OK when every lowered program passed its check against its reference; else say which failed."""
     from edgefuse.flows import failed_checks_line
 
     line = failed_checks_line(programs)

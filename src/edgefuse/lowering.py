@@ -120,7 +120,8 @@ class DelegateSummary:
         counts = ", ".join(f"{n} {op}" for op, n in self.outside_counts().most_common())
         return (
             f"{self.label}: {self.delegates} delegate{'s' if self.delegates != 1 else ''}, "
-            f"{len(self.outside)} op{'s' if len(self.outside) != 1 else ''} outside" + (f" ({counts})" if counts else "")
+            f"{len(self.outside)} op{'s' if len(self.outside) != 1 else ''} outside"
+            + (f" ({counts})" if counts else "")
         )
 
 

@@ -187,7 +187,8 @@ def _eps(add: Node, mean: Node, table: OpTable, constants: GraphConstants) -> fl
     if isinstance(other, Node) and other.op == "placeholder" and not constants.is_constant(other):
         kind = constants.source_kind(other)
         if kind is not None:
-            return f"eps is the graph input {other.name}, {'an input of the model' if kind == 'user input' else kind}, not a constant"
+            what = "an input of the model" if kind == "user input" else kind
+            return f"eps is the graph input {other.name}, {what}, not a constant"
         if constants.program is None and other.meta.get("val") is not None and other.meta["val"].dim() == 0:
             return (
                 f"eps is the graph input {other.name}, whose value edgefuse cannot read without its "
@@ -413,7 +414,8 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
     if _group_merge(core, after, table):
         merged = [after, *_forward_casts(after, table)]
         user = _single_user(merged[-1], table)
-        other = tensor_meta(_other_operand(user, merged[-1])) if user is not None and table.is_a(user, Role.MUL) else None
+        multiplies = user is not None and table.is_a(user, Role.MUL)
+        other = tensor_meta(_other_operand(user, merged[-1])) if multiplies else None
         width = tensor_meta(after).shape[-1]
         weighted = other is not None and other.dim() >= 1 and same_size(other.shape[-1], width)
         return Rejection(

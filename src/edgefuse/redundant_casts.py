@@ -4,8 +4,8 @@ A cast is redundant only when its output's metadata equals its input's: dtype, s
 dim order. Keyword arguments do not decide it: ``_to_copy(x, dtype=float16, memory_format=...)`` on a
 float32 tensor changes the dtype whatever its memory format says, and must stay. A cast that copies is
 kept too in a graph with in-place ops (a captured graph may keep them), and wherever the copy, or a view
-of it, is an output: with the copy gone, a write to one tensor would reach the other (an output would be another
-output, a parameter or an input, where the model returned a tensor of its own).
+of it, is an output: with the copy gone, a write to one tensor would reach the other (an output would be
+another output, a parameter or an input, where the model returned a tensor of its own).
 """
 
 from __future__ import annotations

@@ -79,7 +79,8 @@ def compare(
     shape_ok = actual.shape == reference.shape
     if not shape_ok:
         return Comparison(dtype_ok, False, float("inf"), 0.0)
-    return Comparison(dtype_ok, True, max_error(reference, actual), finite_tolerance(dtype or reference.dtype, reference, ulps))
+    allowed = finite_tolerance(dtype or reference.dtype, reference, ulps)
+    return Comparison(dtype_ok, True, max_error(reference, actual), allowed)
 
 
 def max_error(reference: torch.Tensor, actual: torch.Tensor) -> float:

@@ -358,7 +358,8 @@ def read_specs(path: Path) -> list[CaseSpec]:
             try:
                 specs = from_dict(_eval_literal(node.value))
             except (KeyError, TypeError, ValueError, AttributeError) as error:
-                raise ValueError(f"its SPEC is not a list of cases the fuzzer wrote ({type(error).__name__}: {error})") from error
+                why = f"{type(error).__name__}: {error}"
+                raise ValueError(f"its SPEC is not a list of cases the fuzzer wrote ({why})") from error
             if not specs or not isinstance(specs, (list, tuple)) or not all(isinstance(s, CaseSpec) for s in specs):
                 raise ValueError("its SPEC is not a list of cases the fuzzer wrote")
             return list(specs)
