@@ -75,12 +75,14 @@ def test_model_norms_are_rebuilt_or_explained_in_capture_and_edge(name, dtype):
     assert result.left == [], [(d.module_path, d.reason) for d in result.left]
 
 
-def test_mamba2s_grouped_gated_norms_stay_and_its_block_norms_are_rebuilt():
+def test_mamba2s_grouped_gated_norms_are_rebuilt_over_their_groups():
     module, inputs = build_model("tiny-mamba2")
     program = export(module, inputs)
     graph = program.module()
     result = edgefuse.recompose_rms_norm(graph)
-    grouped = {d.module_path for d in result.left if d.reason.startswith("grouped norm")}
-    assert grouped == {"model.backbone.layers.0.mixer.norm", "model.backbone.layers.1.mixer.norm"}
-    assert len(result.rebuilt) == 3 and len(result.left) == 2
+    assert result.left == [], [(d.module_path, d.reason) for d in result.left]
+    grouped = {d.module_path: d.normalized_shape for d in result.rebuilt if d.form.startswith("grouped-")}
+    # 2 groups of 64 of the mixer's 128 channels (n_groups=2): normalized over 64, never over 128
+    assert grouped == {f"model.backbone.layers.{i}.mixer.norm": (64,) for i in (0, 1)}, grouped
+    assert len(result.rebuilt) == 5
     _check(module, inputs, graph, result, torch.float32, program.module())

@@ -551,19 +551,34 @@ def test_a_norm_reading_a_rebuilt_norm_names_its_input_as_the_graph_had_it(mode)
     assert second.input != first.node
 
 
-# Rule 8: a grouped norm is never rebuilt over the full width.
+# Rule 8: a grouped norm is rebuilt over one group, reading the split tensor, never over the full width.
+
+
+def _assert_rebuilt_over_groups(rewritten, split_shape, dtype):
+    """One rms_norm over the last dim of the split tensor, ending before the merge, with no weight."""
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    [decision] = rewritten.result.decisions
+    assert decision.rebuilt and decision.form == "grouped-rsqrt", decision
+    assert tuple(node.args[1]) == decision.normalized_shape == split_shape[-1:]
+    assert decision.weight is None and node.args[2] is None  # what follows the merge stays as it is
+    read = node.args[0].meta["val"]
+    assert tuple(read.shape) == split_shape and read.dtype == dtype, read
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
-def test_rule_a_grouped_norm_stays(mode, dtype):
-    module = GroupedNorm().to(dtype)
-    rewritten = rewrite(module, (_x(dtype),), mode)
-    assert_left(rewritten, "grouped norm", "before a full-width weight")
+def test_rule_a_grouped_norm_is_rebuilt_over_one_group(mode, dtype):
+    # 4 groups of 4 values of a width of 16, computed in float32, merged back, then a full-width weight
+    module, inputs = GroupedNorm().to(dtype), (_x(dtype),)
+    rewritten = rewrite(module, inputs, mode)
+    # the new node reads the float32 copy of x split into groups, [2, 5, 4, 4]
+    _assert_rebuilt_over_groups(rewritten, (2, 5, 4, 4), torch.float32)
+    # elementwise against eager: a norm over the full width is far off on every group
+    assert_matches_eager(module, inputs, rewritten)
 
 
 class HeadsMerged(nn.Module):
-    """Groups normalized and merged back with no weight after them; ``twice`` also returns the merge."""
+    """Groups normalized and merged back with no weight after them; ``two uses`` also returns the merge."""
 
     def __init__(self, after: str = "nothing"):
         super().__init__()
@@ -580,10 +595,13 @@ class HeadsMerged(nn.Module):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("after", ["nothing", "two uses", "a scalar"])
-def test_a_grouped_norm_with_no_weight_says_so_in_its_reason(mode, after):
-    rewritten = rewrite(HeadsMerged(after), (_x(),), mode)
-    assert_left(rewritten, "grouped norm: groups of 4 are normalized separately and merged back in")
-    assert "weight" not in rewritten.result.decisions[0].reason
+def test_rule_a_grouped_norm_with_no_weight_is_rebuilt_over_one_group(mode, after):
+    module, inputs = HeadsMerged(after), (_x(),)
+    rewritten = rewrite(module, inputs, mode)
+    _assert_rebuilt_over_groups(rewritten, (2, 5, 4, 4), torch.float32)  # x split into groups
+    expected, actual = module(*inputs), rewritten.run(*inputs)
+    for e, a in zip(*(v if isinstance(v, tuple) else (v,) for v in (expected, actual))):
+        assert compare_elementwise(e, a).ok, compare_elementwise(e, a)
 
 
 # Backend profiles.

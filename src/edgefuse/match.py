@@ -26,8 +26,9 @@ weight and trailing dtype-only casts. The rules, each with its reason:
    Computing in a wider dtype may also remove an overflow or underflow that a norm computed wholly in
    float16 had (a square rounding to inf, or to 0 for values below about 2e-4): the rebuilt norm then
    returns the value float64 would, where the model returned inf, NaN or a value off by its rounding.
-8. A grouped norm (a split of the last dim into groups, normalized, then merged back before the weight,
-   as in Mamba2) is never rebuilt: one ``rms_norm`` over the full width computes another function.
+8. A grouped norm (the last dim split into groups, each normalized, then merged back, as in Mamba2) is
+   rebuilt over one group, reading the split tensor, and ends before the merge: one ``rms_norm`` over the
+   full width computes another function, and the full-width weight after the merge stays a multiply.
 """
 
 from __future__ import annotations
@@ -350,7 +351,7 @@ def _weight(mul: Node, operand: Node, shape: tuple[int, ...], table: OpTable, co
 
 
 def _group_merge(core: _Core, after: Node | None, table: OpTable) -> bool:
-    """Rule 8: whether the input was split from a wider last dim and ``after`` merges it back."""
+    """Rule 8: whether the input was split from a wider last dim and ``after`` merges it back (a grouped norm)."""
     if after is None or not table.is_a(after, Role.RESHAPE):
         return False
     splits = [list(exact_ancestors(start, table))[-1] for start in (core.scaled, core.square_base)]
@@ -411,23 +412,7 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
     middle = _forward_casts(core.normalized, table)
     last = middle[-1] if middle else core.normalized
     after = _single_user(last, table)
-    if _group_merge(core, after, table):
-        merged = [after, *_forward_casts(after, table)]
-        user = _single_user(merged[-1], table)
-        multiplies = user is not None and table.is_a(user, Role.MUL)
-        other = tensor_meta(_other_operand(user, merged[-1])) if multiplies else None
-        width = tensor_meta(after).shape[-1]
-        weighted = other is not None and other.dim() >= 1 and same_size(other.shape[-1], width)
-        return Rejection(
-            mean,
-            f"grouped norm: groups of {core.normalized_shape[-1]} are normalized separately and merged back in "
-            f"{after.name}{' before a full-width weight' if weighted else ''}; edgefuse leaves grouped norms "
-            "decomposed, since an rms_norm over the full width computes another function",
-            core.form,
-            core.nodes,
-            eps=core.eps,
-        )
-
+    grouped = _group_merge(core, after, table)  # rule 8: then ``after`` is the merge, never a weight
     weight = None
     if after is not None and table.is_a(after, Role.MUL):
         weight = _weight(after, last, core.normalized_shape, table, constants)
@@ -470,7 +455,7 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
             continue
         matches.append(
             NormMatch(
-                form=core.form + ("+weight" if weight is not None else ""),
+                form=("grouped-" if grouped else "") + core.form + ("+weight" if weight is not None else ""),
                 mean=mean,
                 input=source,
                 output=end,
@@ -487,7 +472,7 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
     return Rejection(
         mean,
         reasons[0],
-        core.form,
+        ("grouped-" if grouped else "") + core.form,
         tuple(dict.fromkeys([*body, *ends])),
         input=None,
         weight=weight.node if weight is not None else None,
