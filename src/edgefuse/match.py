@@ -6,8 +6,8 @@ weight and trailing dtype-only casts. The rules, each with its reason:
 
 1. The mean keeps its reduced dims and reduces exactly the trailing dims: that is what ``rms_norm``'s
    ``normalized_shape`` means.
-2. The square is ``pow(x, 2)``, ``square(x)`` or ``x * x`` of one tensor: a cube or a product of two
-   tensors is another function.
+2. The square is ``pow(x, 2)``, ``square(x)`` or ``x * x`` of one tensor (or of two casts of one tensor
+   to one dtype, which hold the same values): a cube or a product of two tensors is another function.
 3. The scaled tensor holds the squared tensor's values (the two may differ by casts that widen and change
    nothing else, as in T5, which squares a float32 copy): otherwise a rebuilt norm would drop one of them.
 4. eps is a finite, non-negative number known when the program is built, taken as the model adds it:
@@ -135,9 +135,21 @@ def _other_operand(node: Node, operand: Node) -> object:
     return b if a is operand else a
 
 
+def _value_key(node: Node, table: OpTable) -> object:
+    """A key two nodes share when they provably hold the same values: the node itself, or for a cast
+    that changes only the dtype, its source and dtype (two such casts of one tensor, as in
+    ``x.half() * x.half()``, round alike)."""
+    source = cast_source(node, table)
+    if source is not None and changes_only_dtype(node, table):
+        return ("cast", source, dtype_of(node))
+    return node
+
+
 def same_values(a: Node, b: Node, table: OpTable) -> bool:
-    """Whether two tensors hold the same values: one is reached from the other by value-keeping casts."""
-    return not {*exact_ancestors(a, table)}.isdisjoint(exact_ancestors(b, table))
+    """Whether two tensors hold the same values: one is reached from the other by value-keeping casts,
+    or both from one tensor by the same dtype-only cast."""
+    keys = {_value_key(n, table) for n in exact_ancestors(a, table)}
+    return any(_value_key(n, table) in keys for n in exact_ancestors(b, table))
 
 
 def _square_base(node: Node, table: OpTable) -> Node | str:
