@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 
@@ -721,6 +723,15 @@ def test_qnn_folds_a_weight_cast_with_type_as(mode):
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.meta["val"].dtype == torch.float16 and cast_path(node.args[0]) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
+    # The folded weight is a constant outside autograd: one that required grad, as the parameter it was
+    # cast from does, made torch warn on every call of the program.
+    weight = node.args[2]
+    program = rewritten.result.exported_program
+    value = getattr(rewritten.graph_module, weight.target) if program is None else program.constants[weight.name]
+    assert not value.requires_grad and value.dtype == torch.float16
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rewritten.run(*inputs)
 
 
 class ScaledEpsNorm(nn.Module):

@@ -109,7 +109,12 @@ class GraphConstants:
         return float(value.detach().reshape(()).item())
 
     def add(self, name: str, data: torch.Tensor, before: Node) -> Node:
-        """A new constant node holding ``data``; a get_attr before ``before``, or a lifted constant."""
+        """A new constant node holding ``data``; a get_attr before ``before``, or a lifted constant.
+
+        It holds a copy outside autograd: folded from a parameter, ``data`` may require grad (torch warns
+        on every call of the program then) or be the parameter itself.
+        """
+        data = data.detach().clone()
         graph = self.graph_module.graph
         self._count += 1
         if self.program is None:
