@@ -9,7 +9,11 @@ number of programs and inputs, so ``edgefuse.xnnpack.bench`` can share it.
 
 from __future__ import annotations
 
+import functools
+import os
 import statistics
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -18,12 +22,42 @@ import torch
 from torch.utils import _pytree as pytree
 
 
+@functools.cache
+def start_threadpool() -> int:
+    """Create the runtime's threadpool, once per process, and return its thread count.
+
+    Creating it probes the CPU and prints five lines about files an x86 machine does not have
+    (``cpuinfo_utils.cpp``: "Failed to open midr file"): they say nothing about any program, so they are
+    held back, and shown only if creating the pool fails.
+    """
+    from executorch.extension.pybindings import portable_lib
+
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no standard error to hold back
+        return portable_lib._threadpool_get_thread_count()
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            return portable_lib._threadpool_get_thread_count()
+        except BaseException:
+            os.dup2(saved, 2)
+            log.seek(0)
+            sys.stderr.write(log.read().decode(errors="replace"))
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 class LoadedProgram:
     """The ``forward`` method of a loaded ``.pte``; holds the program, which must outlive its method."""
 
     def __init__(self, pte: bytes, method: str = "forward") -> None:
         from executorch.runtime import Runtime
 
+        start_threadpool()
         self.program = Runtime.get().load_program(pte)
         self.method = self.program.load_method(method)
         if self.method is None:
@@ -44,6 +78,7 @@ def set_threads(threads: int) -> int:
     from executorch.extension.pybindings import portable_lib
 
     torch.set_num_threads(1)
+    start_threadpool()
     portable_lib._unsafe_reset_threadpool(threads)
     return portable_lib._threadpool_get_thread_count()
 
