@@ -57,6 +57,7 @@ from torch.export import export
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 
+from edgefuse.runtime import start_threadpool
 from edgefuse.verify import max_error
 from edgefuse.xnnpack.inspect import load_method, lowered_modules, ops_outside, to_pte
 from edgefuse.xnnpack.lower import lower
@@ -254,6 +255,7 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
     # Eager PyTorch (the reference outputs) leaves OpenMP workers spinning, which on 2 cores slowed every
     # runtime call here to about 8 ms; the reference needs no threads.
     torch.set_num_threads(1)
+    start_threadpool()
     portable_lib._unsafe_reset_threadpool(threads)
     actual = portable_lib._threadpool_get_thread_count()
     print(

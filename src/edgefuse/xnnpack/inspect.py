@@ -121,6 +121,9 @@ def load_method(pte: bytes, name: str = "forward") -> LoadedMethod:
     """The method ``name`` of a ``.pte`` loaded in the released ``executorch.runtime.Runtime``."""
     from executorch.runtime import Runtime
 
+    from edgefuse.runtime import start_threadpool
+
+    start_threadpool()
     program = Runtime.get().load_program(pte)
     method = program.load_method(name)
     if method is None:
