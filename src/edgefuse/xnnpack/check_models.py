@@ -109,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown dtype {d!r}: choose float32, float16 or bfloat16")
         dtypes.append(getattr(torch, d))
     torch.set_num_threads(1)
+    from edgefuse.progress import quiet_libraries
+
+    quiet_libraries()  # every export warns (FutureWarnings of torch's pytree): not the check's business
     try:
         from edgefuse.models import MODEL_NAMES
     except ImportError as error:
