@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgefuse.verify import compare, tolerance, ulp
+from edgefuse.verify import compare, finite_tolerance, max_error, tolerance, ulp
 
 
 def test_tolerance_is_units_in_the_last_place_at_the_largest_magnitude():
@@ -50,3 +50,19 @@ def test_integer_outputs_must_match_exactly_whatever_dtype_is_asked():
     assert compare(reference, reference.clone()).ok
     off_by_one = compare(reference, torch.tensor([1, 2, 4]), ulps=4, dtype=torch.float16)
     assert not off_by_one.ok and off_by_one.allowed == 0.0 and off_by_one.max_error == 1.0
+
+
+def test_integers_beyond_float64s_precision_are_compared_exactly():
+    reference = torch.tensor([2**53], dtype=torch.int64)  # 2**53 + 1 rounds to 2**53 in float64
+    assert max_error(reference, reference + 1) == 1.0 and not compare(reference, reference + 1).ok
+    assert max_error(reference, reference.clone()) == 0.0
+
+
+def test_complex_outputs_are_compared_on_both_parts_at_the_magnitude():
+    reference = torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64)
+    assert max_error(reference, reference + 1j) == 1.0  # the real parts agree; the imaginary ones do not
+    assert not compare(reference, reference.conj()).ok
+    # two units of float32 at the largest magnitude, |-3 + 0.5j|
+    assert finite_tolerance(reference.dtype, reference) == 2 * ulp(torch.float32) * float(reference.abs().max())
+    assert compare(reference, reference * (1 + ulp(torch.float32))).ok
+    assert max_error(reference, reference.real) == float("inf")  # a real result for a complex one

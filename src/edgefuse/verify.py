@@ -38,7 +38,7 @@ def tolerance(dtype: torch.dtype, reference: torch.Tensor, ulps: float = 2.0) ->
     norm-wise, at the largest magnitude, because later ops (a residual add) may cancel a norm's value to
     near zero while keeping its rounding; it is never below the dtype's smallest normal value.
     """
-    if not dtype.is_floating_point:
+    if not _inexact(dtype):
         return 0.0  # integers and booleans must match exactly
     scale = float(reference.detach().abs().max()) if reference.numel() else 0.0
     return ulps * ulp(dtype) * max(scale, torch.finfo(dtype).tiny)
@@ -73,7 +73,7 @@ def compare(
     Pass the norm's dtype when a wider op follows the norm: the rounding a rebuilt norm may move is one
     of the norm's dtype, whatever the output's. Outputs that are not floating point must match exactly.
     """
-    if not reference.is_floating_point():
+    if not _inexact(reference.dtype):
         dtype = reference.dtype
     dtype_ok = actual.dtype == reference.dtype
     shape_ok = actual.shape == reference.shape
@@ -83,10 +83,31 @@ def compare(
     return Comparison(dtype_ok, True, max_error(reference, actual), allowed)
 
 
+def _inexact(dtype: torch.dtype) -> bool:
+    """Whether values of ``dtype`` are rounded: floats, and complex numbers (a float pair)."""
+    return dtype.is_floating_point or dtype.is_complex
+
+
+def _real(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float64, a complex tensor as its real and imaginary parts (so neither is dropped)."""
+    t = t.detach()
+    return (torch.view_as_real(t.resolve_conj()) if t.is_complex() else t).double()
+
+
 def max_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
     """The largest absolute difference of two same-shaped tensors; where either is not finite, 0 when
-    both hold the same NaN or infinity and inf otherwise (a ``-inf`` mask value matched is no error)."""
-    a, r = actual.detach().double(), reference.detach().double()
+    both hold the same NaN or infinity and inf otherwise (a ``-inf`` mask value matched is no error).
+
+    Integers and booleans are compared exactly (float64 holds no int64 above 2**53): any difference is
+    at least 1. Complex values differ by their largest real or imaginary part's difference.
+    """
+    if not (_inexact(reference.dtype) or _inexact(actual.dtype)):
+        if torch.equal(actual.detach(), reference.detach()):
+            return 0.0
+        return max(1.0, float((actual.detach().double() - reference.detach().double()).abs().max()))
+    if actual.is_complex() != reference.is_complex():
+        return float("inf")
+    a, r = _real(actual), _real(reference)
     error = _with_specials(a, r, (a - r).abs())
     return float(error.max()) if error.numel() else 0.0
 
@@ -95,7 +116,7 @@ def finite_tolerance(dtype: torch.dtype, reference: torch.Tensor, ulps: float = 
     """:func:`tolerance` at the largest finite magnitude of ``reference`` (its infinities and NaNs must
     match exactly, see :func:`max_error`, and give no scale)."""
     r = reference.detach()
-    return tolerance(dtype, r[torch.isfinite(r)] if r.is_floating_point() else r, ulps)
+    return tolerance(dtype, r[torch.isfinite(r)] if _inexact(r.dtype) else r, ulps)
 
 
 def compare_elementwise(
