@@ -14,6 +14,10 @@
   within half an ulp of it. For a norm computed wholly in its dtype, the check now also accepts a rebuilt
   node within one ulp of the model's own norm computed exactly (the original nodes in float64, casts kept
   exact), a reference that a wrong input, weight or eps cannot match.
+* a "rounded-scaled" near miss whose square read ``h.type_as(x)`` (seed 11, case 260): the fuzzer's bug,
+  shown once two casts of one tensor to one dtype count as one tensor. The square's input was rounded to
+  float16 exactly as the scaled copy was, so both held the same values and the norm was an RMSNorm; the
+  generator now gives this near miss no cast before the square.
 """
 
 from __future__ import annotations
@@ -245,3 +249,24 @@ def test_the_grouped_half_norm_case_passes_every_check():
     assert result.unexportable is None
     assert len(result.checks) == len(CHECKS) and result.rebuilt == len(CHECKS)
     assert [f.detail for f in result.findings] == []
+
+
+# --- a near miss that was none: the square rounded as the scaled copy was -------------------------------
+
+#: near-miss-rebuilt-s11-c260-*.py, the norm as generated before the fix: x float16, h = x in float32, the
+#: square reads h.type_as(x) and the norm scales h rounded through float16, the same values.
+ROUNDED_ALIKE = NormSpec(
+    "llama", pre=(Cast("to", "float32"),), var_pre=(Cast("type_as", "input"),), scaled="rounded",
+    rounded_via="float16", mid=(Cast("type_as", "input"),),
+)
+
+
+def test_a_square_rounded_as_the_scaled_copy_is_one_tensors_norm_and_no_near_miss():
+    spec = CaseSpec(seed=11, index=260, shape=(4, 32), dtype="float16", norm=ROUNDED_ALIKE, input_seed=917800)
+    [result] = run_unit([spec], CHECKS[:1])
+    assert result.rebuilt == 1 and [f.detail for f in result.findings] == []  # rebuilt, and matches eager
+    for seed in (11, 12):
+        for index in range(1500):
+            generated = generate(seed, index)
+            if generated.norm.scaled == "rounded":
+                assert generated.norm.var_pre == (), generated

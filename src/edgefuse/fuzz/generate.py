@@ -205,7 +205,9 @@ def _near_miss(rng: random.Random, kind: str, norm: NormSpec, dtype: str, shape:
         via = {"float32": rng.choice(HALF), "float64": rng.choice(("float32", *HALF)), "float16": "bfloat16"}.get(h)
         if via is None:  # no float dtype rounds every bfloat16 value in 0.1-100: scale another tensor instead
             return dataclasses.replace(norm, scaled="other")
-        return dataclasses.replace(norm, scaled="rounded", rounded_via=via)
+        # The square reads h itself: a var_pre cast to ``via`` would round it as the scaled copy is, and
+        # two casts of h to one dtype hold the same values (one tensor's square after all).
+        return dataclasses.replace(norm, scaled="rounded", rounded_via=via, var_pre=())
     if kind == "cube":
         return dataclasses.replace(norm, square="pow3")
     if kind == "cube-mul":
