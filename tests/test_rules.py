@@ -637,6 +637,30 @@ def test_rule_a_grouped_norm_with_no_weight_is_rebuilt_over_one_group(mode, afte
 # Backend profiles.
 
 
+class TwoTrailingDims(nn.Module):
+    """A norm over the last two dims, [5, 16], with a weight of that shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = nn.Parameter(torch.rand(5, 16, generator=torch.Generator().manual_seed(0)) + 0.5)
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean((-2, -1), keepdim=True) + EPS))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qnn_takes_a_norm_over_the_last_dim_only(mode):
+    # QNN's released op builder normalizes over the last dim whatever normalized_shape says (or drops
+    # the node): a norm over [5, 16] stays for qnn, and is rebuilt as one for aten.
+    module, inputs = TwoTrailingDims(), (_x(),)
+    assert_left(rewrite(module, inputs, mode, backend="qnn"), "qnn's rms_norm normalizes over the last dim only")
+    rewritten = rewrite(module, inputs, mode, backend="aten")
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert node.args[1] == [5, 16] and cast_path(node.args[0]) == ("x", ())  # reads x itself
+    assert_matches_eager(module, inputs, rewritten)
+
+
+
 @pytest.mark.parametrize("mode", ("edge", "edge-no-dim-order"))
 def test_qnn_takes_no_bfloat16_outside_quantization_capture(mode):
     rewritten = rewrite(LlamaNorm().to(torch.bfloat16), (_x(torch.bfloat16),), mode, backend="qnn")

@@ -15,7 +15,8 @@ class BackendProfile:
 
     ``dtypes`` are the norm dtypes it runs outside quantization capture and ``capture_dtypes`` those it
     takes while a captured graph is about to be quantized; ``one_dtype`` asks the weight to share the
-    norm's dtype; ``constant_weight`` asks for a weight known when the program is built.
+    norm's dtype; ``constant_weight`` asks for a weight known when the program is built;
+    ``last_dim_only`` says it normalizes over the last dim alone, never over several trailing dims.
     """
 
     name: str
@@ -23,6 +24,7 @@ class BackendProfile:
     capture_dtypes: frozenset[torch.dtype]
     one_dtype: bool
     constant_weight: bool
+    last_dim_only: bool = False
 
     def dtype_reason(self, dtype: torch.dtype, quantization_capture: bool) -> str | None:
         """Why this backend cannot take a norm in ``dtype``, or None when it can."""
@@ -32,6 +34,15 @@ class BackendProfile:
         where = "during quantization capture" if quantization_capture else "outside quantization capture"
         names = ", ".join(sorted(str(d).removeprefix("torch.") for d in allowed))
         return f"{self.name} has no {str(dtype).removeprefix('torch.')} rms_norm {where} (it takes {names})"
+
+    def shape_reason(self, normalized_shape: tuple[int, ...]) -> str | None:
+        """Why this backend cannot normalize over ``normalized_shape``, or None when it can."""
+        if self.last_dim_only and len(normalized_shape) > 1:
+            return (
+                f"{self.name}'s rms_norm normalizes over the last dim only, and this norm normalizes over "
+                f"{list(normalized_shape)}"
+            )
+        return None
 
 
 PROFILES: dict[str, BackendProfile] = {
@@ -43,13 +54,16 @@ PROFILES: dict[str, BackendProfile] = {
         constant_weight=False,
     ),
     # QNN's RmsNorm takes one dtype for input, weight and output; bfloat16 only as a graph about to be
-    # quantized, since the HTP has no bfloat16 float type.
+    # quantized, since the HTP has no bfloat16 float type. The released op builder
+    # (backends/qualcomm/builders/op_rms_norm.py) normalizes over the last dim whatever normalized_shape
+    # says, or drops the node, so a norm over several trailing dims would compute another function there.
     "qnn": BackendProfile(
         name="qnn",
         dtypes=frozenset({torch.float16, torch.float32}),
         capture_dtypes=frozenset({torch.float16, torch.bfloat16, torch.float32}),
         one_dtype=True,
         constant_weight=True,
+        last_dim_only=True,
     ),
 }
 

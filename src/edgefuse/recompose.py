@@ -148,8 +148,9 @@ class _Rewriter:
         reasons = []
         for match in found:
             try:  # everything before the graph is changed; a malformed graph must leave the norm alone
-                weight = self._weight_for(match)
-                reason = weight if isinstance(weight, str) else self._profile_reason(match)
+                reason = self.profile.shape_reason(match.normalized_shape)
+                weight = self._weight_for(match) if reason is None else None
+                reason = reason or (weight if isinstance(weight, str) else self._profile_reason(match))
                 value = _rms_norm_meta(match, weight) if reason is None else None
             except Exception as error:
                 reason = f"{UNREADABLE}: {error!r}"
