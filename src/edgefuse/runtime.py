@@ -9,46 +9,45 @@ number of programs and inputs, so ``edgefuse.xnnpack.bench`` can share it.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import os
+import io
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
+
+
+@contextlib.contextmanager
+def _held_back_log() -> Iterator[None]:
+    """Hold back what the runtime logs (its bindings write it to ``sys.stderr``) while it sets up its
+    threadpool, and show it only if that fails: then it may say why."""
+    log = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(log):
+            yield
+    except BaseException:
+        if sys.stderr is not None:
+            sys.stderr.write(log.getvalue())
+        raise
 
 
 @functools.cache
 def start_threadpool() -> int:
     """Create the runtime's threadpool, once per process, and return its thread count.
 
-    Creating it probes the CPU and prints five lines about files an x86 machine does not have
+    Creating it probes the CPU and logs five lines about files an x86 machine does not have
     (``cpuinfo_utils.cpp``: "Failed to open midr file"): they say nothing about any program, so they are
-    held back, and shown only if creating the pool fails.
+    held back.
     """
     from executorch.extension.pybindings import portable_lib
 
-    sys.stderr.flush()
-    try:
-        saved = os.dup(2)
-    except OSError:  # no standard error to hold back
+    with _held_back_log():
         return portable_lib._threadpool_get_thread_count()
-    with tempfile.TemporaryFile() as log:
-        os.dup2(log.fileno(), 2)
-        try:
-            return portable_lib._threadpool_get_thread_count()
-        except BaseException:
-            os.dup2(saved, 2)
-            log.seek(0)
-            sys.stderr.write(log.read().decode(errors="replace"))
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 class LoadedProgram:
@@ -79,7 +78,8 @@ def set_threads(threads: int) -> int:
 
     torch.set_num_threads(1)
     start_threadpool()
-    portable_lib._unsafe_reset_threadpool(threads)
+    with _held_back_log():  # "Resetting threadpool to N threads": the caller states the count itself
+        portable_lib._unsafe_reset_threadpool(threads)
     return portable_lib._threadpool_get_thread_count()
 
 

@@ -57,7 +57,7 @@ from torch.export import export
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge_transform_and_lower
 
-from edgefuse.runtime import start_threadpool
+from edgefuse.runtime import set_threads
 from edgefuse.verify import max_error
 from edgefuse.xnnpack.inspect import load_method, lowered_modules, ops_outside, to_pte
 from edgefuse.xnnpack.lower import lower
@@ -250,14 +250,9 @@ def _load() -> str:
 
 
 def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list[str]] = None, out=sys.stdout) -> None:
-    from executorch.extension.pybindings import portable_lib
-
     # Eager PyTorch (the reference outputs) leaves OpenMP workers spinning, which on 2 cores slowed every
-    # runtime call here to about 8 ms; the reference needs no threads.
-    torch.set_num_threads(1)
-    start_threadpool()
-    portable_lib._unsafe_reset_threadpool(threads)
-    actual = portable_lib._threadpool_get_thread_count()
+    # runtime call here to about 8 ms; set_threads gives the reference one thread.
+    actual = set_threads(threads)
     print(
         f"threads: {actual} (reset with _unsafe_reset_threadpool({threads}) before loading); "
         f"up to {runs} timed rounds per row (column 'runs'; fewer when {runs} would take over "
