@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgefuse.verify import compare, finite_tolerance, max_error, tolerance, ulp
+from edgefuse.verify import compare, compare_elementwise, finite_tolerance, max_error, tolerance, ulp
 
 
 def test_tolerance_is_units_in_the_last_place_at_the_largest_magnitude():
@@ -58,6 +58,12 @@ def test_integers_beyond_float64s_precision_are_compared_exactly():
     assert max_error(reference, reference.clone()) == 0.0
 
 
+def test_integers_of_two_dtypes_differ_in_dtype_without_an_error():
+    # torch.equal refuses to promote uint32: the comparison reports the dtype instead of raising
+    comparison = compare(torch.tensor([1]), torch.tensor([2], dtype=torch.uint32))
+    assert not comparison.dtype_ok and not comparison.ok
+
+
 def test_complex_outputs_are_compared_on_both_parts_at_the_magnitude():
     reference = torch.tensor([1 + 2j, -3 + 0.5j], dtype=torch.complex64)
     assert max_error(reference, reference + 1j) == 1.0  # the real parts agree; the imaginary ones do not
@@ -66,3 +72,4 @@ def test_complex_outputs_are_compared_on_both_parts_at_the_magnitude():
     assert finite_tolerance(reference.dtype, reference) == 2 * ulp(torch.float32) * float(reference.abs().max())
     assert compare(reference, reference * (1 + ulp(torch.float32))).ok
     assert max_error(reference, reference.real) == float("inf")  # a real result for a complex one
+    assert not compare_elementwise(reference, reference + 1j).ok
