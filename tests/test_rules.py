@@ -148,6 +148,41 @@ def test_rule_a_square_of_two_casts_of_one_tensor_is_rebuilt_and_of_two_tensors_
     assert_left(rewrite(SquareOfTwoCasts(dtype, other=True), inputs, mode), "product of two different tensors")
 
 
+class CastsThatDiffer(nn.Module):
+    """``a * b`` of two casts of one tensor that need not hold the same values, scaling ``a``."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, x):
+        if self.how == "bfloat16 and float16":
+            a, b = x.bfloat16().float(), x.half().float()
+        elif self.how == "dim order":
+            a, b = x.to(torch.float16, memory_format=torch.contiguous_format), x.half()
+        else:  # "written between": the two casts read h before and after an in-place add through a view
+            h = x.clone()
+            a = h.half()
+            h.view(-1).add_(1.0)
+            b = h.half()
+        return a * torch.rsqrt((a * b).mean(-1, keepdim=True) + EPS)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("how, reason", [
+    ("bfloat16 and float16", "a product of two different tensors"),
+    ("dim order", "a product of two casts of x that may hold different values"),
+    ("written between", "may hold different values"),
+])
+def test_rule_two_casts_that_may_differ_are_no_square(mode, how, reason):
+    x = _x(shape=(2, 3, 4, 16))
+    if how == "dim order":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if how == "written between" and mode != "capture":
+        reason = "a product of two different tensors"  # edge graphs are functional: b casts the sum
+    assert_left(rewrite(CastsThatDiffer(how), (x,), mode), reason)
+
+
 # Rule 3: the scaled tensor holds the squared tensor's values.
 
 
@@ -603,8 +638,9 @@ def test_rule_a_grouped_norm_is_rebuilt_over_one_group(mode, dtype):
     rewritten = rewrite(module, inputs, mode)
     # the new node reads the float32 copy of x split into groups, [2, 5, 4, 4]
     _assert_rebuilt_over_groups(rewritten, (2, 5, 4, 4), torch.float32)
-    # elementwise against eager: a norm over the full width is far off on every group
-    assert_matches_eager(module, inputs, rewritten)
+    # elementwise against eager, at the 1.5 units tests/test_forms.py derives for a norm computed in
+    # float32 (one rounding more or less); a norm over the full width is far off on every group
+    assert_matches_eager(module, inputs, rewritten, ulps=1.5)
 
 
 class HeadsMerged(nn.Module):
@@ -631,7 +667,7 @@ def test_rule_a_grouped_norm_with_no_weight_is_rebuilt_over_one_group(mode, afte
     _assert_rebuilt_over_groups(rewritten, (2, 5, 4, 4), torch.float32)  # x split into groups
     expected, actual = module(*inputs), rewritten.run(*inputs)
     for e, a in zip(*(v if isinstance(v, tuple) else (v,) for v in (expected, actual))):
-        assert compare_elementwise(e, a).ok, compare_elementwise(e, a)
+        assert compare_elementwise(e, a, 1.5).ok, compare_elementwise(e, a, 1.5)  # as above
 
 
 # Backend profiles.

@@ -7,7 +7,8 @@ weight and trailing dtype-only casts. The rules, each with its reason:
 1. The mean keeps its reduced dims and reduces exactly the trailing dims: that is what ``rms_norm``'s
    ``normalized_shape`` means.
 2. The square is ``pow(x, 2)``, ``square(x)`` or ``x * x`` of one tensor (or of two casts of one tensor
-   to one dtype, which hold the same values): a cube or a product of two tensors is another function.
+   that change only its dtype, to one dtype, with no in-place write of it: they hold the same values): a
+   cube or a product of two tensors is another function.
 3. The scaled tensor holds the squared tensor's values (the two may differ by casts that widen and change
    nothing else, as in T5, which squares a float32 copy): otherwise a rebuilt norm would drop one of them.
 4. eps is a finite, non-negative number known when the program is built, taken as the model adds it:
@@ -135,24 +136,25 @@ def _other_operand(node: Node, operand: Node) -> object:
     return b if a is operand else a
 
 
-def _value_key(node: Node, table: OpTable) -> object:
+def _value_key(node: Node, table: OpTable, constants: GraphConstants) -> object:
     """A key two nodes share when they provably hold the same values: the node itself, or for a cast
     that changes only the dtype, its source and dtype (two such casts of one tensor, as in
-    ``x.half() * x.half()``, round alike)."""
+    ``x.half() * x.half()``, round alike), unless the graph writes that source in place (then the two
+    casts may read it before and after the write)."""
     source = cast_source(node, table)
-    if source is not None and changes_only_dtype(node, table):
+    if source is not None and changes_only_dtype(node, table) and not constants.mutations.is_written(source):
         return ("cast", source, dtype_of(node))
     return node
 
 
-def same_values(a: Node, b: Node, table: OpTable) -> bool:
+def same_values(a: Node, b: Node, table: OpTable, constants: GraphConstants) -> bool:
     """Whether two tensors hold the same values: one is reached from the other by value-keeping casts,
     or both from one tensor by the same dtype-only cast."""
-    keys = {_value_key(n, table) for n in exact_ancestors(a, table)}
-    return any(_value_key(n, table) in keys for n in exact_ancestors(b, table))
+    keys = {_value_key(n, table, constants) for n in exact_ancestors(a, table)}
+    return any(_value_key(n, table, constants) in keys for n in exact_ancestors(b, table))
 
 
-def _square_base(node: Node, table: OpTable) -> Node | str:
+def _square_base(node: Node, table: OpTable, constants: GraphConstants) -> Node | str:
     """The tensor a node squares, or the reason it is not a square."""
     role = table.role(node)
     if role is Role.SQUARE:
@@ -164,8 +166,14 @@ def _square_base(node: Node, table: OpTable) -> Node | str:
         return f"the mean averages pow(x, {exponent!r}), not a square"
     if role is Role.MUL and len(node.args) == 2:
         a, b = node.args
-        if isinstance(a, Node) and isinstance(b, Node) and same_values(a, b, table):
+        if isinstance(a, Node) and isinstance(b, Node) and same_values(a, b, table, constants):
             return a
+        source = cast_source(a, table) if isinstance(a, Node) else None
+        if source is not None and isinstance(b, Node) and cast_source(b, table) is source:
+            return (
+                f"the mean averages {node.name}, a product of two casts of {source.name} that may hold different "
+                "values (they differ in more than the dtype, or the graph writes the tensor in place), not a square"
+            )
         return f"the mean averages {node.name}, a product of two different tensors, not a square"
     return f"the mean averages {node.name}, which is not a square"
 
@@ -240,7 +248,7 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
     value = tensor_meta(squared)
     if value is None:
         return Rejection(mean, f"{squared.name} has no tensor metadata (meta['val']); edgefuse reads dtypes from it")
-    base = _square_base(squared, table)
+    base = _square_base(squared, table, constants)
     if isinstance(base, str):
         return Rejection(mean, base, nodes=(squared, mean))
     dims = _mean_dims(mean, value)
@@ -278,7 +286,7 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
     normalized = inverse_nodes[-1]
     if not isinstance(scaled, Node):
         return Rejection(mean, f"{normalized.name} scales a constant, not a tensor", form, tuple(nodes), eps=eps)
-    if not same_values(scaled, base, table):
+    if not same_values(scaled, base, table, constants):
         return Rejection(
             mean,
             f"it scales {scaled.name} but squares {base.name}: the norm of one tensor scales the tensor it squares",

@@ -119,6 +119,8 @@ CAPTURE = OpTable(
         aten.view.default: Role.RESHAPE,
         aten.reshape.default: Role.RESHAPE,
         aten._unsafe_view.default: Role.RESHAPE,
+        aten.flatten.using_ints: Role.RESHAPE,
+        aten.unflatten.int: Role.RESHAPE,
         aten.rms_norm.default: Role.RMS_NORM,
         aten._assert_tensor_metadata.default: Role.ASSERT_METADATA,
         **_quantization_ops(torch.ops),
