@@ -2,8 +2,8 @@
 
 Tolerance: each rebuilt norm may round once where the model rounded twice (one unit in the last place of
 its output), and edge decompositions of other ops already differ from eager by about one unit; a
-two-layer model stays within 4 units in the last place of the logits' dtype, at the logits' largest
-magnitude. Against a float64 run of the same model, the rewritten program is never more than one unit
+two-layer model stays within 4 units in the last place of the model's dtype (the norms' rounding; Mamba2
+returns float32 logits from a float16 model), at the logits' largest magnitude. Against a float64 run of the same model, the rewritten program is never more than one unit
 less accurate than eager itself.
 """
 
@@ -25,8 +25,12 @@ from harness import DTYPES, rms_norm_nodes
 MODELS = ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2")
 
 
-def _check(module, inputs, run, result, dtype, unrewritten):
-    """The decisions agree with the graph, and the rewritten program matches eager and the unrewritten one."""
+def _check(module, inputs, run, result, dtype, unrewritten, against_eager=True):
+    """The decisions agree with the graph, and the rewritten program matches eager and the unrewritten one.
+
+    ``against_eager=False`` where the unrewritten program itself is outside the tolerance of eager: the
+    rewritten one is then held to the unrewritten one, and to its accuracy against float64.
+    """
     assert result.decisions, "no candidate norm was found"
     for decision in result.decisions:
         assert decision.rebuilt == (decision.reason == "rebuilt"), decision
@@ -40,12 +44,13 @@ def _check(module, inputs, run, result, dtype, unrewritten):
         same_stage = unrewritten(*inputs)
     # edgefuse's own change, apart from what export and edge decompositions change: one rounding per
     # rebuilt norm, carried through two layers.
-    own = compare(same_stage, actual, ulps=4)
+    own = compare(same_stage, actual, ulps=4, dtype=dtype)
     assert own.ok, own
-    comparison = compare(expected, actual, ulps=4)
+    comparison = compare(expected, actual, ulps=4, dtype=dtype)
     assert comparison.dtype_ok, (expected.dtype, actual.dtype)
-    assert comparison.ok, comparison
-    error_eager = float((expected.double() - exact).abs().max())
+    assert comparison.ok or not against_eager, comparison
+    baseline = expected if against_eager else same_stage
+    error_eager = float((baseline.double() - exact).abs().max())
     error_rewritten = float((actual.double() - exact).abs().max())
     assert error_rewritten <= error_eager + tolerance(dtype, expected, ulps=1)
 
@@ -75,14 +80,22 @@ def test_model_norms_are_rebuilt_or_explained_in_capture_and_edge(name, dtype):
     assert result.left == [], [(d.module_path, d.reason) for d in result.left]
 
 
-def test_mamba2s_grouped_gated_norms_are_rebuilt_over_their_groups():
-    module, inputs = build_model("tiny-mamba2")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_mamba2s_grouped_gated_norms_are_rebuilt_over_their_groups(dtype):
+    module, inputs = build_model("tiny-mamba2", dtype=dtype)
     program = export(module, inputs)
-    graph = program.module()
-    result = edgefuse.recompose_rms_norm(graph)
-    assert result.left == [], [(d.module_path, d.reason) for d in result.left]
-    grouped = {d.module_path: d.normalized_shape for d in result.rebuilt if d.form.startswith("grouped-")}
-    # 2 groups of 64 of the mixer's 128 channels (n_groups=2): normalized over 64, never over 128
-    assert grouped == {f"model.backbone.layers.{i}.mixer.norm": (64,) for i in (0, 1)}, grouped
-    assert len(result.rebuilt) == 5
-    _check(module, inputs, graph, result, torch.float32, program.module())
+    edge_program = to_edge(program, compile_config=edgefuse.edge_compile_config()).exported_program()
+    for stage, target, unrewritten in (
+        ("capture", program.module(), program.module()),
+        ("edge", edge_program, edge_program.module()),
+    ):
+        result = edgefuse.recompose_rms_norm(target)
+        assert result.left == [], (stage, [(d.module_path, d.reason) for d in result.left])
+        grouped = {d.module_path: d.normalized_shape for d in result.rebuilt if d.form.startswith("grouped-")}
+        # 2 groups of 64 of the mixer's 128 channels (n_groups=2): normalized over 64, never over 128
+        assert grouped == {f"model.backbone.layers.{i}.mixer.norm": (64,) for i in (0, 1)}, (stage, grouped)
+        assert len(result.rebuilt) == 5
+        run = target if stage == "capture" else target.module()
+        # The edge program's decompositions of the SSM scan are already up to 4.4 units of float32 from
+        # eager before any rewrite: at that stage the rewrite is held to the unrewritten program.
+        _check(module, inputs, run, result, dtype, unrewritten, against_eager=stage == "capture")
