@@ -11,6 +11,9 @@ import dataclasses
 import random
 from typing import Sequence
 
+import torch
+
+from edgefuse.casts import is_exact
 from edgefuse.fuzz.spec import (
     DTYPES,
     FORMS,
@@ -193,6 +196,18 @@ def _compute_dtype(norm: NormSpec, dtype: str) -> str:
     return dtype
 
 
+def _widening_prefix(casts: Sequence[Cast], start: str, input_dtype: str) -> tuple[Cast, ...]:
+    """The leading ``casts`` that keep every value of a ``start`` tensor (each to the same or a wider dtype)."""
+    kept, current = [], start
+    for cast in casts:
+        dtype = _resolve(cast.dtype, input_dtype)
+        if not is_exact(getattr(torch, current), getattr(torch, dtype)):
+            break
+        kept.append(cast)
+        current = dtype
+    return tuple(kept)
+
+
 def _near_miss(rng: random.Random, kind: str, norm: NormSpec, dtype: str, shape: tuple[int, ...]) -> NormSpec:
     """Make ``norm`` compute something that is not an rms_norm of one tensor."""
     if norm.form in ("functional", "coreml") and kind != "coreml":
@@ -205,9 +220,9 @@ def _near_miss(rng: random.Random, kind: str, norm: NormSpec, dtype: str, shape:
         via = {"float32": rng.choice(HALF), "float64": rng.choice(("float32", *HALF)), "float16": "bfloat16"}.get(h)
         if via is None:  # no float dtype rounds every bfloat16 value in 0.1-100: scale another tensor instead
             return dataclasses.replace(norm, scaled="other")
-        # The square reads h itself: a var_pre cast to ``via`` would round it as the scaled copy is, and
-        # two casts of h to one dtype hold the same values (one tensor's square after all).
-        return dataclasses.replace(norm, scaled="rounded", rounded_via=via, var_pre=())
+        # The square must read h's own values: a var_pre cast that rounds them (to ``via``, as the
+        # scaled copy is) would make both hold the same values, one tensor's square after all.
+        return dataclasses.replace(norm, scaled="rounded", rounded_via=via, var_pre=_widening_prefix(norm.var_pre, h, dtype))
     if kind == "cube":
         return dataclasses.replace(norm, square="pow3")
     if kind == "cube-mul":
