@@ -299,9 +299,18 @@ def test_the_norm_by_norm_check_sees_a_dropped_rounding_that_a_later_rounding_hi
     assert _kinds([result]) == {"norm-mismatch"} and result.rebuilt == 1
 
 
-def test_the_check_reports_a_rebuilt_near_miss(monkeypatch):
+def _take_any_power_as_a_square(monkeypatch):
+    """Break rule 2: ``pow(x, n)`` is taken as a square for any n, so a cube is rebuilt."""
     original = edgefuse.match._square_base
-    monkeypatch.setattr(edgefuse.match, "_square_base", lambda node, table: node.args[0] if edgefuse.match.Role.POW is table.role(node) else original(node, table))
+
+    def square_base(node, table, constants):
+        return node.args[0] if table.role(node) is edgefuse.match.Role.POW else original(node, table, constants)
+
+    monkeypatch.setattr(edgefuse.match, "_square_base", square_base)
+
+
+def test_the_check_reports_a_rebuilt_near_miss(monkeypatch):
+    _take_any_power_as_a_square(monkeypatch)
     cube = dataclasses.replace(LLAMA, norm=dataclasses.replace(LLAMA.norm, square="pow3"), near_miss="cube")
     results = run_unit([cube], CAPTURE[:1])
     assert "near-miss-rebuilt" in _kinds(results)
@@ -370,8 +379,7 @@ def test_an_error_of_the_fuzzer_itself_is_reported_not_raised(monkeypatch):
 
 
 def test_side_by_side_findings_name_their_case(monkeypatch):
-    original = edgefuse.match._square_base
-    monkeypatch.setattr(edgefuse.match, "_square_base", lambda node, table: node.args[0] if edgefuse.match.Role.POW is table.role(node) else original(node, table))
+    _take_any_power_as_a_square(monkeypatch)
     cube = dataclasses.replace(LLAMA, index=1, norm=dataclasses.replace(LLAMA.norm, square="pow3"), near_miss="cube")
     results = run_unit([LLAMA, cube, dataclasses.replace(LLAMA, index=2)], CAPTURE[:1])
     assert [bool(r.findings) for r in results] == [False, True, False]
