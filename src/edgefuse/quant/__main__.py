@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
 
-    from edgefuse.progress import Progress, quiet_libraries
+    from edgefuse.progress import Progress, quiet_libraries, quiet_root_logger
 
     quiet_libraries()
     from edgefuse.models import MODEL_NAMES
@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
         qnn_missing = qnn_available()
         if qnn_missing is None:
-            qnn_rows = [table.qnn_row(model, getattr(torch, dtype), say=say, quant_dtype=args.quant_dtype)
-                        for model in models for dtype in dtypes]
+            with quiet_root_logger():  # the Qualcomm code's SDK set-up notes and deprecations, per model
+                qnn_rows = [table.qnn_row(model, getattr(torch, dtype), say=say, quant_dtype=args.quant_dtype)
+                            for model in models for dtype in dtypes]
     if qnn_missing is not None:
         print(f"QNN: not measured: {qnn_missing} (--no-qnn measures XNNPACK alone)")
     if qnn_rows:
