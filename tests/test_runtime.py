@@ -1,20 +1,30 @@
-"""The runtime wrapper holds back what the runtime logs while it sets up its threadpool."""
+"""The runtime wrapper drops what the runtime logs while it sets up its threadpool, and nothing else."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import pytest
 from executorch.extension.pybindings import portable_lib
 
-from edgefuse.runtime import start_threadpool
+from edgefuse.runtime import _without_set_up_noise, start_threadpool
+
+
+def _log(line: str) -> None:
+    """Write a line as the runtime's bindings do: to sys.stderr, piece by piece, flushing each piece."""
+    for piece in (line[:1], line[1:20], line[20:], "\n"):
+        sys.stderr.write(piece)
+        sys.stderr.flush()
 
 
 def _probe(fail: bool):
     def create() -> int:
-        sys.stderr.write("[cpuinfo_utils.cpp:87] Failed to open midr file\n")  # the bindings log to sys.stderr
+        _log("[cpuinfo_utils.cpp:87] Failed to open midr file /sys/devices/soc0/image_version")
+        _log("[threadpool.cpp:70] Invalid threadpool!")  # not set-up noise: it goes through
         if fail:
             raise RuntimeError("no threadpool")
         return 3
@@ -22,32 +32,60 @@ def _probe(fail: bool):
     return create
 
 
-def test_the_threadpools_set_up_lines_are_held_back(monkeypatch, capsys):
+def test_the_threadpools_set_up_lines_are_dropped_and_others_pass(monkeypatch, capsys):
     monkeypatch.setattr(portable_lib, "_threadpool_get_thread_count", _probe(fail=False))
     assert start_threadpool.__wrapped__() == 3
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "[threadpool.cpp:70] Invalid threadpool!\n"
 
 
-def test_the_set_up_lines_are_shown_when_creating_the_pool_fails(monkeypatch, capsys):
+def test_a_failure_keeps_its_log_and_gives_standard_error_back(monkeypatch, capsys):
     monkeypatch.setattr(portable_lib, "_threadpool_get_thread_count", _probe(fail=True))
+    stderr = sys.stderr
     with pytest.raises(RuntimeError, match="no threadpool"):
         start_threadpool.__wrapped__()
-    assert "Failed to open midr file" in capsys.readouterr().err
-    sys.stderr.write("after\n")  # standard error is the caller's again
-    assert capsys.readouterr().err == "after\n"
+    assert sys.stderr is stderr
+    assert capsys.readouterr().err == "[threadpool.cpp:70] Invalid threadpool!\n"
+
+
+def test_threads_that_start_pools_at_once_give_standard_error_back():
+    # sys.stderr is one for the process. Thread b tries to start while a is inside and leaves after it:
+    # without a lock, b saves a's stream, a restores the real one, then b restores a's, which stays.
+    stderr = sys.stderr
+    a_inside, b_trying, a_out = threading.Event(), threading.Event(), threading.Event()
+
+    def a():
+        with _without_set_up_noise():
+            a_inside.set()
+            b_trying.wait(10)
+            time.sleep(0.2)  # b is inside by now, unless it waits for a
+        a_out.set()
+
+    def b():
+        a_inside.wait(10)
+        b_trying.set()
+        with _without_set_up_noise():
+            a_out.wait(10)  # b leaves after a
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sys.stderr is stderr
 
 
 def test_the_real_runtime_logs_nothing_while_edgefuse_starts_its_pool():
     # A fresh process whose sys.stderr is not fd 2, as in a notebook. The runtime's own reset, called
-    # after, does log there: its log goes through sys.stderr, where edgefuse holds it back.
+    # after, does log there: its log goes through sys.stderr, where edgefuse drops the set-up lines.
     code = textwrap.dedent(
         """
         import io, sys
         log = io.StringIO()
         sys.stderr = log
         from executorch.extension.pybindings import portable_lib
-        from edgefuse.runtime import start_threadpool
+        from edgefuse.runtime import set_threads, start_threadpool
         start_threadpool()
+        set_threads(1)
         held = log.getvalue()
         portable_lib._unsafe_reset_threadpool(1)
         sys.stderr = sys.__stderr__
@@ -57,4 +95,4 @@ def test_the_real_runtime_logs_nothing_while_edgefuse_starts_its_pool():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     held = done.stdout.strip().splitlines()[-1]
-    assert "cpuinfo" not in held and held.endswith("True"), done.stdout
+    assert "cpuinfo" not in held and "Resetting" not in held and held.endswith("True"), done.stdout

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import io
+import re
 import statistics
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -22,31 +23,77 @@ import torch
 from torch.utils import _pytree as pytree
 
 
+#: What the runtime logs while it sets up its threadpool that says nothing about any program: its CPU
+#: probe (four lines about files an x86 machine lacks, one about the CPU count) and the notice of a reset
+#: its caller asked for. Each starts a line.
+_SET_UP_NOISE = re.compile(r"\[cpuinfo_utils\.cpp:\d+\] |\[threadpool\.cpp:\d+\] Resetting threadpool to \d+ threads")
+_SWAP = threading.RLock()  # sys.stderr is one for the whole process
+
+
+class _WithoutSetUpNoise:
+    """A text stream that passes everything to ``target`` but the runtime's set-up lines.
+
+    Only text that starts with "[" waits for the end of its line; anything else goes straight through,
+    so a line the runtime logs before it aborts is not held back.
+    """
+
+    def __init__(self, target) -> None:
+        self.target = target
+        self.pending = ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if not _SET_UP_NOISE.match(line):
+                self.target.write(line + "\n")
+        if self.pending and not self.pending.startswith("["):
+            self.target.write(self.pending)
+            self.pending = ""
+        return len(text)
+
+    def flush(self) -> None:
+        """Flush the target; a held line stays held (the bindings flush after every piece of a line)."""
+        self.target.flush()
+
+    def finish(self) -> None:
+        """Write out what is still held, unless it is set-up noise."""
+        if self.pending and not _SET_UP_NOISE.match(self.pending):
+            self.target.write(self.pending)
+        self.pending = ""
+        self.target.flush()
+
+    def __getattr__(self, name: str) -> Any:  # encoding, fileno, buffer...: the target's
+        return getattr(self.target, name)
+
+
 @contextlib.contextmanager
-def _held_back_log() -> Iterator[None]:
-    """Hold back what the runtime logs (its bindings write it to ``sys.stderr``) while it sets up its
-    threadpool, and show it only if that fails: then it may say why."""
-    log = io.StringIO()
-    try:
-        with contextlib.redirect_stderr(log):
+def _without_set_up_noise() -> Iterator[None]:
+    """Drop the runtime's set-up lines from ``sys.stderr`` (its bindings log there) while the block runs,
+    and pass everything else through: other threads' output, and any error the runtime logs."""
+    with _SWAP:
+        if sys.stderr is None:
             yield
-    except BaseException:
-        if sys.stderr is not None:
-            sys.stderr.write(log.getvalue())
-        raise
+            return
+        stream = _WithoutSetUpNoise(sys.stderr)
+        try:
+            with contextlib.redirect_stderr(stream):
+                yield
+        finally:
+            stream.finish()
 
 
 @functools.cache
 def start_threadpool() -> int:
-    """Create the runtime's threadpool, once per process, and return its thread count.
+    """Create the runtime's threadpool, once per process; returns the thread count it was created with.
 
-    Creating it probes the CPU and logs five lines about files an x86 machine does not have
-    (``cpuinfo_utils.cpp``: "Failed to open midr file"): they say nothing about any program, so they are
-    held back.
+    Creating it probes the CPU and logs five lines (``cpuinfo_utils.cpp``: "Failed to open midr file"
+    four times, then "CPU info and manual query on # of cpus dont match") that say nothing about any
+    program, so they are dropped.
     """
     from executorch.extension.pybindings import portable_lib
 
-    with _held_back_log():
+    with _without_set_up_noise():
         return portable_lib._threadpool_get_thread_count()
 
 
@@ -78,7 +125,7 @@ def set_threads(threads: int) -> int:
 
     torch.set_num_threads(1)
     start_threadpool()
-    with _held_back_log():  # "Resetting threadpool to N threads": the caller states the count itself
+    with _without_set_up_noise():  # "Resetting threadpool to N threads": the caller states the count
         portable_lib._unsafe_reset_threadpool(threads)
     return portable_lib._threadpool_get_thread_count()
 

@@ -28,7 +28,8 @@ def test_the_table_has_a_row_per_shape_and_policy_with_the_thread_count_and_the_
     )
     assert done.returncode == 0, done.stderr
     assert "Warning" not in done.stderr, done.stderr  # the lowering's warnings are silenced
-    assert "cpuinfo_utils" not in done.stderr, done.stderr  # and the threadpool's set-up lines held back
+    assert "cpuinfo_utils" not in done.stderr, done.stderr  # and the threadpool's set-up lines dropped,
+    assert "Resetting threadpool" not in done.stderr, done.stderr  # the reset's too: the table states it
     lines = done.stdout.splitlines()
     assert lines[0].startswith("threads: 1 (reset with _unsafe_reset_threadpool(1) before loading)"), lines[0]
     assert next(line for line in lines if line.startswith("workload")).rstrip().endswith(
