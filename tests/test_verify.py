@@ -73,3 +73,10 @@ def test_complex_outputs_are_compared_on_both_parts_at_the_magnitude():
     assert compare(reference, reference * (1 + ulp(torch.float32))).ok
     assert max_error(reference, reference.real) == float("inf")  # a real result for a complex one
     assert not compare_elementwise(reference, reference + 1j).ok
+    # part by part: a NaN in one part hides no difference in the other
+    nan = float("nan")
+    assert max_error(torch.tensor([complex(nan, 1)]), torch.tensor([complex(nan, 5)])) == 4.0
+    assert max_error(torch.tensor([complex(nan, 1)]), torch.tensor([complex(1, nan)])) == float("inf")
+    # the infinities of a reference give no scale to its tolerance
+    assert finite_tolerance(reference.dtype, torch.cat([reference, torch.tensor([complex(float("inf"), 0)])])) == (
+        finite_tolerance(reference.dtype, reference))

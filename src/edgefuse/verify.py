@@ -89,9 +89,10 @@ def _inexact(dtype: torch.dtype) -> bool:
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in float64, or complex128 when complex (float64 would drop the imaginary part)."""
+    """``t`` in float64, a complex tensor as its real and imaginary parts (float64 would drop the
+    imaginary part, and a NaN in either part would hide the other's difference)."""
     t = t.detach()
-    return t.to(torch.complex128) if t.is_complex() else t.double()
+    return (torch.view_as_real(t.resolve_conj()) if t.is_complex() else t).double()
 
 
 def max_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
@@ -99,8 +100,9 @@ def max_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
     both hold the same NaN or infinity and inf otherwise (a ``-inf`` mask value matched is no error).
 
     Integers and booleans of one dtype are compared exactly (float64 holds no int64 above 2**53): any
-    difference is at least 1; tensors of two dtypes are compared in float64 (callers report the dtype
-    mismatch itself). Complex values differ by the magnitude of their difference.
+    difference is at least 1. Other tensors are compared in float64, complex ones part by part (real
+    and imaginary), and a complex tensor against a real one differs by inf; callers report a dtype
+    mismatch themselves.
     """
     if actual.dtype == reference.dtype and not _inexact(reference.dtype):
         if torch.equal(actual.detach(), reference.detach()):
