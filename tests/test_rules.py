@@ -157,29 +157,37 @@ class CastsThatDiffer(nn.Module):
 
     def forward(self, x):
         if self.how == "bfloat16 and float16":
-            a, b = x.bfloat16().float(), x.half().float()
+            a, b = x.bfloat16(), x.half()
         elif self.how == "dim order":
             a, b = x.to(torch.float16, memory_format=torch.contiguous_format), x.half()
-        else:  # "written between": the two casts read h before and after an in-place add through a view
+        elif self.how == "written between":  # the casts read h before and after an add through a view
             h = x.clone()
             a = h.half()
             h.view(-1).add_(1.0)
             b = h.half()
+        else:  # "written through a view": the casts read a view of h, and the add writes h
+            h = x.clone()
+            v = h.view(x.shape)
+            a = v.half()
+            h.add_(1.0)
+            b = v.half()
         return a * torch.rsqrt((a * b).mean(-1, keepdim=True) + EPS)
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("how, reason", [
-    ("bfloat16 and float16", "a product of two different tensors"),
-    ("dim order", "a product of two casts of x that may hold different values"),
-    ("written between", "may hold different values"),
+    ("bfloat16 and float16", "a product of casts of x to bfloat16 and to float16"),
+    ("dim order", "a product of two casts of x that change more than its dtype"),
+    ("written between", "a product of two casts of clone, which the graph writes in place"),
+    ("written through a view", "a product of two casts of view, which the graph writes in place"),
 ])
 def test_rule_two_casts_that_may_differ_are_no_square(mode, how, reason):
     x = _x(shape=(2, 3, 4, 16))
     if how == "dim order":
         x = x.contiguous(memory_format=torch.channels_last)
-    if how == "written between" and mode != "capture":
-        reason = "a product of two different tensors"  # edge graphs are functional: b casts the sum
+    if mode != "capture" and how != "dim order":
+        # edge graphs promote the two factors to float32 first, and are functional: b casts the sum
+        reason = "a product of two different tensors"
     assert_left(rewrite(CastsThatDiffer(how), (x,), mode), reason)
 
 
@@ -643,6 +651,22 @@ def test_rule_a_grouped_norm_is_rebuilt_over_one_group(mode, dtype):
     assert_matches_eager(module, inputs, rewritten, ulps=1.5)
 
 
+class UnflattenedGroups(nn.Module):
+    """Groups split with ``unflatten`` and merged with ``flatten``, which capture keeps as they are."""
+
+    def forward(self, x):
+        h = x.unflatten(-1, (4, 4))
+        return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)).flatten(-2)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_grouped_norm_split_by_unflatten_is_labelled_grouped(mode):
+    module, inputs = UnflattenedGroups(), (_x(),)
+    rewritten = rewrite(module, inputs, mode)
+    _assert_rebuilt_over_groups(rewritten, (2, 5, 4, 4), torch.float32)
+    assert_matches_eager(module, inputs, rewritten, ulps=1.5)  # as above
+
+
 class HeadsMerged(nn.Module):
     """Groups normalized and merged back with no weight after them; ``two uses`` also returns the merge."""
 
@@ -695,6 +719,14 @@ def test_qnn_takes_a_norm_over_the_last_dim_only(mode):
     assert node.args[1] == [5, 16] and cast_path(node.args[0]) == ("x", ())  # reads x itself
     assert_matches_eager(module, inputs, rewritten)
 
+
+@pytest.mark.parametrize("mode", ("edge", "edge-no-dim-order"))
+def test_qnn_names_the_normalized_shape_before_the_dtype(mode):
+    # A bfloat16 norm over [5, 16]: either would keep it for qnn; the shape is the reason that stays true
+    # whatever the dtype.
+    module = TwoTrailingDims().to(torch.bfloat16)
+    rewritten = rewrite(module, (_x(torch.bfloat16),), mode, backend="qnn")
+    assert_left(rewritten, "qnn's rms_norm normalizes over the last dim only")
 
 
 @pytest.mark.parametrize("mode", ("edge", "edge-no-dim-order"))

@@ -7,10 +7,11 @@ weight and trailing dtype-only casts. The rules, each with its reason:
 1. The mean keeps its reduced dims and reduces exactly the trailing dims: that is what ``rms_norm``'s
    ``normalized_shape`` means.
 2. The square is ``pow(x, 2)``, ``square(x)`` or ``x * x`` of one tensor (or of two casts of one tensor
-   that change only its dtype, to one dtype, with no in-place write of it: they hold the same values): a
-   cube or a product of two tensors is another function.
+   that change only its dtype, to one dtype, when the graph writes nothing of it in place: they hold the
+   same values): a cube or a product of two tensors is another function.
 3. The scaled tensor holds the squared tensor's values (the two may differ by casts that widen and change
-   nothing else, as in T5, which squares a float32 copy): otherwise a rebuilt norm would drop one of them.
+   nothing else, as in T5, which squares a float32 copy, or be two such casts of one tensor as in rule 2):
+   otherwise a rebuilt norm would drop one of them.
 4. eps is a finite, non-negative number known when the program is built, taken as the model adds it:
    an eps too small for the dtype of the addition (1e-12 in float16) adds nothing there, so the norm is
    rebuilt with eps 0 and a zero row still gives NaN as in the model; one that overflows it stays.
@@ -139,10 +140,10 @@ def _other_operand(node: Node, operand: Node) -> object:
 def _value_key(node: Node, table: OpTable, constants: GraphConstants) -> object:
     """A key two nodes share when they provably hold the same values: the node itself, or for a cast
     that changes only the dtype, its source and dtype (two such casts of one tensor, as in
-    ``x.half() * x.half()``, round alike), unless the graph writes that source in place (then the two
-    casts may read it before and after the write)."""
+    ``x.half() * x.half()``, round alike), unless an in-place op may change that source, writing it or a
+    tensor it views (then the two casts may read it before and after the write)."""
     source = cast_source(node, table)
-    if source is not None and changes_only_dtype(node, table) and not constants.mutations.is_written(source):
+    if source is not None and changes_only_dtype(node, table) and not constants.mutations.may_change(source):
         return ("cast", source, dtype_of(node))
     return node
 
@@ -170,12 +171,19 @@ def _square_base(node: Node, table: OpTable, constants: GraphConstants) -> Node 
             return a
         source = cast_source(a, table) if isinstance(a, Node) else None
         if source is not None and isinstance(b, Node) and cast_source(b, table) is source:
-            return (
-                f"the mean averages {node.name}, a product of two casts of {source.name} that may hold different "
-                "values (they differ in more than the dtype, or the graph writes the tensor in place), not a square"
-            )
+            differ = _how_casts_differ(a, b, source, constants)
+            return f"the mean averages {node.name}, a product of {differ}, not a square"
         return f"the mean averages {node.name}, a product of two different tensors, not a square"
     return f"the mean averages {node.name}, which is not a square"
+
+
+def _how_casts_differ(a: Node, b: Node, source: Node, constants: GraphConstants) -> str:
+    """What makes two casts of ``source`` hold values that may differ, for a reason."""
+    if dtype_of(a) != dtype_of(b):
+        return f"casts of {source.name} to {_dtype_name(dtype_of(a))} and to {_dtype_name(dtype_of(b))}"
+    if constants.mutations.may_change(source):
+        return f"two casts of {source.name}, which the graph writes in place (they may read it before and after)"
+    return f"two casts of {source.name} that change more than its dtype (its dim order or layout)"
 
 
 def _mean_dims(mean: Node, value: torch.Tensor) -> list[int] | str:
