@@ -3,8 +3,8 @@
 Tolerance: each rebuilt norm may round once where the model rounded twice (one unit in the last place of
 its output), and edge decompositions of other ops already differ from eager by about one unit; a
 two-layer model stays within 4 units in the last place of the model's dtype (the norms' rounding; Mamba2
-returns float32 logits from a float16 model), at the logits' largest magnitude. Against a float64 run of the same model, the rewritten program is never more than one unit
-less accurate than eager itself.
+returns float32 logits from a float16 model), at the logits' largest magnitude. Against a float64 run of
+the same model, the rewritten program is never more than one unit less accurate than eager itself.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def test_model_norms_are_rebuilt_or_explained_in_capture_and_edge(name, dtype):
     assert result.left == [], [(d.module_path, d.reason) for d in result.left]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_mamba2s_grouped_gated_norms_are_rebuilt_over_their_groups(dtype):
     module, inputs = build_model("tiny-mamba2", dtype=dtype)
     program = export(module, inputs)
@@ -96,6 +96,7 @@ def test_mamba2s_grouped_gated_norms_are_rebuilt_over_their_groups(dtype):
         assert grouped == {f"model.backbone.layers.{i}.mixer.norm": (64,) for i in (0, 1)}, (stage, grouped)
         assert len(result.rebuilt) == 5
         run = target if stage == "capture" else target.module()
-        # The edge program's decompositions of the SSM scan are already up to 4.4 units of float32 from
-        # eager before any rewrite: at that stage the rewrite is held to the unrewritten program.
-        _check(module, inputs, run, result, dtype, unrewritten, against_eager=stage == "capture")
+        # In float32 the edge program's decompositions of the SSM scan are already 4.4 units from eager
+        # before any rewrite: there the rewrite is held to the unrewritten program.
+        against_eager = stage == "capture" or dtype != torch.float32
+        _check(module, inputs, run, result, dtype, unrewritten, against_eager=against_eager)
