@@ -47,6 +47,20 @@ def test_a_failure_keeps_its_log_and_gives_standard_error_back(monkeypatch, caps
     assert capsys.readouterr().err == "[threadpool.cpp:70] Invalid threadpool!\n"
 
 
+def test_another_threads_line_in_the_middle_of_a_set_up_line_goes_through_whole(capsys):
+    def other():
+        sys.stderr.write("hello from another thread\n")
+
+    with _without_set_up_noise():
+        for piece in ("[", "cpuinfo_utils.cpp", ":", "87", "] "):  # the runtime's line, held so far
+            sys.stderr.write(piece)
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        sys.stderr.write("Failed to open midr file /sys/x\n")
+    assert capsys.readouterr().err == "hello from another thread\n"
+
+
 def test_threads_that_start_pools_at_once_give_standard_error_back():
     # sys.stderr is one for the process. Thread b tries to start while a is inside and leaves after it:
     # without a lock, b saves a's stream, a restores the real one, then b restores a's, which stays.

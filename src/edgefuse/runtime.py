@@ -33,15 +33,19 @@ _SWAP = threading.RLock()  # sys.stderr is one for the whole process
 class _WithoutSetUpNoise:
     """A text stream that passes everything to ``target`` but the runtime's set-up lines.
 
-    Only text that starts with "[" waits for the end of its line; anything else goes straight through,
-    so a line the runtime logs before it aborts is not held back.
+    Only the text of the thread that sets up the pool is filtered, and only text that starts with "["
+    waits for the end of its line; anything else goes straight through, so another thread's output and
+    a line the runtime logs before it aborts are never held back.
     """
 
     def __init__(self, target) -> None:
         self.target = target
         self.pending = ""
+        self.owner = threading.get_ident()
 
     def write(self, text: str) -> int:
+        if threading.get_ident() != self.owner:
+            return self.target.write(text)
         self.pending += text
         *lines, self.pending = self.pending.split("\n")
         for line in lines:
@@ -63,7 +67,13 @@ class _WithoutSetUpNoise:
         self.pending = ""
         self.target.flush()
 
-    def __getattr__(self, name: str) -> Any:  # encoding, fileno, buffer...: the target's
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:  # encoding, fileno, isatty...: the target's
+        if name in ("target", "pending", "owner") or name.startswith("__"):
+            raise AttributeError(name)
         return getattr(self.target, name)
 
 
