@@ -73,6 +73,9 @@ def test_complex_outputs_are_compared_on_both_parts_at_the_magnitude():
     assert compare(reference, reference * (1 + ulp(torch.float32))).ok
     assert max_error(reference, reference.real) == float("inf")  # a real result for a complex one
     assert not compare_elementwise(reference, reference + 1j).ok
+    # elementwise, each part is in units of the complex value's magnitude, not of the part's own
+    small_part = torch.tensor([1000 + 0.001j], dtype=torch.complex64)
+    assert compare_elementwise(small_part, small_part + 1j * 1000 * ulp(torch.float32)).ok
     # part by part: a NaN in one part hides no difference in the other
     nan = float("nan")
     assert max_error(torch.tensor([complex(nan, 1)]), torch.tensor([complex(nan, 5)])) == 4.0

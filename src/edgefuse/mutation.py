@@ -109,12 +109,15 @@ class Mutations:
     def may_change(self, node: Node) -> bool:
         """Whether an in-place op may change the values ``node`` holds: it writes ``node``, or a tensor
         ``node`` is a view of (a write through any view marks its bases too)."""
-        while True:
+        seen = set()
+        while node not in seen:
             if node in self.written:
                 return True
+            seen.add(node)
             if not _is_view_of_first_input(node) or not node.args or not isinstance(node.args[0], Node):
                 return False
             node = node.args[0]
+        return False
 
     def between(self, reads: Iterable[Node], last: Node) -> Node | None:
         """The first in-place op after the earliest of ``reads`` and before ``last``, or None."""

@@ -135,7 +135,9 @@ def compare_elementwise(
     if actual.shape != reference.shape:
         return Comparison(actual.dtype == reference.dtype, False, float("inf"), ulps)
     a, r = _wide(actual), _wide(reference)
-    units = _with_specials(a, r, (a - r).abs() / (ulp(dtype) * r.abs().clamp(min=torch.finfo(dtype).tiny)))
+    # each part in units of the value's magnitude (a complex value's, not its part's)
+    magnitude = reference.detach().abs().double().unsqueeze(-1) if reference.is_complex() else r.abs()
+    units = _with_specials(a, r, (a - r).abs() / (ulp(dtype) * magnitude.clamp(min=torch.finfo(dtype).tiny)))
     worst = float(units.max()) if units.numel() else 0.0
     return Comparison(actual.dtype == reference.dtype, True, worst, ulps)
 
