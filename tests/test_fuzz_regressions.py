@@ -269,7 +269,8 @@ def test_a_square_rounded_as_the_scaled_copy_is_one_tensors_norm_and_no_near_mis
 
 def test_generated_rounded_scaled_near_misses_square_unrounded_values_and_stay():
     # The first such cases of two seeds, before and after the fix's change to them (seed 11, case 260).
-    cases = [s for seed in (11, 12) for s in map(lambda i: generate(seed, i), range(1500)) if s.norm.scaled == "rounded"]
+    generated = (generate(seed, index) for seed in (11, 12) for index in range(1500))
+    cases = [spec for spec in generated if spec.norm.scaled == "rounded"]
     assert len(cases) > 20 and any(s.norm.var_pre for s in cases)  # widening casts before the square remain
     assert any(s.index == 260 and s.seed == 11 for s in cases)
     for result in run_unit(cases[:24] + [s for s in cases if (s.seed, s.index) == (11, 260)], CHECKS[:1]):

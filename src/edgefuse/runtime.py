@@ -97,9 +97,9 @@ def _without_set_up_noise() -> Iterator[None]:
 def start_threadpool() -> int:
     """Create the runtime's threadpool, once per process; returns the thread count it was created with.
 
-    Creating it probes the CPU and logs five lines (``cpuinfo_utils.cpp``: "Failed to open midr file"
-    four times, then "CPU info and manual query on # of cpus dont match") that say nothing about any
-    program, so they are dropped.
+    Creating it probes the CPU and logs five lines (``cpuinfo_utils.cpp``: "Reading file" and "Failed to
+    open midr file" twice each, then "CPU info and manual query on # of cpus dont match") that say
+    nothing about any program, so they are dropped.
     """
     from executorch.extension.pybindings import portable_lib
 

@@ -222,7 +222,8 @@ def _near_miss(rng: random.Random, kind: str, norm: NormSpec, dtype: str, shape:
             return dataclasses.replace(norm, scaled="other")
         # The square must read h's own values: a var_pre cast that rounds them (to ``via``, as the
         # scaled copy is) would make both hold the same values, one tensor's square after all.
-        return dataclasses.replace(norm, scaled="rounded", rounded_via=via, var_pre=_widening_prefix(norm.var_pre, h, dtype))
+        var_pre = _widening_prefix(norm.var_pre, h, dtype)
+        return dataclasses.replace(norm, scaled="rounded", rounded_via=via, var_pre=var_pre)
     if kind == "cube":
         return dataclasses.replace(norm, square="pow3")
     if kind == "cube-mul":
