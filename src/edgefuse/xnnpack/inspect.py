@@ -119,16 +119,10 @@ class LoadedMethod:
 
 def load_method(pte: bytes, name: str = "forward") -> LoadedMethod:
     """The method ``name`` of a ``.pte`` loaded in the released ``executorch.runtime.Runtime``."""
-    from executorch.runtime import Runtime
+    from edgefuse.runtime import LoadedProgram
 
-    from edgefuse.runtime import start_threadpool
-
-    start_threadpool()
-    program = Runtime.get().load_program(pte)
-    method = program.load_method(name)
-    if method is None:
-        raise ValueError(f"the program has no method {name!r}")
-    return LoadedMethod(program, method)
+    loaded = LoadedProgram(pte, name)
+    return LoadedMethod(loaded.program, loaded.method)
 
 
 def run_pte(pte: bytes, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
