@@ -143,7 +143,7 @@ def _value_key(node: Node, table: OpTable, constants: GraphConstants) -> object:
     ``x.half() * x.half()``, round alike), unless an in-place op may change that source, writing it or a
     tensor it views (then the two casts may read it before and after the write)."""
     source = cast_source(node, table)
-    if source is not None and changes_only_dtype(node, table) and not constants.mutations.may_change(source):
+    if source is not None and changes_only_dtype(node, table) and not constants.mutations.is_written(source):
         return ("cast", source, dtype_of(node))
     return node
 
@@ -181,7 +181,7 @@ def _how_casts_differ(a: Node, b: Node, source: Node, constants: GraphConstants)
     """What makes two casts of ``source`` hold values that may differ, for a reason."""
     if dtype_of(a) != dtype_of(b):
         return f"casts of {source.name} to {_dtype_name(dtype_of(a))} and to {_dtype_name(dtype_of(b))}"
-    if constants.mutations.may_change(source):
+    if constants.mutations.is_written(source):
         return f"two casts of {source.name}, which the graph writes in place (they may read it before and after)"
     return f"two casts of {source.name} that change more than its dtype (its dim order or layout)"
 

@@ -103,12 +103,8 @@ class Mutations:
         return bool(self.in_place)
 
     def is_written(self, node: Node) -> bool:
-        """Whether an in-place op may write the tensor ``node`` holds (or a view of it)."""
-        return node in self.written
-
-    def may_change(self, node: Node) -> bool:
-        """Whether an in-place op may change the values ``node`` holds: it writes ``node``, or a tensor
-        ``node`` is a view of (a write through any view marks its bases too)."""
+        """Whether an in-place op may change the values ``node`` holds: it writes ``node``, a view of it, or
+        a tensor ``node`` is a view of (a write through any view marks its bases too)."""
         seen = set()
         while node not in seen:
             if node in self.written:
