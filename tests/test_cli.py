@@ -597,6 +597,36 @@ def test_import_edgefuse_does_not_import_executorch_and_its_names_still_work():
     assert data["public"] == "edgefuse.recompose" and data["config"] == "EdgeCompileConfig"
 
 
+
+def test_import_edgefuse_xnnpack_does_not_import_executorch_and_its_names_still_work():
+    """``python -m edgefuse.xnnpack.bench`` imports the package before the command can silence torchao."""
+    data = fresh_python(
+        """
+        import json, sys, types
+        import edgefuse.xnnpack as xnnpack
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in ("executorch", "torch"))
+        import edgefuse.xnnpack.flow, edgefuse.xnnpack.partitioner  # the submodules, then the names
+        from edgefuse.xnnpack import lower
+        names = {name: type(getattr(xnnpack, name)).__name__ for name in xnnpack.__all__}
+        print(json.dumps({"loaded": loaded, "names": names, "lower": lower.__module__}))
+        """
+    )
+    assert not [m for m in data["loaded"] if m.partition(".")[0] == "executorch"], data["loaded"][:5]
+    assert data["names"]["lower"] == "function" and data["lower"] == "edgefuse.xnnpack.flow"
+    assert "module" not in data["names"].values(), data["names"]
+    assert set(data["names"]) >= {"EdgefuseXnnpackPartitioner", "SubstituteForXnnpack", "DEFAULT_SINGLE_ROW_POLICY"}
+
+
+@pytest.mark.parametrize("package", ["edgefuse", "edgefuse.xnnpack"])
+def test_no_name_a_package_imports_on_first_use_is_also_its_submodule(package):
+    """Importing a submodule binds its name in the package, hiding a public name it shares."""
+    import importlib
+    import pkgutil
+
+    module = importlib.import_module(package)
+    submodules = {info.name for info in pkgutil.iter_modules(module.__path__)}
+    assert submodules and not set(module._PUBLIC) & submodules
+
 def test_help_and_usage_errors_do_not_import_torch():
     data = fresh_python(
         """

@@ -7,8 +7,9 @@ ExecuTorch, so the ``edgefuse`` command answers ``--help`` and usage errors at o
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from edgefuse.lazy import lazy_names
 
 #: Each public name and the module that defines it.
 _PUBLIC: dict[str, str] = {
@@ -31,14 +32,4 @@ if TYPE_CHECKING:
     from edgefuse.redundant_casts import remove_redundant_casts
 
 
-def __getattr__(name: str) -> Any:
-    module = _PUBLIC.get(name)
-    if module is None:
-        raise AttributeError(f"module 'edgefuse' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # later lookups skip this function
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_PUBLIC))
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

@@ -10,19 +10,36 @@ global average pooling, static reshape, convert), so the programs load on releas
 - :class:`SubstituteForXnnpack`, :class:`RestoreUndelegated`: the passes around partitioning.
 - :mod:`edgefuse.xnnpack.policy`: the single-row mean policy; :mod:`edgefuse.xnnpack.inspect`: read
   back what a lowered program holds; ``python -m edgefuse.xnnpack.bench``: the benchmark.
+
+The names are imported on first use (PEP 562), as in :mod:`edgefuse`: running
+``python -m edgefuse.xnnpack.bench`` imports this package first, and the command silences the import-time
+warnings of torch and torchao only if ExecuTorch is not loaded before it starts.
 """
 
-from edgefuse.xnnpack.lower import lower
-from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner, edgefuse_configs
-from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, SINGLE_ROW_POLICIES
-from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
+from __future__ import annotations
 
-__all__ = [
-    "DEFAULT_SINGLE_ROW_POLICY",
-    "EdgefuseXnnpackPartitioner",
-    "RestoreUndelegated",
-    "SINGLE_ROW_POLICIES",
-    "SubstituteForXnnpack",
-    "edgefuse_configs",
-    "lower",
-]
+from typing import TYPE_CHECKING
+
+from edgefuse.lazy import lazy_names
+
+#: Each public name and the module that defines it.
+_PUBLIC: dict[str, str] = {
+    "DEFAULT_SINGLE_ROW_POLICY": "edgefuse.xnnpack.policy",
+    "EdgefuseXnnpackPartitioner": "edgefuse.xnnpack.partitioner",
+    "RestoreUndelegated": "edgefuse.xnnpack.substitute",
+    "SINGLE_ROW_POLICIES": "edgefuse.xnnpack.policy",
+    "SubstituteForXnnpack": "edgefuse.xnnpack.substitute",
+    "edgefuse_configs": "edgefuse.xnnpack.partitioner",
+    "lower": "edgefuse.xnnpack.flow",
+}
+
+__all__ = sorted(_PUBLIC)
+
+if TYPE_CHECKING:
+    from edgefuse.xnnpack.flow import lower
+    from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner, edgefuse_configs
+    from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, SINGLE_ROW_POLICIES
+    from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
+
+
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

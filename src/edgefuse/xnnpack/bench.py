@@ -50,6 +50,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+if __name__ == "__main__":  # run as a command: torchao and torch log warnings as they are imported below
+    from edgefuse.progress import quiet_libraries
+
+    quiet_libraries()
+
 import torch
 from torch import nn
 from torch.export import export
@@ -60,7 +65,7 @@ from executorch.exir import to_edge_transform_and_lower
 from edgefuse.runtime import set_threads
 from edgefuse.verify import max_error
 from edgefuse.xnnpack.inspect import load_method, lowered_modules, ops_outside, to_pte
-from edgefuse.xnnpack.lower import lower
+from edgefuse.xnnpack.flow import lower
 from edgefuse.threads import threads_problem
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY
 

@@ -19,12 +19,17 @@ import argparse
 import sys
 import time
 
+if __name__ == "__main__":  # run as a command: torchao and torch log warnings as they are imported below
+    from edgefuse.progress import quiet_libraries
+
+    quiet_libraries()
+
 import torch
 from torch.export import export
 
 from edgefuse.verify import finite_tolerance, max_error
 from edgefuse.xnnpack.inspect import lowered_modules, run_pte, to_pte
-from edgefuse.xnnpack.lower import lower
+from edgefuse.xnnpack.flow import lower
 
 DEFAULT_MODELS = ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2")
 ULPS = 64
