@@ -386,7 +386,9 @@ BAD_INPUT = {
     "-o .pte": (["lower", "models.py:block", "-o", ".pte"], "name the program before its .pte"),
     "a meta-device model": (["report", "models.py:on_meta"], "norm.weight is on device meta; edgefuse runs models on the CPU"),
     "stock .pte does not load": (["lower", "models.py:rank7", "-o", "rank7.pte"],
-                                 "XNNPACK lowering (to_executorch) writes a program the runtime cannot load"),
+                                 "XNNPACK lowering (to_executorch) writes a program the runtime cannot load: "
+                                 "RuntimeError: Failed to load method forward, error: 0x:1 (the runtime logged: "
+                                 "Failed to define tensor 0 with code: xnn_status_unsupported_parameter;"),
     "bench: stock .pte does not load": (["bench", "models.py:rank7", "--runs", "10"], "the runtime cannot load"),
     "a program saved on the meta device": (["report", "meta.pt2"], "meta.pt2: weight is on device meta"),
     "lower a meta-device model": (["lower", "models.py:on_meta", "-o", "meta.pte"], "is on device meta"),
@@ -436,6 +438,9 @@ def test_bad_input_exits_2_with_a_message_and_no_traceback(workdir, command_resu
     assert "def forward" not in command_results["data-dependent"]["stderr"]  # torch's partial graph dump
     assert "SyntaxError: invalid syntax (syntax.py, line 1)" in command_results["syntax error"]["stderr"]
     assert "linalg_inv" in command_results["not in the edge opset"]["stderr"]
+    for case in ("stock .pte does not load", "bench: stock .pte does not load"):  # the runtime's log: in the message
+        stderr = command_results[case]["stderr"]
+        assert "XNNCompiler" not in stderr.replace(last_line(stderr), ""), stderr
     assert "try --stage capture" in command_results["not in the edge opset"]["stderr"]
     assert not (workdir / "inv.pte").exists()
 

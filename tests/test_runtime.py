@@ -9,9 +9,10 @@ import threading
 import time
 
 import pytest
+import torch
 from executorch.extension.pybindings import portable_lib
 
-from edgefuse.runtime import _without_set_up_noise, start_threadpool
+from edgefuse.runtime import LoadedProgram, _with_its_log, _without_set_up_noise, start_threadpool
 
 
 def _log(line: str) -> None:
@@ -110,3 +111,57 @@ def test_the_real_runtime_logs_nothing_while_edgefuse_starts_its_pool():
     assert done.returncode == 0, done.stderr
     held = done.stdout.strip().splitlines()[-1]
     assert "cpuinfo" not in held and "Resetting" not in held and held.endswith("True"), done.stdout
+
+
+# --- a call into the runtime keeps its log: in the error when it fails, on stderr when it does not ---------
+
+def _logs_then(result: int | None):
+    def step() -> int:
+        _log("[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half.")
+        if result is None:
+            raise RuntimeError("method->set_inputs() for method 'forward' failed with error 0x12")
+        return result
+
+    return step
+
+
+def test_a_failing_call_carries_what_the_runtime_logged_and_prints_nothing(capsys):
+    stderr = sys.stderr
+    with pytest.raises(RuntimeError) as raised:
+        _with_its_log(_logs_then(None))
+    assert str(raised.value) == (
+        "method->set_inputs() for method 'forward' failed with error 0x12 "
+        "(the runtime logged: Input 0 has unexpected scalar type: expected Float but was Half.)"
+    )
+    assert sys.stderr is stderr and capsys.readouterr().err == ""
+
+
+def test_a_call_that_succeeds_writes_its_log_out_and_other_threads_go_straight_through(capsys):
+    def step() -> int:
+        thread = threading.Thread(target=lambda: sys.stderr.write("hello from another thread\n"))
+        thread.start()
+        thread.join()
+        assert capsys.readouterr().err == "hello from another thread\n"  # not held until the call ends
+        return _logs_then(7)()
+
+    assert _with_its_log(step) == 7
+    logged = capsys.readouterr().err
+    assert logged == "[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half.\n"
+
+
+def test_the_real_runtime_says_why_a_run_failed_in_the_error(capsys):
+    from torch.export import export
+
+    from edgefuse.flows import lower_to_pte
+
+    class Mean(torch.nn.Module):
+        def forward(self, x):
+            return x.mean(-1, keepdim=True)
+
+    program = LoadedProgram(lower_to_pte(export(Mean(), (torch.randn(3, 8),)), "stock").pte)
+    capsys.readouterr()
+    with pytest.raises(RuntimeError, match=r"failed with error 0x12 \(the runtime logged: Input 0 has unexpected "
+                                           r"scalar type: expected Float but was Half\.\)"):
+        program.run([torch.randn(3, 8, dtype=torch.float16)])
+    assert capsys.readouterr().err == ""
+    assert program.run([torch.ones(3, 8)])[0].flatten().tolist() == [1.0, 1.0, 1.0]

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import re
 import statistics
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 import torch
 from torch.utils import _pytree as pytree
@@ -30,7 +31,28 @@ _SET_UP_NOISE = re.compile(r"\[cpuinfo_utils\.cpp:\d+\] |\[threadpool\.cpp:\d+\]
 _SWAP = threading.RLock()  # sys.stderr is one for the whole process
 
 
-class _WithoutSetUpNoise:
+class _StandIn:
+    """A text stream that stands in for ``sys.stderr`` for the thread that made it: ``target`` is the
+    stream it replaces, which gives every attribute the stand-in lacks (encoding, fileno, isatty...)."""
+
+    def __init__(self, target) -> None:
+        self.target = target
+        self.owner = threading.get_ident()
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("target", "owner", "pending", "held") or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.target, name)
+
+
+class _WithoutSetUpNoise(_StandIn):
     """A text stream that passes everything to ``target`` but the runtime's set-up lines.
 
     Only the text of the thread that sets up the pool is filtered, and only text that starts with "["
@@ -39,9 +61,8 @@ class _WithoutSetUpNoise:
     """
 
     def __init__(self, target) -> None:
-        self.target = target
+        super().__init__(target)
         self.pending = ""
-        self.owner = threading.get_ident()
 
     def write(self, text: str) -> int:
         if threading.get_ident() != self.owner:
@@ -67,15 +88,6 @@ class _WithoutSetUpNoise:
         self.pending = ""
         self.target.flush()
 
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
-
-    def __getattr__(self, name: str) -> Any:  # encoding, fileno, isatty...: the target's
-        if name in ("target", "pending", "owner") or name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(self.target, name)
-
 
 @contextlib.contextmanager
 def _without_set_up_noise() -> Iterator[None]:
@@ -93,6 +105,48 @@ def _without_set_up_noise() -> Iterator[None]:
             stream.finish()
 
 
+T = TypeVar("T")
+#: The source position the runtime starts each log line with, as in ``[method.cpp:1206] ``.
+_LOG_PREFIX = re.compile(r"^\[[\w.]+:\d+\] ", re.MULTILINE)
+
+
+class _HeldForThisThread(_StandIn):
+    """A text stream that holds what its owning thread writes and passes any other thread's to ``target``."""
+
+    def __init__(self, target) -> None:
+        super().__init__(target)
+        self.held = io.StringIO()
+
+    def write(self, text: str) -> int:
+        if threading.get_ident() != self.owner:
+            return self.target.write(text)
+        return self.held.write(text)
+
+
+def _with_its_log(step: Callable[[], T]) -> T:
+    """Call into the runtime, holding what it logs from this thread (its bindings log to ``sys.stderr``).
+
+    The runtime's exceptions say only which call failed ("set_inputs() ... failed with error 0x12") and
+    its log says why ("Input 0 has unexpected scalar type: expected Float but was Half."), so on failure
+    the log becomes part of the error's message, and nothing is printed; on success what it logged is
+    written out as it would have been.
+    """
+    with _SWAP:
+        if sys.stderr is None:
+            return step()
+        stream = _HeldForThisThread(sys.stderr)
+        try:
+            with contextlib.redirect_stderr(stream):
+                result = step()
+        except Exception as error:
+            lines = _LOG_PREFIX.sub("", stream.held.getvalue()).splitlines()
+            log = "; ".join(line.strip() for line in lines if line.strip())
+            if not log:
+                raise
+            raise RuntimeError(f"{error} (the runtime logged: {log})") from error
+        stream.target.write(stream.held.getvalue())
+        return result
+
 @functools.cache
 def start_threadpool() -> int:
     """Create the runtime's threadpool, once per process; returns the thread count it was created with.
@@ -108,20 +162,23 @@ def start_threadpool() -> int:
 
 
 class LoadedProgram:
-    """The ``forward`` method of a loaded ``.pte``; holds the program, which must outlive its method."""
+    """The ``forward`` method of a loaded ``.pte``; holds the program, which must outlive its method.
+
+    Loading and running raise errors that say what the runtime logged about the failure."""
 
     def __init__(self, pte: bytes, method: str = "forward") -> None:
         from executorch.runtime import Runtime
 
         start_threadpool()
-        self.program = Runtime.get().load_program(pte)
-        self.method = self.program.load_method(method)
+        self.program = _with_its_log(lambda: Runtime.get().load_program(pte))
+        self.method = _with_its_log(lambda: self.program.load_method(method))
         if self.method is None:
             raise ValueError(f"the program has no method {method!r}")
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         """The tensor outputs of one run."""
-        result = self.method.execute(list(pytree.tree_leaves(tuple(inputs))))
+        flat = list(pytree.tree_leaves(tuple(inputs)))
+        result = _with_its_log(lambda: self.method.execute(flat))
         return [t for t in result if isinstance(t, torch.Tensor)]
 
 
