@@ -602,12 +602,11 @@ def test_import_edgefuse_does_not_import_executorch_and_its_names_still_work():
     assert data["public"] == "edgefuse.recompose" and data["config"] == "EdgeCompileConfig"
 
 
-
 def test_import_edgefuse_xnnpack_does_not_import_executorch_and_its_names_still_work():
     """``python -m edgefuse.xnnpack.bench`` imports the package before the command can silence torchao."""
     data = fresh_python(
         """
-        import json, sys, types
+        import json, sys
         import edgefuse.xnnpack as xnnpack
         loaded = sorted(m for m in sys.modules if m.partition(".")[0] in ("executorch", "torch"))
         import edgefuse.xnnpack.flow, edgefuse.xnnpack.partitioner  # the submodules, then the names
@@ -622,7 +621,7 @@ def test_import_edgefuse_xnnpack_does_not_import_executorch_and_its_names_still_
     assert set(data["names"]) >= {"EdgefuseXnnpackPartitioner", "SubstituteForXnnpack", "DEFAULT_SINGLE_ROW_POLICY"}
 
 
-@pytest.mark.parametrize("package", ["edgefuse", "edgefuse.xnnpack"])
+@pytest.mark.parametrize("package", ["edgefuse", "edgefuse.xnnpack", "edgefuse.fuzz"])
 def test_no_name_a_package_imports_on_first_use_is_also_its_submodule(package):
     """Importing a submodule binds its name in the package, hiding a public name it shares."""
     import importlib
@@ -631,6 +630,16 @@ def test_no_name_a_package_imports_on_first_use_is_also_its_submodule(package):
     module = importlib.import_module(package)
     submodules = {info.name for info in pkgutil.iter_modules(module.__path__)}
     assert submodules and not set(module._PUBLIC) & submodules
+
+
+@pytest.mark.parametrize("command", ["edgefuse.xnnpack.bench", "edgefuse.xnnpack.check_models", "edgefuse.fuzz"])
+def test_the_module_commands_say_nothing_on_stderr_as_they_import(command):
+    """torchao logs two "Failed to load" lines and torch's pytree a deprecation as they are imported;
+    a command run with ``python -m`` silences them before its package or its own imports load them."""
+    done = subprocess.run([sys.executable, "-m", command, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr
+    assert done.stderr == "", done.stderr
+
 
 def test_help_and_usage_errors_do_not_import_torch():
     data = fresh_python(

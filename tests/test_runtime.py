@@ -1,4 +1,5 @@
-"""The runtime wrapper drops what the runtime logs while it sets up its threadpool, and nothing else."""
+"""What the runtime logs: its threadpool's set-up lines are dropped and nothing else; a failed call's log goes
+into its error, and a call that does not fail writes its log out."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 import torch
 from executorch.extension.pybindings import portable_lib
 
-from edgefuse.runtime import LoadedProgram, _with_its_log, _without_set_up_noise, start_threadpool
+from edgefuse.runtime import LoadedProgram, start_threadpool
+from edgefuse.runtime_log import LOG_LINES_IN_ERROR, with_its_log, without_set_up_noise
 
 
 def _log(line: str) -> None:
@@ -52,7 +54,7 @@ def test_another_threads_line_in_the_middle_of_a_set_up_line_goes_through_whole(
     def other():
         sys.stderr.write("hello from another thread\n")
 
-    with _without_set_up_noise():
+    with without_set_up_noise():
         for piece in ("[", "cpuinfo_utils.cpp", ":", "87", "] "):  # the runtime's line, held so far
             sys.stderr.write(piece)
         thread = threading.Thread(target=other)
@@ -69,7 +71,7 @@ def test_threads_that_start_pools_at_once_give_standard_error_back():
     a_inside, b_trying, a_out = threading.Event(), threading.Event(), threading.Event()
 
     def a():
-        with _without_set_up_noise():
+        with without_set_up_noise():
             a_inside.set()
             b_trying.wait(10)
             time.sleep(0.2)  # b is inside by now, unless it waits for a
@@ -78,7 +80,7 @@ def test_threads_that_start_pools_at_once_give_standard_error_back():
     def b():
         a_inside.wait(10)
         b_trying.set()
-        with _without_set_up_noise():
+        with without_set_up_noise():
             a_out.wait(10)  # b leaves after a
 
     threads = [threading.Thread(target=a), threading.Thread(target=b)]
@@ -128,10 +130,10 @@ def _logs_then(result: int | None):
 def test_a_failing_call_carries_what_the_runtime_logged_and_prints_nothing(capsys):
     stderr = sys.stderr
     with pytest.raises(RuntimeError) as raised:
-        _with_its_log(_logs_then(None))
+        with_its_log(_logs_then(None))
     assert str(raised.value) == (
         "method->set_inputs() for method 'forward' failed with error 0x12 "
-        "(the runtime logged: Input 0 has unexpected scalar type: expected Float but was Half.)"
+        "(the runtime logged: Input 0 has unexpected scalar type: expected Float but was Half)"
     )
     assert sys.stderr is stderr and capsys.readouterr().err == ""
 
@@ -144,10 +146,54 @@ def test_a_call_that_succeeds_writes_its_log_out_and_other_threads_go_straight_t
         assert capsys.readouterr().err == "hello from another thread\n"  # not held until the call ends
         return _logs_then(7)()
 
-    assert _with_its_log(step) == 7
+    assert with_its_log(step) == 7
     logged = capsys.readouterr().err
     assert logged == "[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half.\n"
 
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, ValueError])
+def test_an_interrupt_or_an_error_of_another_kind_keeps_its_type_and_writes_the_log_out(raised, capsys):
+    def step() -> int:
+        _log("[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half.")
+        raise raised("stop")
+
+    with pytest.raises(raised, match="^stop$"):
+        with_its_log(step)
+    logged = capsys.readouterr().err
+    assert logged == "[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half.\n"
+
+
+
+def test_a_failure_without_a_log_is_raised_as_it_is():
+    error = RuntimeError("failed with error 0x12")
+
+    def step() -> int:
+        raise error
+
+    with pytest.raises(RuntimeError) as raised:
+        with_its_log(step)
+    assert raised.value is error
+
+def test_a_long_log_gives_its_last_lines_to_the_error(capsys):
+    def step() -> int:
+        for i in range(2000):
+            _log(f"[tensor_impl.cpp:135] line {i}.")
+        raise RuntimeError("failed with error 0x10")
+
+    with pytest.raises(RuntimeError) as raised:
+        with_its_log(step)
+    last = "; ".join(f"line {i}" for i in range(2000 - LOG_LINES_IN_ERROR, 2000))
+    before = 2000 - LOG_LINES_IN_ERROR
+    assert str(raised.value) == f"failed with error 0x10 (the runtime logged: {before} lines before; {last})"
+    assert capsys.readouterr().err == ""
+
+
+def test_a_failed_call_says_why_when_there_is_no_standard_error(monkeypatch):
+    monkeypatch.setattr(sys, "stderr", None)  # pythonw, some services
+    with pytest.raises(RuntimeError, match="the runtime logged: Input 0 has unexpected scalar type"):
+        with_its_log(_logs_then(None))
+    assert with_its_log(_logs_then(3)) == 3 and sys.stderr is None
 
 def test_the_real_runtime_says_why_a_run_failed_in_the_error(capsys):
     from torch.export import export
@@ -161,7 +207,7 @@ def test_the_real_runtime_says_why_a_run_failed_in_the_error(capsys):
     program = LoadedProgram(lower_to_pte(export(Mean(), (torch.randn(3, 8),)), "stock").pte)
     capsys.readouterr()
     with pytest.raises(RuntimeError, match=r"failed with error 0x12 \(the runtime logged: Input 0 has unexpected "
-                                           r"scalar type: expected Float but was Half\.\)"):
+                                           r"scalar type: expected Float but was Half\)"):
         program.run([torch.randn(3, 8, dtype=torch.float16)])
     assert capsys.readouterr().err == ""
     assert program.run([torch.ones(3, 8)])[0].flatten().tolist() == [1.0, 1.0, 1.0]

@@ -38,26 +38,37 @@ Why a seeded generator of our own, not hypothesis strategies
   (:mod:`.units`, :mod:`.check`); that needs control of the population that an own generator gives.
 """
 
-from edgefuse.fuzz.check import CHECKS, CaseResult, Finding
-from edgefuse.fuzz.generate import features, generate
-from edgefuse.fuzz.render import build, source
-from edgefuse.fuzz.spec import FORMS, NEAR_MISSES, CaseSpec
-from edgefuse.fuzz.units import run_unit
+from typing import TYPE_CHECKING
 
-__all__ = [
-    "CHECKS",
-    "FORMS",
-    "NEAR_MISSES",
-    "CaseResult",
-    "CaseSpec",
-    "Finding",
-    "build",
-    "features",
-    "generate",
-    "main",
-    "run_unit",
-    "source",
-]
+from edgefuse.lazy import lazy_names
+
+#: Each public name and the module that defines it, imported on first use (PEP 562): ``python -m
+#: edgefuse.fuzz`` imports this package before it can silence the warnings torch and torchao log as they
+#: are imported. The generator itself is ``edgefuse.fuzz.generate.generate``: a package name may not
+#: also be a submodule's.
+_PUBLIC: dict[str, str] = {
+    "CHECKS": "edgefuse.fuzz.check",
+    "CaseResult": "edgefuse.fuzz.check",
+    "Finding": "edgefuse.fuzz.check",
+    "features": "edgefuse.fuzz.generate",
+    "build": "edgefuse.fuzz.render",
+    "source": "edgefuse.fuzz.render",
+    "FORMS": "edgefuse.fuzz.spec",
+    "NEAR_MISSES": "edgefuse.fuzz.spec",
+    "CaseSpec": "edgefuse.fuzz.spec",
+    "run_unit": "edgefuse.fuzz.units",
+}
+
+__all__ = sorted([*_PUBLIC, "main"])
+
+if TYPE_CHECKING:
+    from edgefuse.fuzz.check import CHECKS, CaseResult, Finding
+    from edgefuse.fuzz.generate import features
+    from edgefuse.fuzz.render import build, source
+    from edgefuse.fuzz.spec import FORMS, NEAR_MISSES, CaseSpec
+    from edgefuse.fuzz.units import run_unit
+
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,10 @@
 
 import sys
 
-from edgefuse.fuzz.cli import main
+from edgefuse.progress import quiet_libraries
+
+quiet_libraries()  # before torch and torchao are imported: their import-time warnings are not the fuzzer's
+
+from edgefuse.fuzz.cli import main  # noqa: E402
 
 sys.exit(main())

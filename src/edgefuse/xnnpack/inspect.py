@@ -126,6 +126,7 @@ def load_method(pte: bytes, name: str = "forward") -> LoadedMethod:
 
 
 def run_pte(pte: bytes, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Run a ``.pte`` once in the released runtime and return its tensor outputs."""
-    outputs = load_method(pte).execute(list(inputs))
-    return [o for o in outputs if isinstance(o, torch.Tensor)]
+    """Run a ``.pte`` once in the released runtime and return its tensor outputs (a failure says why)."""
+    from edgefuse.runtime import LoadedProgram
+
+    return LoadedProgram(pte).run(list(inputs))
