@@ -82,6 +82,19 @@ class GemmaNorm(nn.Module):
         return output.type_as(x)
 
 
+class Gemma3nNorm(nn.Module):
+    """Gemma 3n and Gemma 4: the root as ``pow(mean + eps, -0.5)``, the weight in float32, cast at the end."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.weight = _weight(dim)
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.pow(h.pow(2).mean(-1, keepdim=True) + EPS, -0.5)
+        return (h * self.weight.float()).type_as(x)
+
+
 class ScalelessNorm(nn.Module):
     """ExecuTorch's ``ScalelessRMSNorm``: no weight."""
 
@@ -99,6 +112,17 @@ class DivSqrtNorm(nn.Module):
 
     def forward(self, x):
         return self.weight * (x / torch.sqrt(x.pow(2.0).mean(-1, keepdim=True) + EPS))
+
+
+class DivPowSqrtNorm(nn.Module):
+    """Written by hand: ``x / (mean + eps) ** 0.5``."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.weight = _weight(dim)
+
+    def forward(self, x):
+        return self.weight * (x / (x.pow(2).mean(-1, keepdim=True) + EPS) ** 0.5)
 
 
 class ReciprocalSqrtNorm(nn.Module):

@@ -7,9 +7,11 @@ import torch
 
 from edgefuse.verify import compare_elementwise
 from forms import (
+    DivPowSqrtNorm,
     DivSqrtNorm,
     ExecuTorchLlamaNorm,
     FunctionalNorm,
+    Gemma3nNorm,
     GemmaNorm,
     LlamaNorm,
     Olmo2Norm,
@@ -26,8 +28,10 @@ FORMS = {
     "t5": T5Norm,
     "olmo2": Olmo2Norm,
     "gemma": GemmaNorm,
+    "gemma3n": Gemma3nNorm,
     "no-weight": ScalelessNorm,
     "div-sqrt": DivSqrtNorm,
+    "div-pow-sqrt": DivPowSqrtNorm,
     "reciprocal-sqrt": ReciprocalSqrtNorm,
     "rsqrt-left": RsqrtLeftNorm,
 }
@@ -38,19 +42,20 @@ FORMS = {
 #: rms_norm's add up; the mean of squares and eps are computed alike in both (0 units apart in float32
 #: for the rsqrt forms), so only the roundings after them count:
 #: - the model computes the norm in rms_norm's precision and rounds to D after normalizing and after
-#:   the weight (Llama, T5, OLMo2, Gemma, no weight; and float32 rsqrt forms): 2u against rms_norm's one
-#:   rounding u, 1.5 units;
-#: - the model divides by a sqrt, or computes every step in a half D: in float32 its sqrt, division (or
-#:   reciprocal and product) and weight round (3u, or 4u) where rms_norm's rsqrt (1.5u, measured),
-#:   product and weight do (3.5u): 7.5u at most; in a half D its square, mean and eps roundings reach the
-#:   root halved (1.5u), then the root, division (or reciprocal and product) and weight round (3u, or
-#:   4u) where rms_norm rounds once (u): 6.5u at most. 8u is 4 units (to first order in u).
+#:   the weight (Llama, T5, OLMo2, Gemma, Gemma 3n's ``pow(m, -0.5)``, an rsqrt rounded alike, no weight;
+#:   and float32 rsqrt forms): 2u against rms_norm's one rounding u, 1.5 units;
+#: - the model divides by a sqrt (or by ``m ** 0.5``, the same root), or computes every step in a half
+#:   D: in float32 its sqrt, division (or reciprocal and product) and weight round (3u, or 4u) where
+#:   rms_norm's rsqrt (1.5u, measured), product and weight do (3.5u): 7.5u at most; in a half D its
+#:   square, mean and eps roundings reach the root halved (1.5u), then the root, division (or reciprocal
+#:   and product) and weight round (3u, or 4u) where rms_norm rounds once (u): 6.5u at most. 8u is 4
+#:   units (to first order in u).
 ONE_ROUNDING_MORE, OWN_ORDER = 1.5, 4.0
 
 
 def allowed_units(form: str, dtype: torch.dtype) -> float:
-    sqrt_form = form in ("div-sqrt", "reciprocal-sqrt")
-    computed_in_half = dtype != torch.float32 and form in ("div-sqrt", "reciprocal-sqrt", "rsqrt-left")
+    sqrt_form = form in ("div-sqrt", "div-pow-sqrt", "reciprocal-sqrt")
+    computed_in_half = dtype != torch.float32 and (sqrt_form or form == "rsqrt-left")
     return OWN_ORDER if sqrt_form or computed_in_half else ONE_ROUNDING_MORE
 
 

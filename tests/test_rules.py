@@ -306,6 +306,16 @@ def test_a_norm_left_for_its_shared_sum_or_its_cast_factor_names_that_node(mode)
     assert_left(rewrite(CastFactor(), (_x(torch.float16),), mode), "the rsqrt is cast (")
 
 
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_cast_factor_that_changes_nothing_is_walked_past(mode):
+    """In a float32 model, ``.to(x.dtype)`` of the rsqrt changes nothing; a captured graph still keeps it."""
+    inputs = (_x(),)
+    rewritten = rewrite(CastFactor(), inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert cast_path(node.args[0]) == ("x", ()) and node.args[2] is None
+    assert_matches_eager(rewritten.module, inputs, rewritten, ulps=1.5)  # float32: one rounding more
+
 # Rule 5: only dtype-only casts between normalization and weight; the weight has the normalized shape.
 
 
@@ -565,6 +575,21 @@ def test_rule_a_half_norm_with_a_float32_weight_stays(mode):
     rewritten = rewrite(module, (_x(torch.float16),), mode)
     assert_left(rewritten, "rounds to float16 inside a float32 norm")
     assert rewritten.run(_x(torch.float16)).dtype == torch.float32
+
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_qnn_folds_a_narrower_weight_that_the_multiply_widens(mode):
+    """A bfloat16 weight on a float32 norm: the multiply promotes it to float32 exactly, so the float32
+    constant qnn takes holds the same values."""
+    module = LlamaNorm()
+    module.weight.data = module.weight.data.bfloat16()
+    inputs = (_x(),)
+    rewritten = rewrite(module, inputs, mode, backend="qnn")
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert cast_path(node.args[0]) == ("x", ()) and node.meta["val"].dtype == torch.float32
+    assert node.args[2].meta["val"].dtype == torch.float32 and "rms_norm_weight" in node.args[2].name
+    assert_matches_eager(module, inputs, rewritten, ulps=1.5)
 
 
 class WeightInput(nn.Module):

@@ -1,8 +1,9 @@
 """Matchers for decomposed RMSNorm: each returns data, a list of matches or a rejection with a reason.
 
 A norm is found from its ``mean``: the mean of a square, plus eps, through ``rsqrt`` (or ``sqrt`` and a
-division or reciprocal), times the tensor that was squared, then optional dtype-only casts, an optional
-weight and trailing dtype-only casts. The rules, each with its reason:
+division or reciprocal; ``pow`` by -0.5 or 0.5 is the same root, and a cast that changes nothing may
+follow it), times the tensor that was squared, then optional dtype-only casts, an optional weight and
+trailing dtype-only casts. The rules, each with its reason:
 
 1. The mean keeps its reduced dims and reduces exactly the trailing dims: that is what ``rms_norm``'s
    ``normalized_shape`` means.
@@ -305,27 +306,57 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
     return _Core(form, base, scaled, normalized, eps, shape, tuple(nodes), note)
 
 
+def _root(node: Node, table: OpTable) -> tuple[Role, str] | None:
+    """(RSQRT or SQRT, the form's name) for ``rsqrt`` and ``sqrt``, and for ``pow(m, -0.5)`` and
+    ``pow(m, 0.5)`` (Gemma 3n and 4 write the root so): the same function, rounded once to the same dtype."""
+    role = table.role(node)
+    if role in (Role.RSQRT, Role.SQRT):
+        return role, role.value
+    if role is Role.POW:
+        exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
+        if isinstance(exponent, float) and exponent in (-0.5, 0.5):
+            return (Role.RSQRT, "pow-rsqrt") if exponent < 0 else (Role.SQRT, "pow-sqrt")
+    return None
+
+
+def _past_identity_casts(node: Node, table: OpTable) -> tuple[list[Node], Node | None]:
+    """The casts that follow ``node`` and change nothing (a float32 model's ``.to(x.dtype)``, which a
+    captured graph keeps), and the single user after them."""
+    skipped = []
+    user = _single_user(node, table)
+    while (
+        user is not None and cast_source(user, table) is node and dtype_of(user) == dtype_of(node)
+        and changes_only_dtype(user, table)
+    ):
+        skipped.append(user)
+        node, user = user, _single_user(user, table)
+    return skipped, user
+
+
 def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str:
     """(form, nodes up to the normalization, scaled tensor) from the node after ``mean + eps``, or a reason."""
-    role = table.role(step)
-    user = _single_user(step, table)
-    if role in (Role.RSQRT, Role.SQRT) and user is None:
-        return f"the {step.name} is used by {len(step.users)} nodes: a rebuilt norm would hide it from the others"
+    root = _root(step, table)
+    if root is None:
+        return f"{step.name} follows the mean of squares, not rsqrt or sqrt"
+    role, form = root
+    identities, user = _past_identity_casts(step, table)
+    last = identities[-1] if identities else step
+    if user is None:
+        return f"the {last.name} is used by {len(last.users)} nodes: a rebuilt norm would hide it from the others"
     if role is Role.RSQRT:
-        if user is not None and table.is_a(user, Role.MUL) and step in user.args[:2]:
-            return "rsqrt", [step, user], _other_operand(user, step)
-        if user is not None and table.is_a(user, Role.CAST):
+        if table.is_a(user, Role.MUL) and last in user.args[:2]:
+            return form, [step, *identities, user], _other_operand(user, last)
+        if table.is_a(user, Role.CAST):
             return f"the rsqrt is cast ({user.name}) before it scales a tensor; edgefuse takes an rsqrt that scales one"
         return "the rsqrt does not scale a tensor"
-    if role is Role.SQRT:
-        if user is not None and table.is_a(user, Role.DIV) and len(user.args) == 2 and user.args[1] is step:
-            return "div-sqrt", [step, user], user.args[0]
-        if user is not None and table.is_a(user, Role.RECIPROCAL):
-            mul = _single_user(user, table)
-            if mul is not None and table.is_a(mul, Role.MUL) and user in mul.args[:2]:
-                return "reciprocal-sqrt", [step, user, mul], _other_operand(mul, user)
-        return "the sqrt does not divide a tensor"
-    return f"{step.name} follows the mean of squares, not rsqrt or sqrt"
+    sqrt_form = form.removesuffix("sqrt")  # "" or "pow-"
+    if table.is_a(user, Role.DIV) and len(user.args) == 2 and user.args[1] is last:
+        return f"div-{sqrt_form}sqrt", [step, *identities, user], user.args[0]
+    if table.is_a(user, Role.RECIPROCAL):
+        mul = _single_user(user, table)
+        if mul is not None and table.is_a(mul, Role.MUL) and user in mul.args[:2]:
+            return f"reciprocal-{sqrt_form}sqrt", [step, *identities, user, mul], _other_operand(mul, user)
+    return "the sqrt does not divide a tensor"
 
 
 def _forward_casts(node: Node, table: OpTable) -> list[Node]:

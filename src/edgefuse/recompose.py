@@ -11,7 +11,7 @@ from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from edgefuse.casts import cast_source, dim_order_of, dtype_of, exact_ancestors, tensor_meta
+from edgefuse.casts import at_least, cast_source, dim_order_of, dtype_of, exact_ancestors, tensor_meta
 from edgefuse.constants import GraphConstants
 from edgefuse.match import NormMatch, Rejection, match_rms_norm
 from edgefuse.ops import OpTable, Role, table_for
@@ -200,7 +200,8 @@ class _Rewriter:
                     f"parameter from a user input ({needs})"
                 )
             return f"the weight {weight.node.name} is computed at run time; {needs}"
-        if wanted is not None and dtype_of(weight.node) != wanted:
+        other_dtype = wanted is not None and dtype_of(weight.node) != wanted
+        if other_dtype and not at_least(wanted, dtype_of(weight.node)):
             return (
                 f"the weight {weight.node.name} is {_name(dtype_of(weight.node))} and {self.profile.name} takes one "
                 f"dtype ({_name(wanted)}): rounding the weight would move a rounding"
@@ -208,7 +209,8 @@ class _Rewriter:
         folded = self.constants.fold(weight.node, self.table)
         if folded is None:
             return f"the weight {weight.node.name} could not be folded into a constant"
-        return folded
+        # a narrower weight the multiply promotes (a bfloat16 weight on a float32 norm): widening is exact
+        return folded if wanted is None else folded.to(wanted)
 
     def _rewrite(
         self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor | None
