@@ -136,6 +136,17 @@ class ReciprocalSqrtNorm(nn.Module):
         return x * torch.reciprocal(torch.sqrt(torch.square(x).mean(-1, keepdim=True) + EPS)) * self.weight
 
 
+class ReciprocalPowSqrtNorm(nn.Module):
+    """Written by hand: ``x * reciprocal((mean + eps) ** 0.5)``."""
+
+    def __init__(self, dim: int = 16):
+        super().__init__()
+        self.weight = _weight(dim)
+
+    def forward(self, x):
+        return x * torch.reciprocal((x.pow(2).mean(-1, keepdim=True) + EPS) ** 0.5) * self.weight
+
+
 class RsqrtLeftNorm(nn.Module):
     """``rsqrt(...) * x`` with the eps added on the left and the weight on the right."""
 

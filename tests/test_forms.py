@@ -15,6 +15,7 @@ from forms import (
     GemmaNorm,
     LlamaNorm,
     Olmo2Norm,
+    ReciprocalPowSqrtNorm,
     ReciprocalSqrtNorm,
     RsqrtLeftNorm,
     ScalelessNorm,
@@ -33,6 +34,7 @@ FORMS = {
     "div-sqrt": DivSqrtNorm,
     "div-pow-sqrt": DivPowSqrtNorm,
     "reciprocal-sqrt": ReciprocalSqrtNorm,
+    "reciprocal-pow-sqrt": ReciprocalPowSqrtNorm,
     "rsqrt-left": RsqrtLeftNorm,
 }
 
@@ -54,7 +56,7 @@ ONE_ROUNDING_MORE, OWN_ORDER = 1.5, 4.0
 
 
 def allowed_units(form: str, dtype: torch.dtype) -> float:
-    sqrt_form = form in ("div-sqrt", "div-pow-sqrt", "reciprocal-sqrt")
+    sqrt_form = form in ("div-sqrt", "div-pow-sqrt", "reciprocal-sqrt", "reciprocal-pow-sqrt")
     computed_in_half = dtype != torch.float32 and (sqrt_form or form == "rsqrt-left")
     return OWN_ORDER if sqrt_form or computed_in_half else ONE_ROUNDING_MORE
 

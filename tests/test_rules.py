@@ -316,6 +316,27 @@ def test_a_cast_factor_that_changes_nothing_is_walked_past(mode):
     assert cast_path(node.args[0]) == ("x", ()) and node.args[2] is None
     assert_matches_eager(rewritten.module, inputs, rewritten, ulps=1.5)  # float32: one rounding more
 
+
+class PowRoot(nn.Module):
+    """``x * pow(mean + eps, exponent)``: a norm's root only by -0.5."""
+
+    def __init__(self, exponent: float):
+        super().__init__()
+        self.exponent = exponent
+
+    def forward(self, x):
+        return x * torch.pow(x.pow(2).mean(-1, keepdim=True) + EPS, self.exponent)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("exponent, reason", [
+    (-1.0, "follows the mean of squares, not rsqrt, sqrt, or pow by -0.5 or 0.5"),
+    (-0.25, "follows the mean of squares, not rsqrt, sqrt, or pow by -0.5 or 0.5"),
+    (0.5, "(a pow by 0.5) does not divide a tensor"),  # x * sqrt(m): no norm
+])
+def test_a_pow_is_a_root_only_by_minus_or_plus_one_half(mode, exponent, reason):
+    assert_left(rewrite(PowRoot(exponent), (_x(),), mode), reason)
+
 # Rule 5: only dtype-only casts between normalization and weight; the weight has the normalized shape.
 
 

@@ -306,16 +306,18 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
     return _Core(form, base, scaled, normalized, eps, shape, tuple(nodes), note)
 
 
-def _root(node: Node, table: OpTable) -> tuple[Role, str] | None:
-    """(RSQRT or SQRT, the form's name) for ``rsqrt`` and ``sqrt``, and for ``pow(m, -0.5)`` and
-    ``pow(m, 0.5)`` (Gemma 3n and 4 write the root so): the same function, rounded once to the same dtype."""
+def _root(node: Node, table: OpTable) -> tuple[Role, str, str] | None:
+    """(RSQRT or SQRT, the form's name, the root as a reason names it) for ``rsqrt`` and ``sqrt``, and
+    for ``pow(m, -0.5)`` and ``pow(m, 0.5)`` (Gemma 3n and 4 write the root so): the same function,
+    rounded once to the same dtype."""
     role = table.role(node)
     if role in (Role.RSQRT, Role.SQRT):
-        return role, role.value
+        return role, role.value, role.value
     if role is Role.POW:
         exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
         if isinstance(exponent, float) and exponent in (-0.5, 0.5):
-            return (Role.RSQRT, "pow-rsqrt") if exponent < 0 else (Role.SQRT, "pow-sqrt")
+            root = Role.RSQRT if exponent < 0 else Role.SQRT
+            return root, f"pow-{root.value}", f"{root.value} {node.name} (a pow by {exponent})"
     return None
 
 
@@ -337,8 +339,8 @@ def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str
     """(form, nodes up to the normalization, scaled tensor) from the node after ``mean + eps``, or a reason."""
     root = _root(step, table)
     if root is None:
-        return f"{step.name} follows the mean of squares, not rsqrt or sqrt"
-    role, form = root
+        return f"{step.name} follows the mean of squares, not rsqrt, sqrt, or pow by -0.5 or 0.5"
+    role, form, what = root
     identities, user = _past_identity_casts(step, table)
     last = identities[-1] if identities else step
     if user is None:
@@ -347,8 +349,11 @@ def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str
         if table.is_a(user, Role.MUL) and last in user.args[:2]:
             return form, [step, *identities, user], _other_operand(user, last)
         if table.is_a(user, Role.CAST):
-            return f"the rsqrt is cast ({user.name}) before it scales a tensor; edgefuse takes an rsqrt that scales one"
-        return "the rsqrt does not scale a tensor"
+            return (
+                f"the {what} is cast ({user.name}) before it scales a tensor; edgefuse takes an rsqrt that "
+                "scales one"
+            )
+        return f"the {what} does not scale a tensor"
     sqrt_form = form.removesuffix("sqrt")  # "" or "pow-"
     if table.is_a(user, Role.DIV) and len(user.args) == 2 and user.args[1] is last:
         return f"div-{sqrt_form}sqrt", [step, *identities, user], user.args[0]
@@ -356,7 +361,7 @@ def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str
         mul = _single_user(user, table)
         if mul is not None and table.is_a(mul, Role.MUL) and user in mul.args[:2]:
             return f"reciprocal-{sqrt_form}sqrt", [step, *identities, user, mul], _other_operand(mul, user)
-    return "the sqrt does not divide a tensor"
+    return f"the {what} does not divide a tensor"
 
 
 def _forward_casts(node: Node, table: OpTable) -> list[Node]:
