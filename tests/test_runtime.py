@@ -199,15 +199,19 @@ def test_the_real_runtime_says_why_a_run_failed_in_the_error(capsys):
     from torch.export import export
 
     from edgefuse.flows import lower_to_pte
+    from edgefuse.xnnpack.inspect import run_pte
 
     class Mean(torch.nn.Module):
         def forward(self, x):
             return x.mean(-1, keepdim=True)
 
-    program = LoadedProgram(lower_to_pte(export(Mean(), (torch.randn(3, 8),)), "stock").pte)
+    pte = lower_to_pte(export(Mean(), (torch.randn(3, 8),)), "stock").pte
+    program = LoadedProgram(pte)
     capsys.readouterr()
-    with pytest.raises(RuntimeError, match=r"failed with error 0x12 \(the runtime logged: Input 0 has unexpected "
-                                           r"scalar type: expected Float but was Half\)"):
+    why = r"error 0x12 \(the runtime logged: Input 0 has unexpected scalar type: expected Float but was Half\)"
+    with pytest.raises(RuntimeError, match=why):
         program.run([torch.randn(3, 8, dtype=torch.float16)])
+    with pytest.raises(RuntimeError, match=why):  # check_models runs its programs so
+        run_pte(pte, [torch.randn(3, 8, dtype=torch.float16)])
     assert capsys.readouterr().err == ""
     assert program.run([torch.ones(3, 8)])[0].flatten().tolist() == [1.0, 1.0, 1.0]
