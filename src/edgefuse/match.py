@@ -36,6 +36,7 @@ trailing dtype-only casts. The rules, each with its reason:
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -49,6 +50,7 @@ from edgefuse.casts import (
     changes_only_dtype,
     dtype_of,
     exact_ancestors,
+    is_noop_cast,
     same_shape,
     same_size,
     tensor_meta,
@@ -324,15 +326,8 @@ def _root(node: Node, table: OpTable) -> tuple[Role, str, str] | None:
 def _past_identity_casts(node: Node, table: OpTable) -> tuple[list[Node], Node | None]:
     """The casts that follow ``node`` and change nothing (a float32 model's ``.to(x.dtype)``, which a
     captured graph keeps), and the single user after them."""
-    skipped = []
-    user = _single_user(node, table)
-    while (
-        user is not None and cast_source(user, table) is node and dtype_of(user) == dtype_of(node)
-        and changes_only_dtype(user, table)
-    ):
-        skipped.append(user)
-        node, user = user, _single_user(user, table)
-    return skipped, user
+    skipped = list(itertools.takewhile(lambda cast: is_noop_cast(cast, table), _forward_casts(node, table)))
+    return skipped, _single_user(skipped[-1] if skipped else node, table)
 
 
 def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str:
