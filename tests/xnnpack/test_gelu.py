@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from xnn_helpers import assert_matches, lower_and_run
+from tests.xnnpack.xnn_helpers import assert_matches, lower_and_run
 
 
 class Gelu(torch.nn.Module):

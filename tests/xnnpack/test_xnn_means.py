@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.export import Dim, export
 
-from xnn_helpers import assert_matches, casts_outside, lower_and_run, means_outside
+from tests.xnnpack.xnn_helpers import assert_matches, casts_outside, lower_and_run, means_outside
 
 from edgefuse.verify import tolerance
 from edgefuse.xnnpack.inspect import lowered_modules, xnn_graph

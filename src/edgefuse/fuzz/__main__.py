@@ -2,7 +2,7 @@
 
 import sys
 
-from edgefuse.progress import quiet_libraries
+from edgefuse.cli.progress import quiet_libraries
 
 quiet_libraries()  # before torch and torchao are imported: their import-time warnings are not the fuzzer's
 

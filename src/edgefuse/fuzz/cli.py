@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 def _replay(path: Path) -> int:
     """Re-check the cases a reproducer file holds, with every check the fuzzer has."""
     from edgefuse.fuzz.check import CHECKS, check_name
-    from edgefuse.fuzz.programs import cached_cia_ops
+    from edgefuse.fuzz.edge_programs import cached_cia_ops
     from edgefuse.fuzz.reproducer import read_specs
     from edgefuse.fuzz.units import run_unit
 

@@ -131,7 +131,7 @@ _XNNPACK_CHECK = '''
 import copy
 import sys
 
-from edgefuse.flows import ULPS, lower_to_pte
+from edgefuse.cli.pte_checks import ULPS, lower_to_pte
 from edgefuse.fuzz.tolerance import compare_at
 from edgefuse.runtime import LoadedProgram
 from torch.export import export

@@ -12,7 +12,7 @@ from typing import Callable, Iterable, Sequence, TextIO
 
 from edgefuse.fuzz.check import CHECKS, CaseResult, Finding, check_name
 from edgefuse.fuzz.generate import features, generate
-from edgefuse.fuzz.programs import cached_cia_ops
+from edgefuse.fuzz.edge_programs import cached_cia_ops
 from edgefuse.fuzz.summary import FAILING, Summary, duration
 from edgefuse.fuzz.units import Timing, run_unit
 

@@ -17,7 +17,7 @@ from typing import Sequence
 from torch.export import export
 
 from edgefuse.fuzz.check import CaseResult, Finding, UnitFailure, merge, run_check
-from edgefuse.fuzz.programs import to_edge_program
+from edgefuse.fuzz.edge_programs import to_edge_program
 from edgefuse.fuzz.render import build
 from edgefuse.fuzz.spec import CaseSpec
 from edgefuse.verify import outputs

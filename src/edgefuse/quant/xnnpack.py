@@ -27,7 +27,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from edgefuse.lowering import EDGEFUSE, STOCK, lower  # noqa: F401  (the quantized programs lower the same two ways)
+from edgefuse.cli.stock_and_edgefuse import EDGEFUSE, STOCK, lower  # noqa: F401  (the quantized programs lower the same two ways)
 from edgefuse.ops import CAPTURE, EDGE, Role
 from edgefuse.quant.facts import NormQuantization, mark_norms, norm_quantization
 

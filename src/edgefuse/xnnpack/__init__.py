@@ -30,13 +30,13 @@ _PUBLIC: dict[str, str] = {
     "SINGLE_ROW_POLICIES": "edgefuse.xnnpack.policy",
     "SubstituteForXnnpack": "edgefuse.xnnpack.substitute",
     "edgefuse_configs": "edgefuse.xnnpack.partitioner",
-    "lower": "edgefuse.xnnpack.flow",
+    "lower": "edgefuse.xnnpack.lowering",
 }
 
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
-    from edgefuse.xnnpack.flow import lower
+    from edgefuse.xnnpack.lowering import lower
     from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner, edgefuse_configs
     from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, SINGLE_ROW_POLICIES
     from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack

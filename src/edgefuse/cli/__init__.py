@@ -1,0 +1,162 @@
+"""The ``edgefuse`` command (also ``python -m edgefuse``): argument parsing and dispatch only.
+
+The work is done in :mod:`edgefuse.cli.demo` and :mod:`edgefuse.cli.commands`; they are imported only once
+the arguments parse, so ``edgefuse --help`` and usage errors do not wait for torch and ExecuTorch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+
+from edgefuse.cli.errors import INTERNAL, EdgefuseError
+
+MODEL_HELP = (
+    "a built-in model (tiny-llama, tiny-qwen3, tiny-gemma3, tiny-t5, tiny-olmo2, ...; an unknown name "
+    "lists them all), path/to/file.py:function returning (module, example_inputs), or a program saved "
+    "with torch.export.save (.pt2)"
+)
+
+EPILOG = """\
+exit codes:
+  0  done, and every check passed
+  1  a check failed: a rewritten or lowered program does not match its reference
+  2  bad usage or input: unknown model, a file that does not load or export, a model ExecuTorch's
+     to_edge or stock XNNPACK lowering rejects, a missing .pt2, an output path that cannot be written
+  3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer)
+  4  edgefuse itself failed (a bug: the traceback is printed)
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="edgefuse",
+        description="Rebuild decomposed RMSNorm for ExecuTorch backends without moving a rounding, and "
+        "keep norms inside the XNNPACK delegate.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="no progress lines on stderr")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    commands.add_parser(
+        "demo", parents=[common],
+        help="tiny Qwen3: rebuild its norms for QNN, lower it for XNNPACK stock and with edgefuse",
+        description="Build tiny-qwen3 with one decoder layer from its embedded config (no network), export "
+        "it in float32 and float16, rebuild its norms for QNN in the captured graph, lower the float16 program "
+        "for XNNPACK stock and with edgefuse, run both .pte in executorch.runtime and print the per-norm "
+        "tables and the delegate counts.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+    report = commands.add_parser(
+        "report", parents=[common], help="one row per norm: rebuilt or not, why, and its error against eager",
+        description="Find every decomposed RMSNorm in MODEL, rebuild what the backend can run without "
+        "moving a rounding, and print one row per norm and a summary line.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _model_arguments(report)
+    report.add_argument("--backend", default="qnn", help="backend profile: qnn (default) or aten")
+    report.add_argument(
+        "--stage", choices=("capture", "edge"), default=None,
+        help="edge: the ExecuTorch edge program (default); capture: the captured ATen graph a quantizer sees "
+        "(the default with --quantize)",
+    )
+    report.add_argument(
+        "--quantize", choices=("qnn",), default=None,
+        help="also quantize the captured graph for QNN after the rewrite (PT2E with the released QnnQuantizer, "
+        "calibrated on the example inputs) and say per norm how it was quantized and the quantize/dequantize "
+        "pairs it costs",
+    )
+    report.add_argument("--json", action="store_true",
+                        help="print JSON that validates against edgefuse/cli/report.schema.json")
+    report.add_argument("--map", metavar="SVG",
+                        help="also lower MODEL for XNNPACK both ways and write the delegate map here")
+
+    lower = commands.add_parser(
+        "lower", parents=[common], help="lower MODEL for XNNPACK with edgefuse to a .pte, compared with stock",
+        description="Lower MODEL for XNNPACK stock and with edgefuse, run both in executorch.runtime, "
+        "print the delegates and the ops left outside before (stock) and after (edgefuse), write the "
+        "edgefuse .pte and the delegate map.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _model_arguments(lower)
+    lower.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="where to write the edgefuse .pte")
+    lower.add_argument("--map", metavar="SVG", help="delegate map (default: OUT.delegates.svg next to the .pte)")
+
+    bench = commands.add_parser(
+        "bench", parents=[common], help="time stock against edgefuse XNNPACK programs in executorch.runtime",
+        description="Lower MODEL both ways, check both against eager, and time them in "
+        "executorch.runtime, alternating one run of each; prints medians and the ratio to stock.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _model_arguments(bench)
+    bench.add_argument("--runs", type=int, default=200, help="timed runs of each program (default 200)")
+    bench.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default runs/10)")
+    bench.add_argument("--threads", type=int, default=1, help="XNNPACK threadpool size (default 1)")
+
+    fuzz = commands.add_parser(
+        "fuzz", help="differential fuzzing of edgefuse's rewrites (edgefuse.fuzz)", add_help=False,
+        description="Runs edgefuse.fuzz.main with the remaining arguments.",
+    )
+    fuzz.add_argument("fuzz_args", nargs=argparse.REMAINDER, help="arguments for edgefuse.fuzz")
+    return parser
+
+
+def _model_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", metavar="MODEL", help=MODEL_HELP)
+    parser.add_argument(
+        "--dtype", choices=("float32", "float16", "bfloat16"), default=None,
+        help="convert the model to this dtype (built-in models default to float32; not for .pt2)",
+    )
+
+
+def _fuzz_arguments(argv: list[str]) -> argparse.Namespace | None:
+    """``edgefuse [-q] fuzz ARGS...``: every argument after ``fuzz`` is the fuzzer's, ``--help`` included."""
+    rest = list(argv)
+    quiet = False
+    while rest and rest[0] in ("-q", "--quiet"):
+        quiet, rest = True, rest[1:]
+    if rest[:1] != ["fuzz"]:
+        return None
+    return argparse.Namespace(command="fuzz", quiet=quiet, fuzz_args=rest[1:])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code."""
+    from edgefuse.cli.progress import Progress, quiet_libraries
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = _fuzz_arguments(argv) or parser.parse_args(argv)
+    quiet_libraries()
+    say = Progress(enabled=not args.quiet)
+    try:
+        if args.command == "demo":
+            from edgefuse.cli.demo import run
+
+            code = run(say)
+            say(f"demo done in {say.elapsed():.1f}s")
+            return code
+        from edgefuse.cli import commands
+
+        return getattr(commands, args.command)(args, say)
+    except EdgefuseError as error:
+        print(f"edgefuse {args.command}: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("edgefuse: interrupted", file=sys.stderr)
+        return 130
+    except Exception:
+        traceback.print_exc()
+        print(f"edgefuse {args.command}: internal error (a bug in edgefuse: please report it with the "
+              "traceback above)", file=sys.stderr)
+        return INTERNAL
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,264 @@
+"""The ``report``, ``lower``, ``bench`` and ``fuzz`` commands: each takes parsed arguments, returns an exit code.
+
+They glue the parts together (MODEL resolution, the report, the two lowerings, the runtime, the map)
+and print results to stdout; progress goes to the ``say`` callable (stderr). Errors are raised as
+:mod:`edgefuse.cli.errors` exceptions, which ``edgefuse.cli`` turns into messages and exit codes. Each
+command checks its arguments and resolves MODEL before it imports ExecuTorch, so bad input is reported
+without waiting for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable
+
+from edgefuse.cli.errors import CHECK_FAILED, OK, Unavailable, UsageError
+from edgefuse.cli.threads import threads_problem
+
+Say = Callable[[str], None]
+
+
+def _spec(args):
+    from edgefuse.cli.modelspec import dtype_named, resolve
+
+    return resolve(args.model, dtype_named(args.dtype))
+
+
+def _check_backend(name: str) -> None:
+    from edgefuse.profiles import PROFILES
+
+    if name not in PROFILES:
+        raise UsageError(f"unknown backend {name!r}; edgefuse knows {', '.join(sorted(PROFILES))}")
+
+
+def default_map_path(beside: str) -> str:
+    """``out.pte`` -> ``out.delegates.svg``: the map goes next to the file it describes."""
+    root, _ = os.path.splitext(beside)
+    return root + ".delegates.svg"
+
+
+def _check_output(path: str, what: str) -> None:
+    """Fail before the slow work, not after it, when ``path`` cannot be written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise UsageError(f"cannot write the {what} to {path}: it is a directory; name a file in it")
+    if not os.path.isdir(directory):
+        raise UsageError(f"cannot write the {what} to {path}: no directory {directory}")
+    if not os.access(directory, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise UsageError(f"cannot write the {what} to {path}: permission denied")
+
+
+def _check_distinct(model: str, outputs: dict[str, str]) -> None:
+    """Refuse two outputs written to one file, or an output written over the model file it reads."""
+    from edgefuse.cli.modelspec import model_file
+
+    seen: dict[object, str] = {}
+    source = model_file(model)
+    if source is not None and os.path.exists(source):
+        seen[_identity(source)] = f"MODEL {model}"
+    for what, path in outputs.items():
+        key = _identity(path)
+        if key in seen:
+            raise UsageError(f"the {what} would be written to {path}, which is also the {seen[key]}")
+        seen[key] = what
+
+
+def _identity(path: str) -> object:
+    """What names one file: its device and inode when it exists (a hard link too), else its real path."""
+    try:
+        status = os.stat(path)
+    except OSError:
+        return os.path.realpath(path)
+    return (status.st_dev, status.st_ino)
+
+
+def _write(path: str, what: str, write: Callable[[], None]) -> None:
+    """Run ``write``; a file system error (the path changed since it was checked) is the user's to fix."""
+    try:
+        write()
+    except OSError as error:
+        raise UsageError(f"cannot write the {what} to {path}: {error.strerror or error}") from error
+
+
+def _write_map(path: str, summaries, title: str, say: Say) -> None:
+    from edgefuse.cli.delegate_map import write
+
+    _write(path, "delegate map", lambda: write(path, summaries, title))
+    say(f"wrote the delegate map to {path}")
+
+
+def _stage(args) -> str:
+    """The report's stage: as given, else capture with ``--quantize`` (quantizers read the captured graph)
+    and edge without."""
+    quantize = getattr(args, "quantize", None)
+    stage = args.stage or ("capture" if quantize else "edge")
+    if quantize and stage != "capture":
+        raise UsageError(f"--quantize {quantize} quantizes the captured graph: use --stage capture, or leave --stage out")
+    if quantize and args.backend != "qnn":
+        raise UsageError(f"--quantize {quantize} rebuilds the norms for the qnn backend: leave --backend out")
+    return stage
+
+
+def _quantization(spec, say: Say) -> dict:
+    """How each norm of ``spec`` is quantized for QNN, keyed like the report's rows."""
+    from edgefuse.cli.progress import quiet_root_logger
+    from edgefuse.quant.qnn import QnnUnavailable, quantization_by_norm
+
+    say("quantizing the captured graph for QNN (prepare_pt2e, calibration on the example inputs, convert_pt2e)")
+    model = spec.module if spec.module is not None else spec.export().module()
+    try:
+        with quiet_root_logger():
+            return quantization_by_norm(model, spec.inputs)
+    except QnnUnavailable as error:
+        raise Unavailable(f"--quantize qnn needs ExecuTorch's Qualcomm quantizer: {error}") from error
+    except Exception as error:  # noqa: BLE001  (the released quantizer's own failure on this model)
+        raise UsageError(
+            f"the released QnnQuantizer could not quantize {spec.name}: {type(error).__name__}: {error}"
+        ) from error
+
+
+def report(args, say: Say) -> int:
+    """``edgefuse report MODEL``: the per-norm table (or JSON) and its summary line."""
+    _check_backend(args.backend)
+    stage = _stage(args)
+    if args.map:
+        _check_output(args.map, "delegate map")
+        _check_distinct(args.model, {"delegate map": args.map})
+    spec = _spec(args)
+    from edgefuse.cli.report import add_quantization, build_report, format_report, to_json  # ExecuTorch: once the input is good
+
+    # the map lowers the same export the report reads: neither changes the program it is given
+    program = None
+    if args.map:
+        say(f"exporting {spec.name}")
+        program = spec.export()
+    result = build_report(spec, backend=args.backend, stage=stage, progress=say, program=program)
+    if getattr(args, "quantize", None):
+        add_quantization(result, args.quantize, _quantization(spec, say))
+    if args.json:
+        print(json.dumps(to_json(result), indent=2))
+    else:
+        print(format_report(result))
+    if args.map:
+        from edgefuse.cli.pte_checks import lower_to_pte
+
+        summaries = [lower_to_pte(program, how, say, serialize=False).summary for how in ("stock", "edgefuse")]
+        _write_map(args.map, summaries, f"delegate map: {spec.name} ({_dtype(spec)})", say)
+    return OK if result.ok else CHECK_FAILED
+
+
+def lower(args, say: Say) -> int:
+    """``edgefuse lower MODEL -o out.pte``: edgefuse's XNNPACK flow, compared with stock, and the map."""
+    output = args.output
+    if not output.endswith(".pte"):
+        raise UsageError(f"-o {output}: the output is an ExecuTorch program and its name must end in .pte")
+    if os.path.basename(output) == ".pte":
+        raise UsageError(f"-o {output}: name the program before its .pte (model.pte), not a hidden file '.pte'")
+    map_path = args.map or default_map_path(output)
+    _check_output(output, ".pte")
+    _check_output(map_path, "delegate map")
+    _check_distinct(args.model, {".pte": output, "delegate map": map_path})
+    spec = _spec(args)
+    from edgefuse.cli.pte_checks import comparison_lines, flat_tensors, lower_to_pte, run_and_check
+
+    say(f"exporting {spec.name}")
+    program = spec.export()
+    expected = flat_tensors(spec.eager())
+    reference = _reference(spec)
+    stock = run_and_check(lower_to_pte(program, "stock", say), spec.inputs, expected, reference=reference)
+    try:
+        ours = lower_to_pte(program, "edgefuse", say)
+    except Unavailable as error:
+        print(f"{spec.name} ({_dtype(spec)}), XNNPACK:")
+        print("\n".join(comparison_lines(stock, None)))
+        error.args = (f"{error.args[0]}; no .pte was written",)
+        raise
+    run_and_check(ours, spec.inputs, expected, stock, reference=reference)
+    _write(output, ".pte", lambda: _write_bytes(output, ours.pte))
+    print(f"{spec.name} ({_dtype(spec)}), XNNPACK, before (stock) and after (edgefuse):")
+    print("\n".join(comparison_lines(stock, ours)))
+    print(f"wrote {output} ({len(ours.pte)} bytes, edgefuse lowering)")
+    _write_map(map_path, [stock.summary, ours.summary], f"delegate map: {spec.name} ({_dtype(spec)})", say)
+    print(f"delegate map: {map_path}")
+    return _checked([stock, ours])
+
+
+def bench(args, say: Say) -> int:
+    """``edgefuse bench MODEL``: stock against edgefuse in the runtime, alternating, with ratios."""
+    if args.runs < 10:
+        raise UsageError("--runs must be at least 10")
+    problem = threads_problem(args.threads)
+    if problem:
+        raise UsageError(problem)
+    if args.warmup is not None and args.warmup < 0:
+        raise UsageError("--warmup must be 0 or more")
+    spec = _spec(args)
+    from edgefuse.cli.pte_checks import flat_tensors, lower_to_pte, run_and_check
+    from edgefuse.runtime import alternate, set_threads
+    from edgefuse.cli.tables import format_table
+
+    say(f"exporting {spec.name}")
+    program = spec.export()
+    expected = flat_tensors(spec.eager())
+    stock = lower_to_pte(program, "stock", say)
+    ours = lower_to_pte(program, "edgefuse", say)
+    threads = set_threads(args.threads)
+    reference = _reference(spec)
+    run_and_check(stock, spec.inputs, expected, reference=reference)
+    run_and_check(ours, spec.inputs, expected, stock, reference=reference)
+    warmup = args.warmup if args.warmup is not None else max(1, args.runs // 10)
+    say(f"timing {args.runs} runs of each program, alternating, after {warmup} warm-up rounds")
+    stock_time, our_time = alternate([stock.loaded, ours.loaded], spec.inputs, args.runs, warmup)
+    rows = []
+    for lowered, timing in ((stock, stock_time), (ours, our_time)):
+        rows.append([
+            lowered.how, lowered.summary.delegates, len(lowered.summary.outside), f"{lowered.error:.2e}",
+            "yes" if lowered.ok else "NO", f"{timing.median:.1f}", f"{timing.median / stock_time.median:.2f}",
+        ])
+    print(f"{spec.name} ({_dtype(spec)}) in executorch.runtime, {threads} thread(s), {args.runs} runs each "
+          f"alternating after {warmup} warm-up rounds; ratio is the median against stock's (below 1 is faster)")
+    print(format_table(("program", "delegates", "outside", f"err vs {reference}", "ok", "median us", "ratio"), rows))
+    return _checked([stock, ours])
+
+
+def _reference(spec) -> str:
+    """What a model's outputs are checked against: eager, or for a saved program (no eager module) that program."""
+    return "eager" if spec.module is not None else "program"
+
+
+def _checked(programs) -> int:
+    """OK when every lowered program passed its check against its reference; else say which failed."""
+    from edgefuse.cli.pte_checks import failed_checks_line
+
+    line = failed_checks_line(programs)
+    if line is None:
+        return OK
+    print(line)
+    return CHECK_FAILED
+
+
+def _write_bytes(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def fuzz(args, say: Say) -> int:
+    """``edgefuse fuzz ...``: hands its arguments to ``edgefuse.fuzz.main``, which another part provides."""
+    try:
+        from edgefuse.fuzz import main
+    except ImportError as error:
+        raise Unavailable(
+            f"edgefuse fuzz is unavailable in this installation: the module edgefuse.fuzz could not be "
+            f"imported ({type(error).__name__}: {error})"
+        ) from error
+    fuzz_args = list(args.fuzz_args)
+    if args.quiet and not {"-q", "--quiet"} & set(fuzz_args):
+        fuzz_args.insert(0, "--quiet")  # edgefuse -q fuzz: the fuzzer's progress goes quiet too
+    code = main(fuzz_args)
+    return int(code or 0)
+
+
+def _dtype(spec) -> str:
+    dtype = spec.dtype
+    return str(dtype).removeprefix("torch.") if dtype is not None else "no float weights"

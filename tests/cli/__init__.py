@@ -1,0 +1,1 @@
+"""Tests of the application: the ``edgefuse`` command and its tools."""

@@ -1,0 +1,68 @@
+"""``python -m edgefuse.xnnpack.bench`` runs as a user runs it and prints a table people can read.
+
+The benchmark is not part of the test run: this runs two small workloads for ten rounds and checks
+the table's structure (the thread count stated, what each lowering left outside, ratios that parse) and
+the usage errors. It asserts no time.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from edgefuse.cli.xnnpack_bench import main
+
+
+#: The last cells of every row, in the header's order ("stock us" and "edgefuse us" are one cell each).
+TIMING = ("runs", "stock us", "edgefuse us", "ratio", "wall", "call", "floor", "fwall", "load")
+
+
+def test_the_table_has_a_row_per_shape_and_policy_with_the_thread_count_and_the_blocks_floor():
+    done = subprocess.run(
+        [sys.executable, "-m", "edgefuse.xnnpack.bench", "--quick", "--only", "mean,blocks-512", "--runs", "10",
+         "--budget", "0.05", "--threads", "1"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    # Nothing on stderr: not the import-time lines of torchao and torch's pytree, not the lowering's
+    # warnings, not the threadpool's set-up lines nor its reset's (the table states the thread count).
+    assert done.stderr == "", done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("threads: 1 (reset with _unsafe_reset_threadpool(1) before loading)"), lines[0]
+    assert next(line for line in lines if line.startswith("workload")).rstrip().endswith(
+        "runs  stock us edgefuse us  ratio  wall  call floor fwall  load")
+    rows = [line.split() for line in lines if line.startswith(("mean ", "blocks-512 "))]
+    # quick: float32 and float16, the mean at 1 row (default policy and the other one) and 32, the blocks at 32
+    assert [tuple(r[:4]) for r in rows] == [
+        (workload, dtype, count, policy) for workload, shapes in (
+            ("mean", (("1", "delegate"), ("1", "auto"), ("32", "delegate"))), ("blocks-512", (("32", "delegate"),)))
+        for dtype in ("float32", "float16") for count, policy in shapes]
+    for row in rows:
+        cells = dict(zip(TIMING, row[-len(TIMING):]))
+        assert cells["runs"] == "10", row  # as asked: --runs is at most, and a short budget cuts no further
+        assert all(float(cells[name]) > 0 for name in ("stock us", "edgefuse us", "ratio", "wall", "call")), row
+        if row[0] == "mean":
+            assert (row[4], row[5], row[6]) == ("0/1", "1xmean", "-"), row  # stock leaves the mean outside
+            assert cells["floor"] == cells["fwall"] == "-"  # only the blocks have a floor
+        else:
+            assert row[4] == ("5/1" if row[1] == "float32" else "12/1") and row[6] == "-", row  # nothing left outside
+            assert float(cells["floor"]) > 0 and float(cells["fwall"]) > 0, row
+    assert lines[-1].startswith("done in ")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--only", "blocks-1024"], "unknown workloads blocks-1024"),
+    (["--threads", "0"], "--threads must be at least 1"),
+    (["--threads", "100000"], f"--threads must be at most {4 * (os.cpu_count() or 1)}"),
+    (["--runs", "5"], "--runs must be at least 10"),
+    (["--budget", "0"], "--budget must be a positive number of seconds"),
+    (["--budget", "nan"], "--budget must be a positive number of seconds"),
+    (["--budget", "inf"], "--budget must be a positive number of seconds"),
+])
+def test_bad_options_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and message in capsys.readouterr().err

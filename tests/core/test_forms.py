@@ -1,0 +1,119 @@
+"""Every form of RMSNorm is rebuilt on the right tensor in every dtype and mode, and matches eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from edgefuse.verify import compare_elementwise
+from tests.forms import (
+    DivPowSqrtNorm,
+    DivSqrtNorm,
+    ExecuTorchLlamaNorm,
+    FunctionalNorm,
+    Gemma3nNorm,
+    GemmaNorm,
+    LlamaNorm,
+    Olmo2Norm,
+    ReciprocalPowSqrtNorm,
+    ReciprocalSqrtNorm,
+    RsqrtLeftNorm,
+    ScalelessNorm,
+    T5Norm,
+)
+from tests.harness import DTYPES, MODES, cast_path, rewrite, rms_norm_nodes
+
+FORMS = {
+    "llama": LlamaNorm,
+    "executorch-llama": ExecuTorchLlamaNorm,
+    "t5": T5Norm,
+    "olmo2": Olmo2Norm,
+    "gemma": GemmaNorm,
+    "gemma3n": Gemma3nNorm,
+    "no-weight": ScalelessNorm,
+    "div-sqrt": DivSqrtNorm,
+    "div-pow-sqrt": DivPowSqrtNorm,
+    "reciprocal-sqrt": ReciprocalSqrtNorm,
+    "reciprocal-pow-sqrt": ReciprocalPowSqrtNorm,
+    "rsqrt-left": RsqrtLeftNorm,
+}
+
+
+#: How far, per element, a rebuilt norm may lie from eager, in units of D's epsilon times the element
+#: (``compare_elementwise``'s unit: one unit is two unit roundoffs u of D). The model's roundings and
+#: rms_norm's add up; the mean of squares and eps are computed alike in both (0 units apart in float32
+#: for the rsqrt forms), so only the roundings after them count:
+#: - the model computes the norm in rms_norm's precision and rounds to D after normalizing and after
+#:   the weight (Llama, T5, OLMo2, Gemma, Gemma 3n's ``pow(m, -0.5)``, an rsqrt rounded alike, no weight;
+#:   and float32 rsqrt forms): 2u against rms_norm's one rounding u, 1.5 units;
+#: - the model divides by a sqrt (or by ``m ** 0.5``, the same root), or computes every step in a half
+#:   D: in float32 its sqrt, division (or reciprocal and product) and weight round (3u, or 4u) where
+#:   rms_norm's rsqrt (1.5u, measured), product and weight do (3.5u): 7.5u at most; in a half D its
+#:   square, mean and eps roundings reach the root halved (1.5u), then the root, division (or reciprocal
+#:   and product) and weight round (3u, or 4u) where rms_norm rounds once (u): 6.5u at most. 8u is 4
+#:   units (to first order in u).
+ONE_ROUNDING_MORE, OWN_ORDER = 1.5, 4.0
+
+
+def allowed_units(form: str, dtype: torch.dtype) -> float:
+    sqrt_form = form in ("div-sqrt", "div-pow-sqrt", "reciprocal-sqrt", "reciprocal-pow-sqrt")
+    computed_in_half = dtype != torch.float32 and (sqrt_form or form == "rsqrt-left")
+    return OWN_ORDER if sqrt_form or computed_in_half else ONE_ROUNDING_MORE
+
+
+def _inputs(dtype, shape=(4096, 4, 16)):
+    """Many rows (262144 values at the default shape), so that the rarer worst roundings occur."""
+    return (torch.randn(*shape, generator=torch.Generator().manual_seed(0)).mul(3).to(dtype),)
+
+
+def assert_matches_eager(module, inputs, rewritten, units=ONE_ROUNDING_MORE):
+    """The rewritten program's output has eager's dtype and each element lies within ``units``."""
+    expected = module(*inputs)
+    actual = rewritten.run(*inputs)
+    comparison = compare_elementwise(expected, actual, units)
+    assert comparison.dtype_ok, (expected.dtype, actual.dtype)
+    assert comparison.ok, f"max error {comparison.max_error} > {comparison.allowed} ({expected.dtype})"
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("form", FORMS)
+def test_every_form_is_rebuilt_on_its_input(form, dtype, mode):
+    module = FORMS[form]().to(dtype)
+    inputs = _inputs(dtype)
+    rewritten = rewrite(module, inputs, mode)
+    [decision] = rewritten.result.decisions
+    assert decision.rebuilt, decision.reason
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    # The new node reads the model's input itself, in the model's dtype: no cast before it.
+    assert cast_path(node.args[0]) == ("x", ())
+    assert node.args[1] == [16]
+    # eps as the graph adds it: a Python float, a float32 constant, or one cast to the norm's dtype.
+    assert node.args[3] in {float(torch.tensor(1e-6, dtype=d)) for d in (torch.float64, torch.float32, dtype)}
+    assert node.meta["val"].dtype == dtype
+    has_weight = form != "no-weight"
+    assert (node.args[2] is not None) == has_weight
+    assert_matches_eager(module, inputs, rewritten, allowed_units(form, dtype))
+
+
+@pytest.mark.parametrize("mode", ("edge", "edge-no-dim-order"))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_functional_rms_norm_decomposed_by_edge_is_rebuilt(dtype, mode):
+    module = FunctionalNorm().to(dtype)
+    inputs = _inputs(dtype)
+    rewritten = rewrite(module, inputs, mode)
+    assert [d.rebuilt for d in rewritten.result.decisions] == [True]
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert cast_path(node.args[0]) == ("x", ())
+    assert_matches_eager(module, inputs, rewritten)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_qk_norm_on_four_dims_is_rebuilt_over_the_head_dim(dtype, mode):
+    module = LlamaNorm().to(dtype)
+    inputs = _inputs(dtype, (1024, 3, 4, 16))
+    rewritten = rewrite(module, inputs, mode)
+    [node] = rms_norm_nodes(rewritten.graph_module)
+    assert cast_path(node.args[0]) == ("x", ()) and node.args[1] == [16]
+    assert_matches_eager(module, inputs, rewritten)

@@ -1,0 +1,1 @@
+"""Tests of the fuzzer and the regressions it found."""

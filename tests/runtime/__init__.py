@@ -1,0 +1,1 @@
+"""Tests of the shared runtime code (``edgefuse.runtime``)."""

@@ -1,0 +1,1 @@
+"""Tests of the XNNPACK backend (``edgefuse.xnnpack``)."""
