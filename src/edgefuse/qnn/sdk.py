@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -378,13 +379,16 @@ def self_check(root: Path, timeout: float = _SELF_CHECK_TIMEOUT) -> SelfCheck:
     )
 
 
-def qnn_log_lines(log: str, count: int = 8) -> str:
-    """The last ``count`` lines of ``log`` that QNN or ExecuTorch's QNN backend wrote, in one line."""
-    keep = [
-        line.strip() for line in log.splitlines()
-        if "Qnn" in line or "QNN" in line or "htp_device_config" in line or "Error" in line
-    ]
-    return "; ".join(keep[-count:])
+def qnn_log_lines(log: str, count: int = 6) -> str:
+    """What QNN and ExecuTorch's QNN backend logged about a failure, in one line: the last ``count`` of
+    their error lines (``[ERROR]``, ``<E>``, ``E hh:mm:ss``), or of all their lines when none is an error."""
+    ours = [line.strip() for line in log.splitlines() if _QNN_LINE.search(line)]
+    errors = [line for line in ours if _ERROR_LINE.search(line)]
+    return "; ".join((errors or ours)[-count:])
+
+
+_QNN_LINE = re.compile(r"Qnn|QNN|htp_device_config")
+_ERROR_LINE = re.compile(r"\[ERROR\]|<E>|^E \d|\] cannot|\] the real")
 
 
 def setup(

@@ -60,6 +60,12 @@ def outside_delegates(edge) -> list[str]:
     ]
 
 
+def example() -> tuple[RmsNormBlock, tuple[torch.Tensor]]:
+    """The norm checked and its input (values of scale about 5 after the weight)."""
+    torch.manual_seed(0)
+    return RmsNormBlock(SHAPE[-1]).eval(), (torch.randn(SHAPE) * 1.5,)
+
+
 def check() -> SelfCheck:
     """Lower one RmsNorm at fp16, run it on the emulator, compare with eager (the libraries must
     already be reachable: by the environment, or :func:`edgefuse.qnn.sdk.ensure_in_process`)."""
@@ -67,9 +73,7 @@ def check() -> SelfCheck:
     from edgefuse.runtime import LoadedProgram
     from edgefuse.verify import compare
 
-    torch.manual_seed(0)
-    module = RmsNormBlock(SHAPE[-1]).eval()
-    x = torch.randn(SHAPE) * 1.5
+    module, (x,) = example()
     try:
         edge = lower_fp16(module, (x,))
     except Exception as error:  # QNN failing to start or to compile: the result, not a crash

@@ -1,0 +1,54 @@
+"""The QNN tier: tests that compile with QNN's libraries and run programs on QNN's x86 HTP emulator.
+
+A test that needs the libraries asks for the ``qnn_sdk`` fixture: it runs wherever they are set up
+(``edgefuse qnn setup``, or ``QNN_SDK_ROOT`` naming a QNN SDK) and is skipped elsewhere with the
+reason and that command. The fixture loads the libraries into the test process once. Programs that
+several tests read are lowered once per session (QNN compiles for seconds each).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from edgefuse.qnn.sdk import Sdk, ensure_in_process, find
+
+
+@pytest.fixture(scope="session")
+def qnn_sdk() -> Sdk:
+    """The QNN SDK this process uses, loaded; skips the test when there is none."""
+    sdk = find()
+    if not sdk:
+        pytest.skip(f"QNN tier: {sdk.reason}")
+    return ensure_in_process(sdk)
+
+
+@pytest.fixture(scope="session")
+def edgefuse_sdk(qnn_sdk: Sdk) -> Sdk:
+    """The SDK, when it is a set-up of edgefuse's (not a QNN SDK the user named)."""
+    if not qnn_sdk.manifest:
+        pytest.skip(f"QNN tier: {qnn_sdk.root} is a QNN SDK edgefuse did not set up; run `edgefuse qnn setup DIR` to test one")
+    return qnn_sdk
+
+
+@dataclass
+class Lowered:
+    """A module, its example inputs, and what ExecuTorch's QNN flow made of it."""
+
+    module: torch.nn.Module
+    inputs: tuple
+    edge: object
+    pte: bytes
+
+
+@pytest.fixture(scope="session")
+def lowered_rms_norm(qnn_sdk: Sdk) -> Lowered:
+    """The self-check's RmsNorm, lowered at fp16 for SM8650 with ExecuTorch's own QNN flow."""
+    from edgefuse.qnn.emulator import to_pte
+    from edgefuse.qnn.selfcheck import example, lower_fp16
+
+    module, inputs = example()
+    edge = lower_fp16(module, inputs)
+    return Lowered(module, inputs, edge, to_pte(edge))

@@ -1,0 +1,28 @@
+"""Programs lowered by ExecuTorch's QNN flow, run on QNN's x86 HTP emulator (edgefuse.qnn.emulator)."""
+
+from __future__ import annotations
+
+import torch
+
+from edgefuse.qnn.emulator import run_on_emulator
+from edgefuse.qnn.selfcheck import ULPS, outside_delegates
+from edgefuse.verify import compare
+
+
+def test_qnn_takes_the_whole_norm(lowered_rms_norm):
+    program = lowered_rms_norm.edge.exported_program()
+    assert outside_delegates(lowered_rms_norm.edge) == []
+    backends = [m.backend_id for _, m in program.graph_module.named_children() if hasattr(m, "backend_id")]
+    assert backends == ["QnnBackend"]
+
+
+def test_an_rms_norm_on_the_emulator_matches_eager(lowered_rms_norm):
+    """fp16 on the HTP against float32 eager, at ULPS units of float16 at the output's largest value
+    (the input and weight rounded to float16, the mean of squares and its root computed in it, the
+    output rounded); the output tensor is the norm's."""
+    (out,) = run_on_emulator(lowered_rms_norm.pte, lowered_rms_norm.inputs)
+    with torch.no_grad():
+        expected = lowered_rms_norm.module(*lowered_rms_norm.inputs)
+    got = compare(expected, out.to(expected.dtype), ulps=ULPS, dtype=torch.float16)
+    assert got.shape_ok and got.max_error <= got.allowed, got
+    assert got.max_error > 0  # it ran in float16, not in float32 on the CPU
