@@ -37,8 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from edgefuse.errors import Unavailable
-
 #: The wheel the libraries come from, pinned by name, version and content.
 PACKAGE = "onnxruntime-qnn"
 PACKAGE_VERSION = "2.7.0"
@@ -64,8 +62,9 @@ _SELF_CHECK_TIMEOUT = 10 * _MINUTES
 _DOWNLOAD_TIMEOUT = 15 * _MINUTES
 
 
-class QnnSdkUnavailable(Unavailable):
-    """The QNN libraries are not set up, or cannot be set up here; the message says why and what to run."""
+class QnnSdkUnavailable(RuntimeError):
+    """The QNN libraries are not set up, or cannot be set up here; the message says why and what to run
+    (the command line exits with 3, "a needed part unavailable")."""
 
 
 SETUP_HINT = "run `edgefuse qnn setup`, or set QNN_SDK_ROOT to a QNN SDK"
@@ -358,6 +357,8 @@ def self_check(root: Path, timeout: float = _SELF_CHECK_TIMEOUT) -> SelfCheck:
     sdk = Sdk(Path(root).absolute(), "argument")
     env = dict(os.environ)
     env.update(sdk.environment())
+    if os.environ.get("LD_LIBRARY_PATH"):  # as the printed lines do: first, keeping what was there
+        env["LD_LIBRARY_PATH"] += os.pathsep + os.environ["LD_LIBRARY_PATH"]
     package_parent = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join([package_parent, *filter(None, [os.environ.get("PYTHONPATH")])])
     with tempfile.TemporaryDirectory(prefix="edgefuse-qnn-check-") as scratch:
