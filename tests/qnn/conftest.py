@@ -52,3 +52,32 @@ def lowered_rms_norm(qnn_sdk: Sdk) -> Lowered:
     module, inputs = example()
     edge = lower_fp16(module, inputs)
     return Lowered(module, inputs, edge, to_pte(edge))
+
+
+@pytest.fixture(scope="session")
+def lowered_rms_norm_16a8w(qnn_sdk: Sdk) -> Lowered:
+    """The same norm quantized 16a8w with the released ``QnnQuantizer`` (calibrated on its input) and
+    lowered for SM8650; ``module`` is the converted, fake-quantized module."""
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
+    from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset, QnnExecuTorchBackendType
+    from executorch.backends.qualcomm.utils.utils import (
+        generate_htp_compiler_spec,
+        generate_qnn_executorch_compiler_spec,
+        to_edge_transform_and_lower_to_qnn,
+    )
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from edgefuse.qnn.emulator import to_pte
+    from edgefuse.qnn.selfcheck import example
+
+    module, inputs = example()
+    quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=QcomChipset.SM8650)
+    quantizer.set_default_quant_config(QuantDtype.use_16a8w)
+    prepared = prepare_pt2e(torch.export.export(module, inputs).module(), quantizer)
+    prepared(*inputs)
+    converted = convert_pt2e(prepared)
+    specs = generate_qnn_executorch_compiler_spec(
+        soc_model=QcomChipset.SM8650, backend_options=generate_htp_compiler_spec(use_fp16=False)
+    )
+    edge = to_edge_transform_and_lower_to_qnn(converted, inputs, specs)
+    return Lowered(converted, inputs, edge, to_pte(edge))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgefuse.qnn.emulator import run_on_emulator
+from edgefuse.qnn.emulator import compare_at_steps, output_steps, run_on_emulator
 from edgefuse.qnn.selfcheck import ULPS, outside_delegates
 from edgefuse.verify import compare
 
@@ -26,3 +26,16 @@ def test_an_rms_norm_on_the_emulator_matches_eager(lowered_rms_norm):
     got = compare(expected, out.to(expected.dtype), ulps=ULPS, dtype=torch.float16)
     assert got.shape_ok and got.max_error <= got.allowed, got
     assert got.max_error > 0  # it ran in float16, not in float32 on the CPU
+
+
+def test_a_16a8w_rms_norm_on_the_emulator_matches_the_fake_quantized_module(lowered_rms_norm_16a8w):
+    """One quantized op: the HTP rounds the norm's output to its 16-bit grid where the fake-quantized
+    module rounds the same float result, so they may differ by one step (the neighbouring level)."""
+    lowered = lowered_rms_norm_16a8w
+    (out,) = run_on_emulator(lowered.pte, lowered.inputs)
+    (step,) = output_steps(lowered.module)
+    with torch.no_grad():
+        expected = lowered.module(*lowered.inputs)
+    got = compare_at_steps(expected, out, step, steps=1)
+    assert got.shape_ok and got.max_error <= got.allowed, got
+    assert got.max_error > 0  # it ran on the HTP's integer kernels, not the fake-quantized float ops

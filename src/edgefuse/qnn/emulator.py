@@ -41,3 +41,31 @@ def run_on_emulator(pte: bytes, inputs: Sequence[Any], sdk: Sdk | None = None) -
 
     ensure_in_process(sdk)
     return LoadedProgram(pte).run(inputs)
+
+
+def output_steps(converted) -> list[float | None]:
+    """The quantization step of each output of a converted (fake-quantized) graph module: the scale of
+    the dequantize that produces it, or None for an output no dequantize produces."""
+    from torch.utils import _pytree as pytree
+
+    from edgefuse.quant.facts import is_dequantize
+
+    (output,) = [node for node in converted.graph.nodes if node.op == "output"]
+    return [
+        float(node.args[1]) if is_dequantize(node) and isinstance(node.args[1], (int, float)) else None
+        for node in pytree.tree_leaves(output.args[0])
+    ]
+
+
+def compare_at_steps(expected: torch.Tensor, actual: torch.Tensor, step: float, steps: float):
+    """Compare a quantized program's output on the emulator with the fake-quantized module's, allowing
+    ``steps`` quantization steps of size ``step`` (the HTP's integer kernels may round a value to the
+    neighbouring level where the fake-quantized float arithmetic did not), plus float32's rounding of
+    the dequantized values at their magnitude. Returns a :class:`edgefuse.verify.Comparison`."""
+    from edgefuse.verify import Comparison, max_error, tolerance
+
+    shape_ok = actual.shape == expected.shape
+    if not shape_ok:
+        return Comparison(actual.dtype == expected.dtype, False, float("inf"), 0.0)
+    allowed = steps * step + tolerance(torch.float32, expected)
+    return Comparison(actual.dtype == expected.dtype, True, max_error(expected, actual), allowed)
