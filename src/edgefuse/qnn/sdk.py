@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -90,17 +91,14 @@ def wheel_folder() -> Path:
 class Sdk:
     """A QNN SDK root that ExecuTorch can use.
 
-    ``source`` says where it was found: ``"QNN_SDK_ROOT"`` (set by the user) or ``"edgefuse"`` (set up
-    by :func:`setup` in the default place); ``manifest`` is what :func:`setup` recorded, empty for an
-    SDK edgefuse did not set up.
+    ``source`` says where it was found: ``"QNN_SDK_ROOT"`` (set by the user), ``"edgefuse"`` (set up by
+    :func:`setup` in the default place) or ``"argument"`` (a folder the caller named); ``manifest`` is
+    what :func:`setup` recorded, empty for an SDK edgefuse did not set up.
     """
 
     root: Path
     source: str
     manifest: dict = field(default_factory=dict, compare=False)
-
-    def __bool__(self) -> bool:
-        return True
 
     @property
     def library_dir(self) -> Path:
@@ -116,8 +114,8 @@ class Sdk:
 
     def shell_lines(self) -> list[str]:
         """``export`` lines for a POSIX shell (``LD_LIBRARY_PATH`` keeps what it held)."""
-        root = _quoted(str(self.root))
-        library = _quoted(str(self.library_dir))
+        root = shlex.quote(str(self.root))
+        library = shlex.quote(str(self.library_dir))
         return [f"export QNN_SDK_ROOT={root}", f'export LD_LIBRARY_PATH={library}"${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"']
 
 
@@ -129,12 +127,6 @@ class Absent:
 
     def __bool__(self) -> bool:
         return False
-
-
-def _quoted(text: str) -> str:
-    import shlex
-
-    return shlex.quote(text)
 
 
 def read_manifest(root: Path) -> dict | None:
