@@ -247,7 +247,10 @@ def fetch_wheel(folder: Path | None = None, progress: Callable[[str], None] | No
     wheel = folder / WHEEL
     if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
         return wheel
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise QnnSdkUnavailable(f"cannot create {folder} for the downloaded wheel: {error}") from error
     if progress:
         progress(f"downloading {PACKAGE}=={PACKAGE_VERSION} (about 99 MB) with pip")
     with tempfile.TemporaryDirectory(dir=folder, prefix=".download-") as scratch:
@@ -419,6 +422,14 @@ def setup(
     wheel_path = Path(wheel) if wheel is not None else fetch_wheel(progress=say)
     if not wheel_path.is_file():
         raise QnnSdkUnavailable(f"no wheel at {wheel_path}")
+    try:
+        return _set_up_in_scratch(root, wheel_path, compiler, say)
+    except OSError as error:  # a full disk, a file that cannot be written: nothing is left behind
+        raise QnnSdkUnavailable(f"setting QNN up in {root} failed: {error}") from error
+
+
+def _set_up_in_scratch(root: Path, wheel_path: Path, compiler: str, say: Callable[[str], None]) -> tuple[Sdk, bool]:
+    """The steps of :func:`setup` that write: in a scratch folder, renamed to ``root`` at the end."""
     with _scratch_beside(root) as scratch:
         say(f"unpacking QNN {QNN_VERSION}'s libraries from {wheel_path.name}")
         lay_out(wheel_path, scratch)
@@ -441,9 +452,15 @@ def setup(
             "self_check": {"ok": True, "detail": check.detail, "max_error": check.max_error, "allowed": check.allowed},
         }
         (scratch / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-        if root.exists():
-            root.rmdir()  # empty, checked above; os.replace cannot replace it otherwise
-        os.replace(scratch, root)
+        try:
+            if root.exists():
+                root.rmdir()  # os.replace cannot replace a folder that is not empty
+            os.replace(scratch, root)
+        except OSError:
+            finished = read_manifest(root)
+            if finished is None:
+                raise
+            return Sdk(root, "edgefuse", finished), False  # another set-up finished first
     return Sdk(root, "edgefuse", manifest), True
 
 
