@@ -99,9 +99,9 @@ def test_an_unreachable_registry_is_a_clear_error(no_sdk, monkeypatch):
     assert not list(qnn_sdk_module.wheel_folder().iterdir())  # no partial download left
 
 
-def _linked_layout(source: Path, wrapper: bool):
+def _linked_layout(source: Path):
     """Stand-ins for unpacking the wheel and compiling the wrapper that link the libraries of an
-    existing set-up instead, with the wrapper (``wrapper``) or the real HTP library in its place."""
+    existing set-up instead, with QNN's own libQnnHtp.so where the wrapper would be."""
 
     def lay_out(wheel, root):
         for folder in (REAL_DIR, RUNTIME_DIR):
@@ -114,24 +114,27 @@ def _linked_layout(source: Path, wrapper: bool):
 
     def build_wrapper(root, compiler=None):
         target = root / HOST_DIR / "libQnnHtp.so"
-        target.symlink_to(source / HOST_DIR / "libQnnHtp.so" if wrapper else Path("..", REAL_DIR.name, "libQnnHtp.so"))
+        target.symlink_to(Path("..", REAL_DIR.name, "libQnnHtp.so"))
         return target
 
     return lay_out, build_wrapper
 
 
-def test_without_the_wrapper_the_self_check_fails_with_qnns_log(edgefuse_sdk, monkeypatch, tmp_path):
+def test_without_the_wrapper_the_self_check_fails_with_qnns_log(edgefuse_sdk, monkeypatch, tmp_path, capsys):
     """QNN 2.51's own libQnnHtp.so, given ExecuTorch 1.5.1's device config, cannot create the HTP
-    device: the set-up fails (exit 3) with QNN's own error lines, and leaves nothing behind."""
-    lay_out, build_wrapper = _linked_layout(edgefuse_sdk.root, wrapper=False)
+    device: ``edgefuse qnn setup`` exits with 3 and QNN's own error lines, and leaves nothing behind."""
+    from edgefuse.cli import main
+    from edgefuse.cli.errors import UNAVAILABLE
+
+    lay_out, build_wrapper = _linked_layout(edgefuse_sdk.root)
     monkeypatch.setattr(qnn_sdk_module, "lay_out", lay_out)
     monkeypatch.setattr(qnn_sdk_module, "build_wrapper", build_wrapper)
     wheel = tmp_path / "any.whl"
     wheel.write_bytes(b"")
-    with pytest.raises(QnnSdkUnavailable, match="the QNN self-check failed") as error:
-        setup(tmp_path / "root", wheel=wheel)
-    assert "unknown custom config socModel 0" in str(error.value)
-    assert "Failed to create device_handle" in str(error.value)
+    assert main(["-q", "qnn", "setup", str(tmp_path / "root"), "--wheel", str(wheel)]) == UNAVAILABLE
+    err = capsys.readouterr().err
+    assert err.startswith("edgefuse qnn setup: the QNN self-check failed: lowering failed")
+    assert "unknown custom config socModel 0" in err and "Failed to create device_handle" in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["any.whl"]
 
 

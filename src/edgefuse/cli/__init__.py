@@ -24,7 +24,8 @@ exit codes:
   1  a check failed: a rewritten or lowered program does not match its reference
   2  bad usage or input: unknown model, a file that does not load or export, a model ExecuTorch's
      to_edge or stock XNNPACK lowering rejects, a missing .pt2, an output path that cannot be written
-  3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer)
+  3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
+     libraries: not set up, or `edgefuse qnn setup` cannot set them up here)
   4  edgefuse itself failed (a bug: the traceback is printed)
 """
 
@@ -99,6 +100,33 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=None, help="untimed rounds first (default runs/10)")
     bench.add_argument("--threads", type=int, default=1, help="XNNPACK threadpool size (default 1)")
 
+    qnn = commands.add_parser(
+        "qnn", help="set up QNN's libraries (its compiler and x86 HTP emulator) from a package registry",
+        description="QNN's libraries for ExecuTorch's Qualcomm backend, without a QNN SDK. With one, set "
+        "QNN_SDK_ROOT to it instead.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    qnn_commands = qnn.add_subparsers(dest="qnn_command", metavar="QNN_COMMAND", required=True)
+    qnn_setup = qnn_commands.add_parser(
+        "setup", parents=[common], help="download, lay out, build and check QNN's libraries; print the environment",
+        description="Fetch the onnxruntime-qnn 2.7.0 wheel (QNN 2.51) with pip download (installed nowhere; "
+        "reused once downloaded), lay its libraries out as a QNN SDK root in DIR, compile the device-config "
+        "wrapper with the system C compiler, compile one RmsNorm with QNN and run it on the HTP emulator "
+        "against eager, and print the environment another process needs. A finished DIR is reused.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    qnn_setup.add_argument("dir", nargs="?", metavar="DIR",
+                           help="where to set them up (default: $XDG_CACHE_HOME or ~/.cache, then edgefuse/qnn/2.51.0)")
+    qnn_setup.add_argument("--wheel", metavar="FILE",
+                           help="the onnxruntime-qnn 2.7.0 wheel for this machine, downloaded elsewhere")
+    qnn_env = qnn_commands.add_parser(
+        "env", parents=[common], help="print the environment that gives another process the QNN libraries",
+        description="Print the shell lines (QNN_SDK_ROOT, LD_LIBRARY_PATH) of the QNN libraries edgefuse "
+        "uses: DIR, else QNN_SDK_ROOT, else the default set-up.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    qnn_env.add_argument("dir", nargs="?", metavar="DIR", help="a folder `edgefuse qnn setup DIR` set up")
+
     fuzz = commands.add_parser(
         "fuzz", help="differential fuzzing of edgefuse's rewrites (edgefuse.fuzz)", add_help=False,
         description="Runs edgefuse.fuzz.main with the remaining arguments.",
@@ -142,11 +170,16 @@ def main(argv: list[str] | None = None) -> int:
             code = run(say)
             say(f"demo done in {say.elapsed():.1f}s")
             return code
+        if args.command == "qnn":
+            from edgefuse.cli.qnn_setup import run as qnn
+
+            return qnn(args, say)
         from edgefuse.cli import commands
 
         return getattr(commands, args.command)(args, say)
     except EdgefuseError as error:
-        print(f"edgefuse {args.command}: {error}", file=sys.stderr)
+        command = " ".join(filter(None, (args.command, getattr(args, "qnn_command", None))))
+        print(f"edgefuse {command}: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
         print("edgefuse: interrupted", file=sys.stderr)
