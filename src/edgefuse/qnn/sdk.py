@@ -149,7 +149,7 @@ def find(root: str | os.PathLike | None = None) -> Sdk | Absent:
         source, path = "edgefuse", default_root()
     manifest = read_manifest(path)
     if manifest is not None:
-        return Sdk(path.absolute(), "edgefuse" if source == "edgefuse" else source, manifest)
+        return Sdk(path.absolute(), source, manifest)
     if source == "edgefuse":
         if path.exists():
             return Absent(f"the QNN set-up in {path} is unfinished or failed its self-check: {SETUP_HINT}")
@@ -174,10 +174,11 @@ def ensure_in_process(sdk: Sdk | Absent | None = None) -> Sdk:
     ``LD_LIBRARY_PATH`` is read once, when a process starts, so setting it now would not reach
     ExecuTorch, which opens ``libQnnHtp.so`` and ``libQnnSystem.so`` by name. Instead both are loaded
     here by absolute path: a library opened by name later is the one already loaded under that
-    SONAME. They are loaded local (RTLD_LOCAL): loaded global, their libc++ would answer symbol look-ups
-    of libraries loaded after them. torch is imported first, because QNN's libraries loaded before it
-    crash torch's operator registration (measured). ``QNN_SDK_ROOT`` is set too, for ExecuTorch's
-    Python side (it reads the SDK's version through it and downloads nothing when it is set).
+    SONAME. Measured: loaded before torch, they crash the process (global: "Pure virtual function
+    called" from their libc++; local: a segfault in torch's operator registration when ExecuTorch
+    registers its ops); loaded local (RTLD_LOCAL) after torch, lowering and running work. So torch is
+    imported first. ``QNN_SDK_ROOT`` is set too, for ExecuTorch's Python side (it reads the SDK's
+    version through it, and downloads no SDK when it is set).
 
     A process holds one QNN library: asking for another root after one was loaded raises
     :class:`QnnSdkUnavailable`, as does an absent SDK.
