@@ -7,6 +7,7 @@ into exit code 3.
 
 from __future__ import annotations
 
+import os
 from typing import Callable
 
 from edgefuse.cli.errors import OK, Unavailable
@@ -21,6 +22,9 @@ def run(args, say: Say) -> int:
         if args.qnn_command == "setup":
             sdk, new = setup(args.dir, wheel=args.wheel, progress=say)
             say(f"QNN libraries set up in {sdk.root}" if new else f"{sdk.root} is set up already: reused")
+            named = os.environ.get("QNN_SDK_ROOT")
+            if named and os.path.abspath(named) != str(sdk.root):
+                say(f"QNN_SDK_ROOT={named} is set: while it is, edgefuse uses that SDK, not this one")
         else:
             sdk = find(args.dir)
             if not sdk:

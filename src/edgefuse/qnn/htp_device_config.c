@@ -9,13 +9,17 @@
  * The newer library reads the SoC model from the wrong bytes ("unknown custom config socModel 0")
  * and every HTP device creation fails, when ExecuTorch lowers a program and when it runs one.
  *
- * What it does: this library carries the SONAME libQnnHtp.so, opens the real library (at the path
- * given when it is compiled, relative to this file's folder), replaces deviceCreate and
- * deviceSetConfig in the function table of each of its providers by functions that rewrite each HTP
- * device custom config into the newer layout before passing it on, and answers
- * QnnInterface_getProviders with those providers. Everything else is the real library's own. Link it with -Wl,-z,nodelete: ExecuTorch opens
- * and closes the HTP library once to read its version, and the process must not fall back to the
- * real library (which has the same SONAME) when it opens the library by name afterwards.
+ * What it does: this library carries the SONAME libQnnHtp.so and opens the real library (at the path
+ * given when it is compiled, relative to the folder this library is in). In the function table of
+ * each of the real library's providers it replaces deviceCreate and deviceSetConfig by functions that
+ * rewrite each HTP device custom config into the newer layout before passing it on, and it answers
+ * QnnInterface_getProviders with those providers; everything else is the real library's own. It is
+ * for callers built against the 2.37 headers (ExecuTorch 1.5.1) only: a caller built against the
+ * newer ones would have its configs moved a second time.
+ *
+ * Link it with -Wl,-z,nodelete: ExecuTorch opens and closes the HTP library once to read its
+ * version, and the process must not fall back to the real library (which has the same SONAME) when
+ * it opens the library by name afterwards.
  *
  * Only the layout facts below are needed, so no QNN header is: the QNN interface provider struct
  * (QnnInterface_t) holds a 32-bit backend id, a name pointer and two 12-byte versions before its
