@@ -141,6 +141,11 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
         "--dtype", choices=("float32", "float16", "bfloat16"), default=None,
         help="convert the model to this dtype (built-in models default to float32; not for .pt2)",
     )
+    parser.add_argument(
+        "--trust-pickled-pt2", action="store_true",
+        help="load a .pt2 even when loading it runs code it carries (pickled weights, constants or inputs, "
+        "compiled libraries, Python guards): only for a file whose source you trust",
+    )
 
 
 def _fuzz_arguments(argv: list[str]) -> argparse.Namespace | None:

@@ -22,7 +22,7 @@ Say = Callable[[str], None]
 def _spec(args):
     from edgefuse.cli.modelspec import dtype_named, resolve
 
-    return resolve(args.model, dtype_named(args.dtype))
+    return resolve(args.model, dtype_named(args.dtype), trust_pt2=getattr(args, "trust_pickled_pt2", False))
 
 
 def _check_backend(name: str) -> None:

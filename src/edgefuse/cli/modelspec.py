@@ -7,7 +7,9 @@ MODEL is one of:
 - ``path/to/file.py:function``: the function is called with no arguments and returns
   ``(module, example_inputs)``; the module is put in eval mode;
 - ``path/to/program.pt2``: a program saved with ``torch.export.save``, run on the example inputs saved
-  with it.
+  with it. It is read without running code from it (:mod:`edgefuse.pt2`): an archive with pickled
+  entries, or anything else ``torch.export.load`` would execute, is refused unless ``trust_pt2`` says the
+  user trusts the file.
 
 Every way this can go wrong raises :class:`~edgefuse.cli.errors.UsageError` with a message that says what to
 fix, so the command line exits 2 instead of printing a traceback.
@@ -98,15 +100,16 @@ def dtype_named(name: str | None) -> torch.dtype | None:
         raise UsageError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
 
 
-def resolve(text: str, dtype: torch.dtype | None = None, seq_len: int = 8) -> ModelSpec:
-    """The model MODEL names, converted to ``dtype`` when one is given (built-in and file models only)."""
+def resolve(text: str, dtype: torch.dtype | None = None, seq_len: int = 8, trust_pt2: bool = False) -> ModelSpec:
+    """The model MODEL names, converted to ``dtype`` when one is given (built-in and file models only);
+    ``trust_pt2`` lets a ``.pt2`` run the code it carries (pickled entries), as ``torch.export.load`` would."""
     if text.endswith(".pt2"):
         if dtype is not None:
             raise UsageError(
                 f"{text} is a saved program, whose dtype was fixed when it was exported; drop --dtype, or "
                 "export the model again in the dtype you want"
             )
-        return _load_program(text)
+        return _load_program(text, trust_pt2)
     path, function = _split_file_spec(text)
     if path is not None:
         return _call_file(text, path, function, dtype)
@@ -222,14 +225,23 @@ def _off_cpu(named: list[tuple[str, object]], inputs: tuple) -> str | None:
     return None
 
 
-def _load_program(path: str) -> ModelSpec:
+def _load_program(path: str, trust: bool = False) -> ModelSpec:
+    from edgefuse.pt2 import ArchiveError, CodeInArchive, load
+
     if os.path.isdir(path):
         raise UsageError(f"{path} is a directory, not a program saved with torch.export.save")
     if not os.path.isfile(path):
         raise UsageError(f"no such file {path!r}: save a program with torch.export.save(program, {path!r})")
     try:
         with quiet_torch_logs():
-            program = torch.export.load(path)
+            program = load(path, trust_code=trust)
+    except CodeInArchive as refused:
+        raise UsageError(
+            f"{path} was not loaded: torch.export.load would run code it carries: {refused}. Load it only if "
+            "you trust where it came from, with --trust-pickled-pt2"
+        ) from None
+    except ArchiveError as error:
+        raise UsageError(f"{path} is not a program saved with torch.export.save: {error}") from None
     except Exception as error:
         raise UsageError(f"{path} is not a program saved with torch.export.save: {error_summary(error)}") from error
     example = program.example_inputs
