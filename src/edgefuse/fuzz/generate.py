@@ -15,9 +15,13 @@ import torch
 
 from edgefuse.casts import is_exact
 from edgefuse.fuzz.spec import (
+    DIMS_STYLES,
     DTYPES,
     FORMS,
+    HEADS_VIEWS,
     NEAR_MISSES,
+    SQUARES,
+    TAIL_KINDS,
     Cast,
     CaseSpec,
     NormSpec,
@@ -33,8 +37,25 @@ HALF = ("float16", "bfloat16")
 #: that documented difference; the others also get 1e-3 and 100.
 FLOAT16_SCALES = (0.1, 0.5, 1.0, 3.0, 10.0)
 SCALES = (1e-3, 0.1, 1.0, 3.0, 100.0)
-_EPS = (1e-6, 1e-6, 1e-6, 1e-5, 1e-5, 1e-8, 1e-12, 1e-3, 0.1, 1.0, 0.0)
-_LAST_DIMS = (1, 2, 3, 4, 5, 8, 8, 12, 16, 16, 16, 17, 24, 32, 32, 64)
+EPS_CHOICES = (1e-6, 1e-6, 1e-6, 1e-5, 1e-5, 1e-8, 1e-12, 1e-3, 0.1, 1.0, 0.0)
+#: The eps of the "bad-eps" near miss.
+BAD_EPS = (float("nan"), float("inf"), float("-inf"), -1e-3)
+#: Ranks of the graph input (and their weights), the sizes of its leading dims and of its last dim.
+RANKS = {2: 25, 3: 35, 4: 30, 5: 10}
+LEAD_DIMS = (1, 2, 2, 3, 4)
+LAST_DIMS = (1, 2, 3, 4, 5, 8, 8, 12, 16, 16, 16, 17, 24, 32, 32, 64)
+#: What a last dim may be split by, into heads or groups.
+DIVISORS = (2, 3, 4, 8)
+#: The most trailing dims a norm normalizes.
+MAX_NORMALIZED_DIMS = 2
+#: How many ops may follow a norm (and how often), and the scalars they multiply by.
+TAIL_COUNTS = {0: 60, 1: 30, 2: 10}
+TAIL_VALUES = (2.0, 0.5, -1.5, 3.0)
+#: Where a ``1 + w`` weight's values are centred (``WeightSpec.around``; others keep its default, 1).
+OFFSET_AROUND = 0.0
+#: Seeds of weights and tails are drawn below SEEDS, of inputs below INPUT_SEEDS.
+SEEDS = 1 << 16
+INPUT_SEEDS = 1 << 20
 
 
 def _weighted(rng: random.Random, choices: dict) -> object:
@@ -67,7 +88,7 @@ def _random_cast(rng: random.Random, rank: int) -> Cast:
 
 
 def _weight(rng: random.Random, dtype: str, **overrides) -> WeightSpec:
-    fields = dict(dtype=dtype, seed=rng.randrange(1 << 16))
+    fields = dict(dtype=dtype, seed=rng.randrange(SEEDS))
     fields.update(overrides)
     return WeightSpec(**fields)
 
@@ -90,14 +111,14 @@ def template(form: str, rng: random.Random, dtype: str) -> NormSpec:
         return NormSpec(form, pre=(Cast("to", up),), weight=_weight(rng, wdtype), post=(Cast("to", "input"),))
     if form == "gemma":
         kind = "method" if up != "input" else "to"
-        weight = _weight(rng, wdtype, offset=True, cast=Cast(kind, up), left=False, around=0.0)
+        weight = _weight(rng, wdtype, offset=True, cast=Cast(kind, up), left=False, around=OFFSET_AROUND)
         return NormSpec(form, pre=(Cast(kind, up),), weight=weight, post=(Cast("type_as", "input"),))
     if form == "scaleless":
         kind = "method" if up != "input" else "to"
         return NormSpec(form, pre=(Cast(kind, up),), post=(Cast("type_as", "input"),))
     if form == "unit-offset":
         kind = "method" if up != "input" else "to"
-        weight = _weight(rng, dtype, offset=True, left=False, around=0.0)
+        weight = _weight(rng, dtype, offset=True, left=False, around=OFFSET_AROUND)
         return NormSpec(form, pre=(Cast(kind, up),), mid=(Cast("type_as", "input"),), weight=weight)
     if form == "div-sqrt":
         return NormSpec(form, square="pow2f", inverse="div-sqrt", weight=_weight(rng, wdtype))
@@ -142,13 +163,13 @@ def _perturb(rng: random.Random, norm: NormSpec, dtype: str, shape: tuple[int, .
         for name in ("pre", "var_pre", "mid", "post"):
             changes[name] = _perturb_casts(rng, getattr(norm, name), rank)
         if rng.random() < 0.25:
-            changes["square"] = rng.choice(("pow2", "pow2f", "square", "mul"))
+            changes["square"] = rng.choice(SQUARES)
         if rng.random() < 0.2:
             changes["inverse"] = rng.choice(
                 ("rsqrt", "rsqrt-method", "div-sqrt", "reciprocal-sqrt", "rsqrt", "div-sqrt", "one-over-sqrt", "pow-neg-half")
             )
         if rng.random() < 0.2:
-            changes["dims_style"] = rng.choice(("pos", "list-neg", "list-pos"))
+            changes["dims_style"] = rng.choice(DIMS_STYLES[1:])  # not the default, "neg"
         if rng.random() < 0.2:
             changes["scale_left"] = not norm.scale_left
         if rng.random() < 0.06:
@@ -156,7 +177,7 @@ def _perturb(rng: random.Random, norm: NormSpec, dtype: str, shape: tuple[int, .
     elif rng.random() < 0.3:
         changes["pre"] = _perturb_casts(rng, norm.pre, rank)
         changes["post"] = _perturb_casts(rng, norm.post, rank)
-    eps = rng.choice(_EPS) if rng.random() < 0.85 else float(f"{10 ** rng.uniform(-12, 0):.3g}")
+    eps = rng.choice(EPS_CHOICES) if rng.random() < 0.85 else float(f"{10 ** rng.uniform(-12, 0):.3g}")
     if decomposed and rng.random() < 0.05:
         eps = None
     changes["eps"] = eps
@@ -167,7 +188,7 @@ def _perturb(rng: random.Random, norm: NormSpec, dtype: str, shape: tuple[int, .
         changes["eps_how"] = how
         changes["eps_dtype"] = rng.choice(("float32", "float32", dtype, "float64"))
     if len(shape) >= 3 and norm.form not in ("grouped", "coreml") and rng.random() < 0.15:
-        changes["dims"] = 2
+        changes["dims"] = MAX_NORMALIZED_DIMS
     weight = norm.weight
     if weight is not None and norm.form != "functional":
         w: dict = {}
@@ -250,7 +271,7 @@ def _near_miss(rng: random.Random, kind: str, norm: NormSpec, dtype: str, shape:
     if kind == "eps-outside":
         return dataclasses.replace(norm, eps=eps, eps_how="outside")
     if kind == "bad-eps":
-        bad = rng.choice((float("nan"), float("inf"), float("-inf"), -1e-3))
+        bad = rng.choice(BAD_EPS)
         return dataclasses.replace(norm, eps=bad, eps_how=rng.choice(("right", "left", "const")))
     if kind == "coreml":
         return dataclasses.replace(template("coreml", rng, dtype), eps=eps)
@@ -270,7 +291,7 @@ def computes_in_float16(dtype: str, *norms: NormSpec | None) -> bool:
 
 
 def _shape(rng: random.Random, rank: int, width: int) -> tuple[int, ...]:
-    lead = [rng.choice((1, 2, 2, 3, 4)) for _ in range(rank - 1)]
+    lead = [rng.choice(LEAD_DIMS) for _ in range(rank - 1)]
     while lead and _prod(lead) * width > 768:
         i = max(range(len(lead)), key=lambda j: lead[j])
         lead[i] = max(1, lead[i] // 2)
@@ -287,7 +308,7 @@ def _prod(values: Sequence[int]) -> int:
 
 
 def _divisor(rng: random.Random, width: int) -> int | None:
-    options = [d for d in (2, 3, 4, 8) if width % d == 0 and width // d >= 2]
+    options = [d for d in DIVISORS if width % d == 0 and width // d >= 2]
     return rng.choice(options) if options else None
 
 
@@ -297,8 +318,8 @@ def generate(seed: int, index: int, near_miss_rate: float = 0.3) -> CaseSpec:
     near = rng.choice(NEAR_MISSES) if rng.random() < near_miss_rate else None
     form = "coreml" if near == "coreml" else rng.choice([f for f in FORMS if f != "coreml"])
     dtype = _dtype(rng)
-    rank = _weighted(rng, {2: 25, 3: 35, 4: 30, 5: 10})
-    width = rng.choice(_LAST_DIMS)
+    rank = _weighted(rng, RANKS)
+    width = rng.choice(LAST_DIMS)
     heads = 1
     if rank <= 4 and form != "grouped" and rng.random() < 0.12:
         heads = _divisor(rng, width) or 1
@@ -332,9 +353,9 @@ def generate(seed: int, index: int, near_miss_rate: float = 0.3) -> CaseSpec:
         feed = dataclasses.replace(feed, post=(*feed.post, Cast("to", "input")))
 
     tails = []
-    for _ in range(_weighted(rng, {0: 60, 1: 30, 2: 10})):
-        kind = rng.choice(("mul-scalar", "mul-0d", "mul-tensor", "residual"))
-        tails.append(Tail(kind, dtype=_dtype(rng), value=rng.choice((2.0, 0.5, -1.5, 3.0)), seed=rng.randrange(1 << 16)))
+    for _ in range(_weighted(rng, TAIL_COUNTS)):
+        kind = rng.choice(TAIL_KINDS)
+        tails.append(Tail(kind, dtype=_dtype(rng), value=rng.choice(TAIL_VALUES), seed=rng.randrange(SEEDS)))
 
     scale = rng.choice(FLOAT16_SCALES if computes_in_float16(dtype, norm, feed) else SCALES)
     return CaseSpec(
@@ -349,11 +370,11 @@ def generate(seed: int, index: int, near_miss_rate: float = 0.3) -> CaseSpec:
         residual=rng.random() < 0.15,
         feed=feed,
         heads=heads,
-        heads_view=rng.choice(("view", "reshape")) if not channels_last else "reshape",
+        heads_view=rng.choice(HEADS_VIEWS) if not channels_last else "reshape",
         tails=tuple(tails),
         return_input=rng.random() < 0.06,
         near_miss=near,
-        input_seed=rng.randrange(1 << 20),
+        input_seed=rng.randrange(INPUT_SEEDS),
     )
 
 

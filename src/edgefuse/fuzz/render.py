@@ -3,6 +3,10 @@
 The fuzzer runs exactly the source a reproducer file holds: :func:`build` executes the text
 :func:`source` returns, so a reproducer rebuilds the same module, weights and inputs without edgefuse's
 generator (weights and inputs come from seeded ``torch.Generator`` draws, not from stored numbers).
+
+The source holds no text of the spec's own: each name a spec holds picks a fixed snippet from a table
+here (an unknown name raises ``ValueError``), and each number is written as the ``repr`` of an ``int``
+or ``float`` (anything else raises), so a spec read from a file cannot put code into what is executed.
 """
 
 from __future__ import annotations
@@ -13,7 +17,20 @@ from typing import Sequence
 
 import torch
 
-from edgefuse.fuzz.spec import Cast, CaseSpec, NormSpec, WeightSpec, normalized_shape
+from edgefuse.fuzz import spec as _spec
+from edgefuse.fuzz.spec import (
+    DTYPES,
+    HEADS_VIEWS,
+    INVERSES,
+    NEAR_MISS_SQUARES,
+    SCALED,
+    SQUARES,
+    Cast,
+    CaseSpec,
+    NormSpec,
+    WeightSpec,
+    normalized_shape,
+)
 
 HEADER = '''import math
 
@@ -28,22 +45,59 @@ def _rand(shape, seed, scale=1.0, around=0.0, dtype=torch.float32):
 '''
 
 _METHODS = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double"}
+_DTYPES = {name: f"torch.{name}" for name in DTYPES}
+#: The source of each way to square ``v``, to invert the root of ``a``, and of each tensor that is scaled.
+SQUARE_SOURCE = dict(zip(SQUARES + NEAR_MISS_SQUARES, (
+    "v.pow(2)", "v.pow(2.0)", "torch.square(v)", "v * v", "v.pow(3)", "v * v * v", "v * yv",
+)))
+INVERSE_SOURCE = dict(zip(INVERSES, (
+    "torch.rsqrt(a)", "a.rsqrt()", "torch.sqrt(a)", "torch.reciprocal(torch.sqrt(a))", "1.0 / torch.sqrt(a)",
+    "a.pow(-0.5)",
+)))
+SCALED_SOURCE = dict(zip(SCALED, ("h", "y", "h.to({via}).to(h.dtype)")))
+VIEW_SOURCE = {name: name for name in HEADS_VIEWS}  # the Tensor methods of the same names
+
+
+def _pick(table: dict, value: object, what: str) -> str:
+    """The snippet ``table`` holds for ``value``: never ``value``'s own text."""
+    if isinstance(value, str) and value in table:
+        return table[value]
+    raise ValueError(f"{what} {value!r} is not one the renderer knows")
+
+
+def _named(value: object, names: Sequence[str], what: str) -> str:
+    """``value``, one of ``names`` (the spec's fixed set), for a docstring."""
+    if isinstance(value, str) and value in names:
+        return value
+    raise ValueError(f"{what} {value!r} is not one of the fuzzer's")
+
+
+def _int(value: object) -> str:
+    if type(value) is not int:
+        raise ValueError(f"{value!r} is not an integer")
+    return repr(value)
 
 
 def _num(value: float | int) -> str:
-    if isinstance(value, float) and math.isnan(value):
+    if type(value) not in (int, float):
+        raise ValueError(f"{value!r} is not a number")
+    if math.isnan(value):
         return "float('nan')"
-    if isinstance(value, float) and math.isinf(value):
+    if math.isinf(value):
         return "float('inf')" if value > 0 else "float('-inf')"
     return repr(value)
 
 
 def _dt(name: str) -> str:
-    return f"torch.{name}"
+    return _pick(_DTYPES, name, "dtype")
 
 
 def _shape(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(map(str, shape)) + ("," if len(shape) == 1 else "") + ")"
+    return "(" + ", ".join(map(_int, shape)) + ("," if len(shape) == 1 else "") + ")"
+
+
+def _ints(values: Sequence[int]) -> str:
+    return ", ".join(map(_int, values))
 
 
 def _memory_format(rank: int, channels_last: bool) -> str:
@@ -62,6 +116,7 @@ class _Init:
     def probe(self, dtype: str) -> str:
         if dtype not in self.probes:
             self.probes.add(dtype)
+            # _dt refuses a name it has no snippet for, so the name is one of DTYPES in the identifier too
             self.lines.append(f'self.register_buffer("probe_{dtype}", torch.zeros((), dtype={_dt(dtype)}))')
         return f"self.probe_{dtype}"
 
@@ -70,7 +125,7 @@ def _cast(var: str, cast: Cast, rank: int, init: _Init, source: str = "x") -> st
     """The expression that applies ``cast`` to ``var``; "input" is ``source``'s dtype."""
     dtype = f"{source}.dtype" if cast.dtype == "input" else _dt(cast.dtype)
     if cast.kind == "method":
-        return f"{var}.to({dtype})" if cast.dtype == "input" else f"{var}.{_METHODS[cast.dtype]}()"
+        return f"{var}.to({dtype})" if cast.dtype == "input" else f"{var}.{_pick(_METHODS, cast.dtype, 'dtype')}()"
     if cast.kind == "type_as":
         return f"{var}.type_as({source if cast.dtype == 'input' else init.probe(cast.dtype)})"
     if cast.kind == "to-contiguous":
@@ -124,7 +179,7 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
     shape = normalized_shape(norm, input_shape)
     if norm.weight is not None and norm.weight.kind != "input":
         w = norm.weight
-        value = f"_rand({_shape(weight_shape(norm, input_shape))}, {w.seed}, 0.5, {_num(w.around)}, {_dt(w.dtype)})"
+        value = f"_rand({_shape(weight_shape(norm, input_shape))}, {_int(w.seed)}, 0.5, {_num(w.around)}, {_dt(w.dtype)})"
         if w.kind == "param":
             init.lines.append(f"self.weight = nn.Parameter({value})")
         else:
@@ -145,7 +200,7 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
         _casts(body, "y", norm.pre, rank, init)
     lead, width = input_shape[:-1], input_shape[-1]
     if norm.form == "grouped":
-        split = ", ".join(map(str, (*lead, norm.groups, width // norm.groups)))
+        split = _ints((*lead, norm.groups, width // norm.groups))
         body.append(f"h = h.reshape({split})")
         if "y" in norm_inputs(norm):
             body.append(f"y = y.reshape({split})")
@@ -154,7 +209,7 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
         weight = "None"
         if norm.weight is not None:
             weight = _weight_expr(body, norm.weight, rank, init)
-        body.append(f"n = torch.nn.functional.rms_norm(h, {list(shape)}, {weight}, {_num(norm.eps)})")
+        body.append(f"n = torch.nn.functional.rms_norm(h, [{_ints(shape)}], {weight}, {_num(norm.eps)})")
     elif norm.form == "coreml":
         body.append(
             f"n = h * {math.sqrt(shape[-1])!r} / torch.clamp_min("
@@ -166,28 +221,22 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
         if "y" in norm_inputs(norm):
             body.append("yv = y")
             _casts(body, "yv", norm.var_pre, rank, init)
-        square = {
-            "pow2": "v.pow(2)",
-            "pow2f": "v.pow(2.0)",
-            "square": "torch.square(v)",
-            "mul": "v * v",
-            "pow3": "v.pow(3)",
-            "mul3": "v * v * v",
-            "product": "v * yv",
-        }[norm.square]
+        square = _pick(SQUARE_SOURCE, norm.square, "square")
         dims = norm.mean_dims if norm.mean_dims is not None else tuple(range(-norm.dims, 0))
         if norm.dims_style.endswith("pos"):
             dims = tuple(d % rank for d in dims)
         if norm.dims_style.startswith("list"):
-            dims_text = str(list(dims))
+            dims_text = f"[{_ints(dims)}]"
         else:
-            dims_text = str(dims[0]) if len(dims) == 1 else str(tuple(dims))
+            dims_text = _int(dims[0]) if len(dims) == 1 else f"({_ints(dims)})"
         if norm.keepdim:
             body.append(f"m = ({square}).mean({dims_text}, keepdim=True)")
         else:
             body.append(f"m = ({square}).mean({dims_text}).unsqueeze(-1)")
         eps = _num(norm.eps) if norm.eps is not None else None
-        scaled = {"same": "h", "other": "y", "rounded": f"h.to({_dt(norm.rounded_via)}).to(h.dtype)"}[norm.scaled]
+        scaled = _pick(SCALED_SOURCE, norm.scaled, "scaled")
+        if norm.scaled == "rounded":
+            scaled = scaled.format(via=_dt(norm.rounded_via))
         if norm.eps_how == "outside":
             body.append(f"n = {scaled} / (torch.sqrt(m) + {eps})")
         else:
@@ -198,23 +247,17 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
                     norm.eps_how
                 ]
                 body.append(f"a = {addend} + m" if norm.eps_how == "left" else f"a = m + {addend}")
+            inverse = _pick(INVERSE_SOURCE, norm.inverse, "inverse")
             if norm.inverse == "div-sqrt":
-                body.append(f"n = {scaled} / torch.sqrt(a)")
+                body.append(f"n = {scaled} / {inverse}")
             else:
-                inverse = {
-                    "rsqrt": "torch.rsqrt(a)",
-                    "rsqrt-method": "a.rsqrt()",
-                    "reciprocal-sqrt": "torch.reciprocal(torch.sqrt(a))",
-                    "one-over-sqrt": "1.0 / torch.sqrt(a)",
-                    "pow-neg-half": "a.pow(-0.5)",
-                }[norm.inverse]
                 body.append(f"r = {inverse}")
                 body.append(f"n = r * {scaled}" if norm.scale_left else f"n = {scaled} * r")
         _casts(body, "n", norm.mid, rank, init)
         if norm.also_return_normalized:
             body.append("normalized = n")
         if norm.form == "grouped":
-            body.append(f"n = n.reshape({', '.join(map(str, input_shape))})")
+            body.append(f"n = n.reshape({_ints(input_shape)})")
             rank -= 1
         if norm.weight is not None:
             weight = _weight_expr(body, norm.weight, rank, init)
@@ -225,7 +268,8 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
     _casts(body, "n", norm.post, rank, init)
     body.append("return n, normalized" if norm.also_return_normalized and norm.form not in ("functional", "coreml") else "return n")
 
-    out = [f"class {cls}(nn.Module):", f'    """{norm.form} norm over {list(shape)} of a {list(input_shape)} tensor."""', ""]
+    form = _named(norm.form, _spec.FORMS, "form")
+    out = [f"class {cls}(nn.Module):", f'    """{form} norm over [{_ints(shape)}] of a [{_ints(input_shape)}] tensor."""', ""]
     out.append("    def __init__(self):")
     out.append("        super().__init__()")
     out.extend(f"        {line}" for line in init.lines)
@@ -276,7 +320,8 @@ def _render_case(prefix: str, spec: CaseSpec) -> str:
         body.append("x = self.feed(x)")
     h = "x"
     if spec.heads > 1:
-        body.append(f"h = x.{spec.heads_view}({', '.join(map(str, norm_shape))})")
+        view = _pick(VIEW_SOURCE, spec.heads_view, "heads_view")
+        body.append(f"h = x.{view}({_ints(norm_shape)})")
         h = "h"
     extra = [n for n in io.inputs if n not in ("x", "r")]
     call = f"self.norm({', '.join([h, *extra])})"
@@ -285,7 +330,7 @@ def _render_case(prefix: str, spec: CaseSpec) -> str:
     else:
         body.append(f"out = {call}")
     if spec.heads > 1:
-        body.append(f"out = out.{spec.heads_view}({', '.join(map(str, spec.shape))})")
+        body.append(f"out = out.{view}({_ints(spec.shape)})")
     for i, tail in enumerate(spec.tails):
         if tail.kind == "mul-scalar":
             body.append(f"out = out * {_num(tail.value)}")
@@ -293,7 +338,7 @@ def _render_case(prefix: str, spec: CaseSpec) -> str:
             init.append(f'self.register_buffer("scale{i}", torch.tensor({_num(tail.value)}, dtype={_dt(tail.dtype)}))')
             body.append(f"out = out * self.scale{i}")
         elif tail.kind == "mul-tensor":
-            init.append(f'self.register_buffer("scale{i}", _rand(({spec.shape[-1]},), {tail.seed}, 0.5, 1.0, {_dt(tail.dtype)}))')
+            init.append(f'self.register_buffer("scale{i}", _rand(({_int(spec.shape[-1])},), {_int(tail.seed)}, 0.5, 1.0, {_dt(tail.dtype)}))')
             body.append(f"out = out * self.scale{i}")
         elif tail.kind == "residual":
             body.append("out = out + x")
@@ -317,10 +362,11 @@ def _render_inputs(name: str, spec: CaseSpec, io: CaseIO) -> str:
     rank = len(spec.shape)
     memory = _memory_format(rank, spec.channels_last)
     seed = spec.input_seed
-    lines = [f"def {name}():", f'    """The inputs of case {spec.name}: {", ".join(io.inputs)}."""']
+    _int(seed)
+    lines = [f"def {name}():", f'    """The inputs of case s{_int(spec.seed)}-c{_int(spec.index)}: {", ".join(io.inputs)}."""']
     lines.append(f"    x = _rand({_shape(spec.shape)}, {seed}, {_num(spec.scale)})")
     if spec.zero_row:
-        lines.append(f"    x.view(-1, {spec.shape[-1]})[0] = 0.0  # a row of zeros (padding)")
+        lines.append(f"    x.view(-1, {_int(spec.shape[-1])})[0] = 0.0  # a row of zeros (padding)")
     lines.append(f"    x = x.to({_dt(spec.dtype)}).contiguous(memory_format={memory})")
     if spec.residual:
         lines.append(f"    r = _rand({_shape(spec.shape)}, {seed + 1}, {_num(spec.scale)}).to({_dt(spec.dtype)})")
@@ -339,23 +385,25 @@ def _render_inputs(name: str, spec: CaseSpec, io: CaseIO) -> str:
             lines.append(f"    e = _rand({_shape(rows)}, {seed + 3}, 0.01, 0.05, {_dt(norm.eps_dtype)}).abs()")
     if "w" in io.inputs:
         w = norm.weight
-        lines.append(f"    w = _rand({_shape(weight_shape(norm, norm_shape))}, {w.seed}, 0.5, {_num(w.around)}, {_dt(w.dtype)})")
+        lines.append(f"    w = _rand({_shape(weight_shape(norm, norm_shape))}, {_int(w.seed)}, 0.5, {_num(w.around)}, {_dt(w.dtype)})")
     lines.append(f"    return ({', '.join(io.inputs)},)")
     return "\n".join(lines) + "\n"
 
 
 def describe(spec: CaseSpec) -> str:
     """One line that says what a case is."""
-    parts = [f"case {spec.name}: {spec.norm.form} norm", f"{spec.dtype} {list(spec.shape)}"]
+    name = f"s{_int(spec.seed)}-c{_int(spec.index)}"
+    form = _named(spec.norm.form, _spec.FORMS, "form")
+    parts = [f"case {name}: {form} norm", f"{_named(spec.dtype, DTYPES, 'dtype')} [{_ints(spec.shape)}]"]
     if spec.channels_last:
         parts.append("channels-last")
     if spec.near_miss:
-        parts.append(f"near miss: {spec.near_miss}")
-    for flag, text in ((spec.residual, "residual add"), (spec.feed is not None, "fed by a norm"), (spec.heads > 1, f"{spec.heads} heads")):
+        parts.append(f"near miss: {_named(spec.near_miss, _spec.NEAR_MISSES, 'near_miss')}")
+    for flag, text in ((spec.residual, "residual add"), (spec.feed is not None, "fed by a norm"), (spec.heads > 1, f"{_int(spec.heads)} heads")):
         if flag:
             parts.append(text)
     if spec.tails:
-        parts.append("then " + ", ".join(t.kind for t in spec.tails))
+        parts.append("then " + ", ".join(_named(t.kind, _spec.TAIL_KINDS, "tail kind") for t in spec.tails))
     return "; ".join(parts)
 
 

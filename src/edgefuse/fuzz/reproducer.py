@@ -245,7 +245,9 @@ def reproducer_text(finding: Finding, specs: Sequence[CaseSpec] | None = None, n
     specs = list(specs or finding.batch or (finding.spec,))
     mode, backend, capture = finding.check
     spec = finding.spec
-    detail = textwrap.indent(textwrap.shorten(finding.detail.replace("\n", " "), 1500), "    ")
+    # The detail is an error's text: kept inside the docstring whatever quotes or backslashes it holds.
+    detail = finding.detail.replace("\n", " ").replace("\\", "\\\\").replace('"""', '\\"""')
+    detail = textwrap.indent(textwrap.shorten(detail, 1500), "    ")
     cases = "\n".join(f"    {describe(s)}" for s in specs)
     doc = [
         f'"""edgefuse fuzz reproducer: {finding.kind} under {check_name(finding.check)}.',
@@ -347,23 +349,31 @@ def write(directory: Path, finding: Finding, text: str, suffix: str = "") -> Pat
 
 
 def read_specs(path: Path) -> list[CaseSpec]:
-    """The specs a reproducer file holds in ``SPEC`` (the file is parsed, not executed)."""
+    """The specs a reproducer file holds in ``SPEC``: parsed, never executed, and every field checked
+    against what the generator can write (:mod:`edgefuse.fuzz.validate`) before anything renders it.
+
+    Raises ``ValueError`` (a :class:`~edgefuse.fuzz.validate.SpecError` names the field) for a file that is
+    not Python, holds no ``SPEC``, or a ``SPEC`` the fuzzer did not write; ``OSError`` when it cannot be read.
+    """
     import ast
 
-    from edgefuse.fuzz.spec import CaseSpec, from_dict
+    from edgefuse.fuzz.validate import SpecError, cases
 
-    tree = ast.parse(Path(path).read_text())
+    try:
+        tree = ast.parse(Path(path).read_bytes())
+    except (SyntaxError, RecursionError, MemoryError) as error:
+        raise ValueError(f"it is not Python ({type(error).__name__})") from None
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SPEC" for t in node.targets):
             try:
-                specs = from_dict(_eval_literal(node.value))
-            except (KeyError, TypeError, ValueError, AttributeError) as error:
-                why = f"{type(error).__name__}: {error}"
-                raise ValueError(f"its SPEC is not a list of cases the fuzzer wrote ({why})") from error
-            if not specs or not isinstance(specs, (list, tuple)) or not all(isinstance(s, CaseSpec) for s in specs):
-                raise ValueError("its SPEC is not a list of cases the fuzzer wrote")
-            return list(specs)
-    raise ValueError(f"{path} holds no SPEC")
+                literal = _eval_literal(node.value)
+            except (TypeError, ValueError, SyntaxError, RecursionError, MemoryError) as error:
+                raise ValueError(f"its SPEC is not a literal ({type(error).__name__})") from None
+            try:
+                return cases(literal)
+            except SpecError as error:
+                raise ValueError(f"its SPEC is not a list of cases the fuzzer wrote: {error}") from None
+    raise ValueError("it holds no SPEC")
 
 
 def _eval_literal(node):

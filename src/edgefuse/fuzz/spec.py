@@ -55,6 +55,30 @@ NEAR_MISSES = (
 #: torch.contiguous_format) (changes the dim order of a channels-last tensor); "to-channels-last":
 #: x.to(dt, memory_format=torch.channels_last / channels_last_3d) (changes a contiguous tensor's order).
 CAST_KINDS = ("to", "method", "type_as", "to-contiguous", "to-channels-last")
+#: A cast's dtype may also be this: the dtype of the tensor the norm reads.
+INPUT_DTYPE = "input"
+
+#: How the norm squares (``NormSpec.square``); the near misses raise to the third power or multiply two tensors.
+SQUARES = ("pow2", "pow2f", "square", "mul")
+NEAR_MISS_SQUARES = ("pow3", "mul3", "product")
+#: How eps is added (``NormSpec.eps_how``): a Python float right or left of the mean, or a constant
+#: 1-element tensor; the near misses add a run-time tensor, a per-row tensor, a vector, or add eps outside
+#: the root.
+EPS_HOWS = ("right", "left", "const")
+NEAR_MISS_EPS_HOWS = ("input", "row", "vector", "outside")
+#: How the root is inverted (``NormSpec.inverse``).
+INVERSES = ("rsqrt", "rsqrt-method", "div-sqrt", "reciprocal-sqrt", "one-over-sqrt", "pow-neg-half")
+#: How the mean's dims are written (``NormSpec.dims_style``): -1, 2, [-1], [2].
+DIMS_STYLES = ("neg", "pos", "list-neg", "list-pos")
+#: The tensor the norm scales (``NormSpec.scaled``): the squared one, or (near misses) another or a rounded copy.
+SCALED = ("same", "other", "rounded")
+#: ``WeightSpec.kind`` and ``WeightSpec.shape``.
+WEIGHT_KINDS = ("param", "buffer", "input")
+WEIGHT_SHAPES = ("normalized", "row")
+#: ``Tail.kind``: the ops that may follow a norm.
+TAIL_KINDS = ("mul-scalar", "mul-0d", "mul-tensor", "residual")
+#: ``CaseSpec.heads_view``: how a QK-norm's heads are split and merged.
+HEADS_VIEWS = ("view", "reshape")
 
 
 @dataclass(frozen=True)
@@ -97,16 +121,16 @@ class NormSpec:
     form: str
     pre: tuple[Cast, ...] = ()
     var_pre: tuple[Cast, ...] = ()
-    square: str = "pow2"  # pow2, pow2f, square, mul | near misses: pow3, mul3, product
+    square: str = "pow2"  # SQUARES | near misses: NEAR_MISS_SQUARES
     dims: int = 1  # the number of trailing dims normalized
     mean_dims: tuple[int, ...] | None = None  # near miss "wrong-dim": the dims actually averaged
     keepdim: bool = True
     eps: float | None = 1e-6  # None: no eps addition at all
-    eps_how: str = "right"  # right, left, const | near misses: input, row, vector, outside
+    eps_how: str = "right"  # EPS_HOWS | near misses: NEAR_MISS_EPS_HOWS
     eps_dtype: str = "float32"  # the dtype of a constant (1-element) eps tensor
-    inverse: str = "rsqrt"  # rsqrt, rsqrt-method, div-sqrt, reciprocal-sqrt, one-over-sqrt, pow-neg-half
-    dims_style: str = "neg"  # how the mean's dims are written: neg (-1), pos (2), list-neg ([-1]), list-pos ([2])
-    scaled: str = "same"  # same, raw (T5: the uncast input) | near misses: other, rounded
+    inverse: str = "rsqrt"  # INVERSES
+    dims_style: str = "neg"  # DIMS_STYLES
+    scaled: str = "same"  # SCALED
     rounded_via: str = "float16"  # the dtype a "rounded" scaled tensor is rounded through
     scale_left: bool = False  # inverse * h instead of h * inverse
     mid: tuple[Cast, ...] = ()
@@ -148,7 +172,7 @@ class CaseSpec:
     residual: bool = False
     feed: NormSpec | None = None
     heads: int = 1
-    heads_view: str = "view"  # "view" or "reshape"
+    heads_view: str = "view"  # HEADS_VIEWS
     tails: tuple[Tail, ...] = ()
     return_input: bool = False  # the norm's input is also an output
     near_miss: str | None = None
