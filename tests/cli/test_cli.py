@@ -872,8 +872,8 @@ def test_a_model_that_writes_its_input_or_a_buffer_is_compared_on_fresh_copies(w
 def test_the_demo_refuses_a_map_folder_it_cannot_make_before_any_work(tmp_path, monkeypatch, capsys):
     import tempfile
 
-    (tmp_path / "edgefuse-demo").write_text("a file where the demo's folder goes")
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    (tmp_path / "not-a-folder").write_text("a file where the temporary directory should be")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "not-a-folder"))
     assert cli.main(["-q", "demo"]) == USAGE
     out, err = capsys.readouterr()
     assert "cannot be made" in err and "TMPDIR" in err and "Traceback" not in err

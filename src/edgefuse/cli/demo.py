@@ -7,7 +7,7 @@ float32 and once in float16. In each, it rebuilds the RMSNorms for QNN in the ca
 QNN's quantizer works on, and prints one row per norm with the error of the norm's output against
 eager. Then it lowers the float16 program for XNNPACK twice, stock and with edgefuse, runs both ``.pte``
 files in ``executorch.runtime``, checks them against eager and prints the delegate counts, with a
-delegate map written to a temporary directory.
+delegate map written to a new private folder under the temporary directory.
 
 XNNPACK lowering is the slow part, so the demo lowers one dtype, float16, where edgefuse changes most
 (stock splits its delegate at every norm's casts and mean; ``edgefuse lower tiny-qwen3 --dtype float32
@@ -28,6 +28,7 @@ from torch.export import ExportedProgram
 
 from edgefuse.cli.background import Background
 from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, Unavailable, UsageError
+from edgefuse.files import fresh_private_folder, write_text
 from edgefuse.cli.pte_checks import Lowered, comparison_lines, flat_tensors, lower_to_pte, run_and_check
 from edgefuse.cli.stock_and_edgefuse import build_xnnpack_patterns
 from edgefuse.cli.modelspec import ModelSpec
@@ -43,24 +44,29 @@ _for_worker: dict[str, ExportedProgram] = {}
 
 
 def map_path() -> str:
-    """Where the demo writes its delegate map: a fixed folder under the system's temporary directory."""
-    directory = os.path.join(tempfile.gettempdir(), "edgefuse-demo")
+    """Where the demo writes its delegate map: a new folder under the system's temporary directory that
+    only this user can enter (a fixed name there could be another user's folder, or hold their symlink)."""
     try:
-        os.makedirs(directory, exist_ok=True)
+        directory = fresh_private_folder("edgefuse-demo-")
     except OSError as error:
         raise UsageError(
-            f"the demo writes its delegate map in {directory}, which cannot be made: "
-            f"{error.strerror or error}; point TMPDIR at a folder you can write"
+            f"the demo writes its delegate map in a new folder under {tempfile.gettempdir()}, which cannot be "
+            f"made: {error.strerror or error}; point TMPDIR at a folder you can write"
         ) from error
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise UsageError(f"the demo writes its delegate map in {directory}: permission denied; point TMPDIR elsewhere")
     return os.path.join(directory, f"{MODEL}-{_name(XNNPACK_DTYPE)}.delegates.svg")
 
 
 def run(say: Progress | None = None) -> int:
     """Run the demo, printing results to stdout and progress to ``say``; returns the exit code."""
-    say = say or Progress(enabled=False)
-    destination = map_path()  # before the work: a folder that cannot be written is the user's to fix
+    destination = map_path()  # before the work: a folder that cannot be made is the user's to fix
+    try:
+        return _run(destination, say or Progress(enabled=False))
+    finally:
+        if not os.path.exists(destination):  # nothing written: leave no empty folder behind
+            os.rmdir(os.path.dirname(destination))
+
+
+def _run(destination: str, say: Progress) -> int:
     # One intra-op thread: no OpenMP pool is started for the forked worker to inherit, and the worker and
     # this process have a core each.
     torch.set_num_threads(1)
@@ -112,13 +118,13 @@ def run(say: Progress | None = None) -> int:
     print(f"  delegates: {stock.summary.delegates} stock -> {ours.summary.delegates} edgefuse; ops outside: "
           f"{len(stock.summary.outside)} -> {len(ours.summary.outside)}")
 
-    from edgefuse.cli.delegate_map import write
+    from edgefuse.cli.delegate_map import render
 
     try:
-        path = write(destination, [stock.summary, ours.summary], f"delegate map: {MODEL} ({_name(XNNPACK_DTYPE)})")
+        write_text(destination, render([stock.summary, ours.summary], f"delegate map: {MODEL} ({_name(XNNPACK_DTYPE)})"))
     except OSError as error:
         raise UsageError(f"cannot write the delegate map to {destination}: {error.strerror or error}") from error
-    print(f"  delegate map (open it in a browser): {path}")
+    print(f"  delegate map (open it in a browser): {destination}")
     return OK if ok else CHECK_FAILED
 
 

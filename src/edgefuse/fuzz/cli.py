@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--start", type=int, default=0, help="index of the first case (default 0)")
     parser.add_argument(
         "--out", type=Path, default=DEFAULT_OUT,
-        help=f"directory for reproducer files of failing cases, created only when one fails (default ./{DEFAULT_OUT})",
+        help=f"directory for reproducer files of failing cases, created only when one fails (default ./{DEFAULT_OUT}); "
+        "it must be a folder of yours that other users cannot write",
     )
     parser.add_argument("--no-reproducers", action="store_true", help="write no reproducer files")
     parser.add_argument("--batch", type=int, default=8, help="cases exported side by side in one module (default 8)")
@@ -93,7 +95,16 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    summary = run(options)
+    from edgefuse.files import UnsafeFolder, own_folder
+
+    try:
+        if options.out is not None and os.path.lexists(options.out):
+            own_folder(options.out)  # before the run: a folder another user planted is refused up front
+        summary = run(options)
+    except UnsafeFolder as error:
+        print(f"cannot write reproducers to {options.out}: {error.strerror}; name a folder of your own with --out",
+              file=sys.stderr)
+        return 2
     print(format_summary(summary))
     return 1 if summary.failed else 0
 
