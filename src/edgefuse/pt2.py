@@ -287,12 +287,13 @@ def _sample_inputs(records, name: str) -> list[CodeEntry]:
 
 
 def _unpickler_reason(error: Exception) -> str:
-    """The line of a ``weights_only`` refusal that names what the pickle asked for."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if line.startswith(("Trying to", "Unsupported")):
-            return line[:200]
-    return (lines[0] if lines else type(error).__name__)[:200]
+    """What a ``weights_only`` refusal says the pickle asked for (a global it may not load, mostly)."""
+    text = str(error)
+    found = re.search(r"[Uu]nsupported (?:global:? )?GLOBAL ([\w.]+)", text)
+    if found:
+        return f"it asks for {found.group(1)}, which weights_only=True refuses"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return (lines[-1] if lines else type(error).__name__)[:200]
 
 
 # --- the program: operators, guards, symbolic sizes ---------------------------------------------------

@@ -259,7 +259,14 @@ def _load_program(path: str, trust: bool = False) -> ModelSpec:
             f"{path}: {off_cpu}; edgefuse runs programs on the CPU, with values: export the model with its "
             "parameters and inputs on the CPU (a program saved from meta tensors has no values to run)"
         )
-    return ModelSpec(path, "program", tuple(args), program=program)
+    spec = ModelSpec(path, "program", tuple(args), program=program)
+    try:
+        spec.eager()  # once here: a program that does not run fails as bad input, before any work
+    except Exception as error:
+        raise UsageError(
+            f"{path}: the saved program does not run on the inputs saved with it: {error_summary(error)}"
+        ) from error
+    return spec
 
 
 def error_summary(error: BaseException, path: str | None = None) -> str:

@@ -224,6 +224,9 @@ def _build(cls: type, field: str, value: Any) -> Any:
     missing = names - set(checks)
     if missing:  # a field added to the spec without a check here: refuse rather than render it unchecked
         raise SpecError(f"{field}.{sorted(missing)[0]}", "a field this version cannot check")
+    for f in dataclasses.fields(cls):
+        if f.name not in value and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise SpecError(f"{field}.{f.name}", f"missing: a {cls.__name__} always has it")
     kwargs = {name: checks[name](f"{field}.{name}", item) for name, item in value.items() if name != "__type__"}
     return cls(**kwargs)
 

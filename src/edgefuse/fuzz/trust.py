@@ -1,0 +1,578 @@
+"""Hostile and mutated files for the two readers of files other people send: ``.pt2`` archives and reproducers.
+
+Each hostile builder writes a file the way an attacker would: a payload that creates a marker file when
+it runs, placed where ``torch.export.load`` or the fuzzer's renderer would run it. :func:`measure` also
+mutates real files (random byte flips, edits of their JSON or of their ``SPEC``, hostile edits among
+them) and feeds each to the reader edgefuse uses (:func:`edgefuse.modelspec.resolve` and the saved
+program's one run; :func:`edgefuse.fuzz.reproducer.read_specs` and, when it accepts, the module rendered
+from the spec, built and run), counting refusals (exit 2), files accepted as valid, tracebacks and
+markers. ``python -m edgefuse.fuzz.trust`` prints the counts and exits 1 unless there are no tracebacks
+and no markers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import copy
+import io
+import json
+import os
+import pickle
+import pprint
+import random
+import shutil
+import sys
+import tempfile
+import traceback
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+# --- payloads -----------------------------------------------------------------------------------------
+
+
+def code_that_touches(marker: str) -> str:
+    """Python that creates ``marker``: what every payload here runs if anything runs it."""
+    return f"open({marker!r}, 'w').close()"
+
+
+class Payload:
+    """Unpickling this runs :func:`code_that_touches` and gives the value of the expression ``then``: an
+    attacker's pickle (with ``then`` the tensor the archive should hold, the load goes on unnoticed)."""
+
+    def __init__(self, marker: str, then: str = "None"):
+        self.marker, self.then = marker, then
+
+    def __reduce__(self):
+        return eval, (f"[{code_that_touches(self.marker)}, {self.then}][1]",)
+
+
+def pickled(marker: str, then: str = "None") -> bytes:
+    return pickle.dumps(Payload(marker, then), protocol=2)
+
+
+def torch_saved(value) -> bytes:
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    return buffer.getvalue()
+
+
+# --- archives -----------------------------------------------------------------------------------------
+
+
+def records(data: bytes) -> dict[str, bytes]:
+    """The entries of a zip by their full names, in order."""
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {info.filename: archive.read(info) for info in archive.infolist()}
+
+
+def zipped(entries: dict[str, bytes]) -> bytes:
+    """A zip of ``entries``, stored as ``torch.export.save`` stores them."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def _root(entries: dict[str, bytes]) -> str:
+    return next(iter(entries)).split("/", 1)[0] + "/"
+
+
+def _one(entries: dict[str, bytes], suffix: str) -> str:
+    return next(name for name in entries if name.endswith(suffix))
+
+
+def _edit_json(entries: dict[str, bytes], suffix: str, edit: Callable[[dict, dict], None]) -> dict[str, bytes]:
+    """A copy of ``entries`` whose JSON entry ending in ``suffix`` ``edit(json, entries)`` changed."""
+    entries = dict(entries)
+    name = _one(entries, suffix)
+    value = json.loads(entries[name])
+    edit(value, entries)
+    entries[name] = json.dumps(value).encode()
+    return entries
+
+
+def _pickled_weight(entries, marker):
+    def edit(config, entries):
+        meta = next(iter(config["config"].values()))
+        meta["use_pickle"] = True
+        entries[_root(entries) + "data/weights/" + meta["path_name"]] = pickled(marker)
+
+    return _edit_json(entries, "_weights_config.json", edit)
+
+
+def _constant(path_name: str, payload: Callable[[str], bytes], use_pickle: bool):
+    def build(entries, marker):
+        def edit(config, entries):
+            config["config"]["planted"] = {"path_name": path_name, "is_param": False, "use_pickle": use_pickle,
+                                           "tensor_meta": None}
+            entries[_root(entries) + "data/constants/" + path_name] = payload(marker)
+
+        return _edit_json(entries, "_constants_config.json", edit)
+
+    return build
+
+
+def _legacy(kind: str):
+    def build(entries, marker):
+        entries = dict(entries)
+        entries[_root(entries) + f"data/{kind}/model.pt"] = torch_saved({"planted": Payload(marker)})
+        return entries
+
+    return build
+
+
+def _sample_inputs(entries, marker):
+    entries = dict(entries)
+    entries[_one(entries, "data/sample_inputs/model.pt")] = torch_saved(((Payload(marker),), {}))
+    return entries
+
+
+def _first_node(program: dict) -> dict:
+    return program["graph_module"]["graph"]["nodes"][0]
+
+
+def _node_target(entries, marker):
+    def edit(program, _):
+        node = copy.deepcopy(_first_node(program))
+        node.update(target="torch.os.system", name="planted",
+                    inputs=[{"name": "command", "arg": {"as_string": f"touch {marker}"}, "kind": 1}])
+        program["graph_module"]["graph"]["nodes"].insert(0, node)
+
+    return _edit_json(entries, "models/model.json", edit)
+
+
+def _operator_argument(entries, marker):
+    def edit(program, _):
+        node = _first_node(program)
+        node["inputs"].append({"name": "planted", "arg": {"as_operator": "torch.os.system"}, "kind": 1})
+
+    return _edit_json(entries, "models/model.json", edit)
+
+
+def _guards_code(entries, marker):
+    return _edit_json(entries, "models/model.json", lambda p, _: p.__setitem__("guards_code", [code_that_touches(marker)]))
+
+
+def _symbolic_size(entries, marker):
+    def edit(program, _):
+        values = program["graph_module"]["graph"]["tensor_values"]
+        meta = next(iter(values.values()))
+        meta["sizes"][0] = {"as_expr": {"expr_str": f"exec({code_that_touches(marker)!r})", "hint": {"as_int": 2}}}
+
+    return _edit_json(entries, "models/model.json", edit)
+
+
+def _aotinductor(entries, marker):
+    entries = dict(entries)
+    entries[_root(entries) + "data/aotinductor/model/model.wrapper.so"] = b"\x7fELF planted library"
+    return entries
+
+
+#: Every way a .pt2 may carry code for torch.export.load (torch 2.13), with the entry edgefuse names.
+HOSTILE_ARCHIVES: dict[str, tuple[Callable, str]] = {
+    "pickled-weight": (_pickled_weight, "is pickled (use_pickle)"),
+    "pickled-constant": (_constant("tensor_planted", pickled, True), "is pickled (use_pickle)"),
+    "torchscript-constant": (_constant("custom_obj_planted", pickled, True), "is a TorchScript object"),
+    "opaque-constant": (_constant("opaque_obj_planted", pickled, True), "pickle.loads"),
+    "legacy-weights": (_legacy("weights"), "legacy pickled format"),
+    "legacy-constants": (_legacy("constants"), "legacy pickled format"),
+    "sample-inputs": (_sample_inputs, "sample inputs that load only with weights_only=False"),
+    "node-target": (_node_target, "'torch.os.system'"),
+    "operator-argument": (_operator_argument, "'torch.os.system'"),
+    "guards-code": (_guards_code, "guards_code"),
+    "symbolic-size": (_symbolic_size, "is not a plain sympy expression"),
+    "aotinductor": (_aotinductor, "compiled AOTInductor code"),
+}
+#: The entry each hostile archive's refusal names.
+HOSTILE_ENTRIES = {
+    "pickled-weight": "data/weights/", "pickled-constant": "data/constants/tensor_planted",
+    "torchscript-constant": "data/constants/custom_obj_planted", "opaque-constant": "data/constants/opaque_obj_planted",
+    "legacy-weights": "data/weights/model.pt", "legacy-constants": "data/constants/model.pt",
+    "sample-inputs": "data/sample_inputs/model.pt", "node-target": "models/model.json",
+    "operator-argument": "models/model.json", "guards-code": "models/model.json", "symbolic-size": "models/model.json",
+    "aotinductor": "data/aotinductor/",
+}
+
+
+def hostile_archive(kind: str, base: bytes, marker: str) -> bytes:
+    """``base`` (a saved program) with the payload of ``kind`` planted."""
+    build, _ = HOSTILE_ARCHIVES[kind]
+    return zipped(build(records(base), marker))
+
+
+def saved_programs() -> dict[str, bytes]:
+    """Small saved programs to start from: a one-layer built-in model, and a module with a tensor constant
+    and a dynamic dim (a constants config and symbolic sizes)."""
+    import torch
+
+    from edgefuse.models import build_model
+
+    module, inputs = build_model("tiny-llama", layers=1, seq_len=4)
+    programs = {"tiny-llama": torch.export.export(module, tuple(inputs))}
+
+    class WithConstant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.ones(8))
+            self.table = torch.arange(8.0)  # a plain tensor attribute: a lifted constant
+
+        def forward(self, x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.weight + self.table
+
+    batch = torch.export.Dim("batch", min=1, max=16)
+    programs["constant-dynamic"] = torch.export.export(
+        WithConstant(), (torch.randn(2, 8),), dynamic_shapes=({0: batch},)
+    )
+    out = {}
+    for name, program in programs.items():
+        buffer = io.BytesIO()
+        torch.export.save(program, buffer)
+        out[name] = buffer.getvalue()
+    return out
+
+
+# --- reproducers --------------------------------------------------------------------------------------
+
+#: Text an attacker puts into a string field of a reproducer's SPEC; {code} is the payload.
+INJECTIONS = (
+    "view(1)\n{code}\n#",
+    "reshape; {code}; x = x.view",
+    "float32); {code}; (torch.float32",
+    '"""\n{code}\n"""',
+    "' + str({code}) + '",
+    "llama\n        {code}\n",
+    "x.pow(2)\n        {code}\n        v = v",
+)
+
+
+def reproducer_texts(seed: int = 0, count: int = 12) -> list[str]:
+    """Reproducers the fuzzer writes, for cases of a seeded run: one case each, a batch, a hostile and an
+    XNNPACK one."""
+    from edgefuse.fuzz.check import Finding
+    from edgefuse.fuzz.generate import generate
+    from edgefuse.fuzz.reproducer import reproducer_text
+
+    specs = [generate(seed, i) for i in range(count)]
+    texts = [reproducer_text(Finding("mismatch", ("capture", "aten", False), "(a case)", s)) for s in specs]
+    texts.append(reproducer_text(Finding("mismatch", ("edge", "qnn", False), "(a batch)", specs[0], tuple(specs[:4]))))
+    texts.append(reproducer_text(Finding("hostile-mismatch", ("strip-meta-all", "qnn", False), "x", specs[1],
+                                         damage=(("strip", "mean"),))))
+    texts.append(reproducer_text(Finding("xnnpack-mismatch", ("xnnpack", "edgefuse", False), "x", specs[2])))
+    return texts
+
+
+def spec_literal(text: str):
+    """The ``SPEC`` literal of a reproducer's text, and the (first, last) line numbers of its assignment."""
+    from edgefuse.fuzz.reproducer import _eval_literal
+
+    tree = ast.parse(text)
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "SPEC" for t in node.targets):
+            return _eval_literal(node.value), (node.lineno, node.end_lineno)
+    raise ValueError("no SPEC")
+
+
+def with_spec(text: str, literal) -> str:
+    """``text`` with its ``SPEC`` replaced by ``literal``, written the way the fuzzer writes it."""
+    from edgefuse.fuzz.reproducer import _printable
+
+    _, (first, last) = spec_literal(text)
+    lines = text.splitlines()
+    spec = "SPEC = " + pprint.pformat(_printable(literal), width=110, sort_dicts=False)
+    return "\n".join(lines[: first - 1] + [spec] + lines[last:]) + "\n"
+
+
+def string_fields(literal) -> list[tuple]:
+    """The paths to every string field of a SPEC literal (``__type__`` tags included)."""
+    return [path for path in _paths(literal) if isinstance(_get(literal, path), str)]
+
+
+def replaced(literal, path: tuple, value):
+    """A copy of ``literal`` with the item at ``path`` set to ``value`` (tuples stay tuples)."""
+    if not path:
+        return value
+    key, rest = path[0], path[1:]
+    if isinstance(literal, dict):
+        out = dict(literal)
+        out[key] = replaced(literal[key], rest, value)
+        return out
+    items = list(literal)
+    items[key] = replaced(literal[key], rest, value)
+    return tuple(items)
+
+
+def injected(text: str, path: tuple, injection: str, marker: str) -> str:
+    """A reproducer whose string field at ``path`` holds ``injection`` with code that touches ``marker``."""
+    literal, _ = spec_literal(text)
+    return with_spec(text, replaced(literal, path, injection.format(code=code_that_touches(marker))))
+
+
+# --- mutations ----------------------------------------------------------------------------------------
+
+
+def _flip(rng: random.Random, data: bytes, start: int = 0) -> bytes:
+    data = bytearray(data)
+    for _ in range(rng.choice((1, 1, 2, 4, 16))):
+        i = rng.randrange(start, len(data))
+        data[i] ^= rng.randrange(1, 256)
+    return bytes(data)
+
+
+def _random_value(rng: random.Random, marker: str):
+    return rng.choice((
+        lambda: rng.choice(INJECTIONS).format(code=code_that_touches(marker)),
+        lambda: rng.choice((0, 1, -1, 2, 3, 7, 64, 65, 1 << 20, -(1 << 40), 10 ** 30)),
+        lambda: rng.choice((0.0, -1e-3, 1e300, float("nan"), float("inf"), 2.5)),
+        lambda: None,
+        lambda: rng.choice((True, False)),
+        lambda: rng.choice(("", "float32", "input", "view", "llama", "torch.os.system", "Symbol('s0')")),
+        lambda: (),
+        lambda: (1, 2, 3, 4, 5, 6),
+        lambda: {"__type__": rng.choice(("Cast", "CaseSpec", "Nope"))},
+        lambda: [1, "a"],
+        lambda: {},
+    ))()
+
+
+def _as_json(value):
+    """``value`` with tuples as lists, as JSON holds them."""
+    if isinstance(value, (tuple, list)):
+        return [_as_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items()}
+    return value
+
+
+def _paths(value, path: tuple = ()) -> list[tuple]:
+    out = [path]
+    if isinstance(value, dict):
+        for key, item in value.items():
+            out += _paths(item, (*path, key))
+    elif isinstance(value, (tuple, list)):
+        for i, item in enumerate(value):
+            out += _paths(item, (*path, i))
+    return out
+
+
+def _json_set(value, path: tuple, new):
+    """``value`` (JSON: dicts and lists) with the item at ``path`` set to ``new``, in place."""
+    if not path:
+        return new
+    target = value
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = new
+    return value
+
+
+def mutate_archive(rng: random.Random, base: bytes, marker: str) -> bytes:
+    """One mutation of a saved program: byte flips, a JSON edit, a record changed, or a hostile payload."""
+    entries = records(base)
+    how = rng.choice(("flip", "flip", "json", "json", "json", "record", "hostile"))
+    if how == "flip":
+        return _flip(rng, base)
+    if how == "hostile":
+        return hostile_archive(rng.choice(list(HOSTILE_ARCHIVES)), base, marker)
+    names = list(entries)
+    if how == "record":
+        name = rng.choice(names)
+        change = rng.choice(("drop", "truncate", "grow", "garbage", "rename"))
+        if change == "drop":
+            del entries[name]
+        elif change == "truncate":
+            entries[name] = entries[name][: rng.randrange(len(entries[name]) + 1)]
+        elif change == "grow":
+            entries[name] = entries[name] + bytes(rng.randrange(1, 64))
+        elif change == "garbage":
+            entries[name] = rng.randbytes(rng.randrange(1, 256))
+        else:
+            entries[rng.choice(("other/", "", "../")) + name.split("/", 1)[1]] = entries.pop(name)
+        return zipped(entries)
+    name = rng.choice([n for n in names if n.endswith(".json")])
+    value = json.loads(entries[name])
+    paths = _paths(value)
+    for _ in range(rng.choice((1, 1, 2, 3))):
+        path = rng.choice(paths)
+        value = _json_set(value, path, _as_json(_random_value(rng, marker)) if rng.random() < 0.8 else rng.choice((
+            {"as_int": rng.choice((0, 1, 1 << 40, -3))}, True, "torch.ops.aten.add.Tensor", [],
+        )))
+        paths = _paths(value)
+    entries[name] = json.dumps(value).encode()
+    return zipped(entries)
+
+
+def mutate_reproducer(rng: random.Random, text: str, marker: str) -> str:
+    """One mutation of a reproducer: byte flips in its SPEC, or edits of SPEC's fields."""
+    literal, (first, _) = spec_literal(text)
+    if rng.random() < 0.25:
+        start = len("\n".join(text.splitlines()[: first - 1]))
+        return _flip(rng, text.encode(), start).decode("utf-8", errors="replace")
+    for _ in range(rng.choice((1, 1, 1, 2, 3))):
+        paths = _paths(literal)[1:]
+        path = rng.choice(paths)
+        if rng.random() < 0.1 and isinstance(path[-1], str):  # a field renamed or dropped
+            parent = _get(literal, path[:-1])
+            parent = {(k + "_x" if k == path[-1] and rng.random() < 0.5 else k): v for k, v in parent.items()
+                      if k != path[-1] or rng.random() < 0.5}
+            literal = replaced(literal, path[:-1], parent)
+        else:
+            literal = replaced(literal, path, _random_value(rng, marker))
+    return with_spec(text, literal)
+
+
+def _get(value, path: tuple):
+    for key in path:
+        value = value[key]
+    return value
+
+
+# --- the measure --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Counts:
+    """What became of the files fed to one reader."""
+
+    files: int = 0
+    refused: int = 0  # exit 2
+    accepted: int = 0
+    not_run: int = 0  # reproducers accepted whose module torch cannot build: the replay says no check ran, exit 2
+    tracebacks: list[str] = field(default_factory=list)
+    markers: list[str] = field(default_factory=list)
+
+    def line(self, what: str) -> str:
+        extra = f" (of which the replay runs no check, exit 2: {self.not_run})" if self.not_run else ""
+        return (f"{what:<12} {self.files} files: refused (exit 2) {self.refused}, accepted as valid "
+                f"{self.accepted}{extra}, tracebacks {len(self.tracebacks)}, markers {len(self.markers)}")
+
+
+def read_archive(path: str) -> str:
+    """What ``edgefuse report PATH`` does before its work: resolve the MODEL (the archive checked, loaded,
+    its program run once on its saved inputs). "refused" on exit 2, "accepted" when it loads."""
+    from edgefuse.errors import UsageError
+    from edgefuse.modelspec import resolve
+
+    try:
+        resolve(path)
+    except UsageError:
+        return "refused"
+    return "accepted"
+
+
+def read_reproducer(path: str) -> str:
+    """What ``edgefuse fuzz --replay PATH`` does before its checks: read and check the SPEC ("refused" on
+    exit 2), then build the module rendered from it and run it once ("not-run" when torch cannot)."""
+    from edgefuse.fuzz.render import build
+    from edgefuse.fuzz.reproducer import read_specs
+
+    try:
+        specs = read_specs(Path(path))
+    except (OSError, ValueError):
+        return "refused"
+    try:
+        built = build(specs)
+        import torch
+
+        with torch.no_grad():
+            built.module(*built.inputs)
+    except Exception:  # noqa: BLE001  (run_unit records the case as unexportable; the replay exits 2)
+        return "not-run"
+    return "accepted"
+
+
+def _feed(counts: Counts, read: Callable[[str], str], path: str, marker: str, label: str) -> None:
+    counts.files += 1
+    try:
+        outcome = read(path)
+    except BaseException:  # noqa: BLE001  (what is measured: any escape is a traceback the user would see)
+        counts.tracebacks.append(f"{label}: {traceback.format_exc(limit=-3)}")
+        outcome = None
+    if outcome == "refused":
+        counts.refused += 1
+    elif outcome == "accepted":
+        counts.accepted += 1
+    elif outcome == "not-run":
+        counts.accepted += 1
+        counts.not_run += 1
+    if os.path.exists(marker):
+        counts.markers.append(label)
+        os.remove(marker)
+
+
+def measure(archives: int, reproducers: int, seed: int = 0, log=sys.stderr) -> tuple[Counts, Counts]:
+    """Feed ``archives`` mutated archives and ``reproducers`` mutated reproducers to edgefuse's readers."""
+    from edgefuse.files import fresh_private_folder
+    from edgefuse.progress import quiet_torch_logs
+
+    rng = random.Random(f"edgefuse-trust:{seed}")
+    folder = fresh_private_folder("edgefuse-trust-")
+    marker = os.path.join(folder, "MARKER")
+    archive_counts, reproducer_counts = Counts(), Counts()
+    try:
+        if archives:
+            bases = saved_programs()
+            with quiet_torch_logs():
+                for i in range(archives):
+                    name = rng.choice(list(bases))
+                    path = os.path.join(folder, f"mutant-{i}.pt2")
+                    with open(path, "wb") as f:
+                        f.write(mutate_archive(rng, bases[name], marker))
+                    _feed(archive_counts, read_archive, path, marker, f"archive {i} (from {name})")
+                    os.remove(path)
+                    if log and (i + 1) % 100 == 0:
+                        print(f"  archives: {i + 1}/{archives}", file=log, flush=True)
+        if reproducers:
+            texts = reproducer_texts(seed)
+            for i in range(reproducers):
+                path = os.path.join(folder, f"mutant-{i}.py")
+                k = rng.randrange(len(texts))
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(mutate_reproducer(rng, texts[k], marker))
+                _feed(reproducer_counts, read_reproducer, path, marker, f"reproducer {i} (from {k})")
+                os.remove(path)
+                if log and (i + 1) % 100 == 0:
+                    print(f"  reproducers: {i + 1}/{reproducers}", file=log, flush=True)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return archive_counts, reproducer_counts
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m edgefuse.fuzz.trust``: 0 when no file made a traceback or ran code, else 1."""
+    parser = argparse.ArgumentParser(
+        prog="python -m edgefuse.fuzz.trust",
+        description="Feed mutated .pt2 archives and reproducers (byte flips, JSON and SPEC edits, planted "
+        "payloads) to edgefuse's readers; count refusals, files accepted, tracebacks and payloads that ran.",
+    )
+    parser.add_argument("--archives", type=int, default=1000, help="mutated archives (default 1000)")
+    parser.add_argument("--reproducers", type=int, default=1000, help="mutated reproducers (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, help="mutation seed (default 0)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    if min(args.archives, args.reproducers) < 0:
+        print("--archives and --reproducers take non-negative numbers", file=sys.stderr)
+        return 2
+    archives, reproducers = measure(args.archives, args.reproducers, args.seed, log=None if args.quiet else sys.stderr)
+    print(f"edgefuse fuzz trust: seed {args.seed}")
+    print(archives.line("archives"))
+    print(reproducers.line("reproducers"))
+    for problem in archives.tracebacks[:3] + reproducers.tracebacks[:3]:
+        print(problem)
+    for label in archives.markers + reproducers.markers:
+        print(f"a payload ran: {label}")
+    bad = archives.tracebacks or reproducers.tracebacks or archives.markers or reproducers.markers
+    print("result: " + ("FAIL" if bad else "OK"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    from edgefuse.progress import quiet_libraries
+
+    quiet_libraries()
+    sys.exit(main())

@@ -1,0 +1,195 @@
+"""A .pt2 is read without running code it carries: every way torch.export.load (torch 2.13) would run
+code from an archive is refused with exit 2 and the entry named, before anything loads; archives that are
+not what torch.export.save writes are refused too; real archives of every built-in model still load."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import os
+import zipfile
+
+import pytest
+import torch
+
+from edgefuse import cli
+from edgefuse.errors import USAGE
+from edgefuse.fuzz import trust
+from edgefuse.modelspec import resolve
+
+#: The hostile archives whose payload torch.export.load itself runs (when the program is loaded and run):
+#: the test below shows each is a real attack, so that refusing it is a real defence.
+RUN_BY_TORCH = ("pickled-weight", "pickled-constant", "opaque-constant", "legacy-weights", "legacy-constants",
+                "sample-inputs", "guards-code", "symbolic-size")
+
+
+@pytest.fixture(scope="module")
+def saved() -> dict[str, bytes]:
+    return trust.saved_programs()
+
+
+def _write(tmp_path, data: bytes, name: str = "model.pt2") -> str:
+    path = tmp_path / name
+    path.write_bytes(data)
+    return str(path)
+
+
+def _report(path: str, capsys, *flags: str) -> tuple[int, str, str]:
+    code = cli.main(["-q", "report", path, "--stage", "capture", *flags])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("base", ["constant-dynamic", "tiny-llama"])
+@pytest.mark.parametrize("kind", list(trust.HOSTILE_ARCHIVES))
+def test_a_hostile_archive_is_refused_before_its_code_runs(kind, base, saved, tmp_path, capsys):
+    marker = str(tmp_path / "MARKER")
+    path = _write(tmp_path, trust.hostile_archive(kind, saved[base], marker))
+    code, out, err = _report(path, capsys)
+    assert code == USAGE, err
+    assert not os.path.exists(marker)
+    assert out == ""  # nothing reported: the refusal comes before any work
+    _, why = trust.HOSTILE_ARCHIVES[kind]
+    assert "torch.export.load would run code it carries" in err and "--trust-pickled-pt2" in err
+    assert trust.HOSTILE_ENTRIES[kind] in err and why in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("kind", RUN_BY_TORCH)
+def test_each_refused_archive_runs_its_payload_in_torch_itself(kind, saved, tmp_path):
+    # Without edgefuse's check the same file runs the attacker's code: the refusals guard real paths.
+    marker = str(tmp_path / "MARKER")
+    data = trust.hostile_archive(kind, saved["constant-dynamic"], marker)
+    logging.disable(logging.CRITICAL)  # torch logs the failed weights_only load with a traceback
+    try:
+        program = torch.export.load(io.BytesIO(data))
+        program.module()(*program.example_inputs[0])
+    except Exception:  # noqa: BLE001  (some payloads leave a program that does not run: the code already ran)
+        pass
+    finally:
+        logging.disable(logging.NOTSET)
+    assert os.path.exists(marker), kind
+
+
+def test_the_trust_flag_loads_an_archive_that_runs_code(saved, tmp_path, capsys):
+    # The weight is a pickle that runs code and then gives the tensor the program expects.
+    marker = str(tmp_path / "MARKER")
+    entries = trust.records(saved["constant-dynamic"])
+    config_name = next(n for n in entries if n.endswith("_weights_config.json"))
+    config = json.loads(entries[config_name])
+    meta = config["config"]["weight"]
+    meta["use_pickle"] = True
+    entries[config_name] = json.dumps(config).encode()
+    entries[next(n for n in entries if n.endswith("data/weights/" + meta["path_name"]))] = trust.torch_saved(
+        trust.Payload(marker, then="__import__('torch').nn.Parameter(__import__('torch').ones(8))"))
+    path = _write(tmp_path, trust.zipped(entries))
+    assert _report(path, capsys)[0] == USAGE and not os.path.exists(marker)
+    assert cli.build_parser().parse_args(["report", path, "--trust-pickled-pt2"]).trust_pickled_pt2
+    spec = resolve(path, trust_pt2=True)  # what --trust-pickled-pt2 passes
+    assert os.path.exists(marker) and spec.kind == "program"
+    torch.testing.assert_close(spec.program.state_dict["weight"], torch.ones(8))
+
+
+def _entries(data: bytes) -> dict[str, bytes]:
+    return trust.records(data)
+
+
+def _edited(data: bytes, suffix: str, edit) -> bytes:
+    entries = _entries(data)
+    name = next(n for n in entries if n.endswith(suffix))
+    value = json.loads(entries[name])
+    edit(value)
+    entries[name] = json.dumps(value).encode()
+    return trust.zipped(entries)
+
+
+def _first_weight(config: dict) -> dict:
+    return next(iter(config["config"].values()))
+
+
+def _malformed(base: bytes) -> dict[str, tuple[bytes, str]]:
+    entries = _entries(base)
+    root = next(iter(entries)).split("/")[0]
+    stray = dict(entries, **{"elsewhere/models/model.json": b"{}"})
+    compressed = io.BytesIO()
+    with zipfile.ZipFile(compressed, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+    duplicate = io.BytesIO()
+    with zipfile.ZipFile(duplicate, "w") as archive:
+        for name, data in entries.items():
+            archive.writestr(name, data)
+        archive.writestr(f"{root}/models/model.json", b"{}")
+    return {
+        "not a zip": (b"print('a .pt2 that is a Python file')\n", "not a zip archive"),
+        "truncated": (base[: len(base) // 2], "not a zip archive"),
+        "malformed weights config": (
+            trust.zipped({n: (b"{not json" if n.endswith("_weights_config.json") else d) for n, d in entries.items()}),
+            "_weights_config.json is not valid JSON",
+        ),
+        "malformed program": (
+            trust.zipped({n: (b"[1, 2" if n.endswith("models/model.json") else d) for n, d in entries.items()}),
+            "models/model.json is not valid JSON",
+        ),
+        "sizes past the stored bytes": (
+            _edited(base, "_weights_config.json",
+                    lambda c: _first_weight(c)["tensor_meta"]["sizes"].__setitem__(0, {"as_int": 1 << 40})),
+            "are stored",
+        ),
+        "strides past the stored bytes": (
+            _edited(base, "_weights_config.json",
+                    lambda c: _first_weight(c)["tensor_meta"]["storage_offset"].__setitem__("as_int", 99)),
+            "are stored",
+        ),
+        "a payload that is not there": (
+            _edited(base, "_weights_config.json", lambda c: _first_weight(c).__setitem__("path_name", "weight_99")),
+            "is missing",
+        ),
+        "a payload name with a path": (
+            _edited(base, "_weights_config.json",
+                    lambda c: _first_weight(c).__setitem__("path_name", "../../models/model.json")),
+            "is not the name of a file",
+        ),
+        "an entry outside the archive's folder": (trust.zipped(stray), "lies outside the archive's folder"),
+        "an entry twice": (duplicate.getvalue(), "appears twice"),
+        "compressed entries": (compressed.getvalue(), "is compressed"),
+        "no program": (trust.zipped({n: d for n, d in entries.items() if "/models/" not in n}), "holds no program"),
+    }
+
+
+@pytest.mark.parametrize("case", ["not a zip", "truncated", "malformed weights config", "malformed program",
+                                  "sizes past the stored bytes", "strides past the stored bytes",
+                                  "a payload that is not there", "a payload name with a path",
+                                  "an entry outside the archive's folder", "an entry twice", "compressed entries",
+                                  "no program"])
+def test_an_archive_torch_export_save_does_not_write_is_refused_with_the_reason(case, saved, tmp_path, capsys):
+    data, reason = _malformed(saved["constant-dynamic"])[case]
+    code, out, err = _report(_write(tmp_path, data), capsys)
+    assert code == USAGE and out == ""
+    assert "is not a program saved with torch.export.save" in err and reason in err, err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("name", __import__("edgefuse.models", fromlist=["MODEL_NAMES"]).MODEL_NAMES)
+def test_every_built_in_model_saved_with_torch_export_save_still_loads(name, tmp_path):
+    from edgefuse.models import build_model
+
+    module, inputs = build_model(name, layers=1, seq_len=4)
+    program = torch.export.export(module, tuple(inputs))
+    path = str(tmp_path / f"{name}.pt2")
+    torch.export.save(program, path)
+    spec = resolve(path)
+    assert spec.kind == "program"
+    assert set(spec.program.state_dict) == set(program.state_dict)
+    with torch.no_grad():
+        expected = program.module()(*inputs)
+    torch.testing.assert_close(spec.eager(), expected, rtol=0, atol=0)  # the same program, bit for bit
+
+
+def test_mutated_archives_are_refused_or_loaded_never_a_traceback_or_code(saved):
+    # A few dozen here; `python -m edgefuse.fuzz.trust` runs the full measure (1,000).
+    counts, _ = trust.measure(archives=40, reproducers=0, seed=3, log=None)
+    assert counts.files == 40 and counts.refused + counts.accepted == 40
+    assert counts.tracebacks == [] and counts.markers == []
+    assert counts.refused > 0 and counts.accepted > 0  # both outcomes are exercised
