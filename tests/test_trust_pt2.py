@@ -21,7 +21,7 @@ from edgefuse.modelspec import resolve
 #: The hostile archives whose payload torch.export.load itself runs (when the program is loaded and run):
 #: the test below shows each is a real attack, so that refusing it is a real defence.
 RUN_BY_TORCH = ("pickled-weight", "pickled-constant", "opaque-constant", "legacy-weights", "legacy-constants",
-                "sample-inputs", "guards-code", "symbolic-size")
+                "sample-inputs", "guards-code", "symbolic-size", "older-format")
 
 
 @pytest.fixture(scope="module")

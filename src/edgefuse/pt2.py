@@ -76,9 +76,10 @@ def load(path: str, trust_code: bool = False) -> ExportedProgram:
     """
     with open(path, "rb") as f:
         data = f.read()
-    entries = check(data)
-    if entries and not trust_code:
-        raise CodeInArchive(entries)
+    if not trust_code:
+        entries = check(data)
+        if entries:
+            raise CodeInArchive(entries)
     # The bytes that were checked, not the file again: it may have changed since.
     return torch.export.load(io.BytesIO(data))
 
@@ -89,6 +90,10 @@ def check(data: bytes) -> list[CodeEntry]:
     Raises :class:`ArchiveError` when ``data`` is not an archive ``torch.export.save`` writes.
     """
     records = _records(data)
+    if records is None:
+        return [CodeEntry(_LEGACY[1], "an archive in the format of torch before 2.7, whose pickles torch loads "
+                                      "with weights_only=False when weights_only=True fails; save it again with "
+                                      "this torch")]
     if _text(records, layout.ARCHIVE_FORMAT_PATH) != layout.ARCHIVE_FORMAT_VALUE:
         raise ArchiveError(f"its {layout.ARCHIVE_FORMAT_PATH} does not say {layout.ARCHIVE_FORMAT_VALUE!r}")
     version = _text(records, layout.ARCHIVE_VERSION_PATH)
@@ -118,8 +123,13 @@ def check(data: bytes) -> list[CodeEntry]:
 # --- the zip ------------------------------------------------------------------------------------------
 
 
-def _records(data: bytes) -> dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]]:
-    """Each record of the archive by the name torch gives it (without the archive's root folder)."""
+#: The entries of the archive format before torch 2.7, which torch.export.load still reads (unpickling).
+_LEGACY = ("version", "serialized_exported_program.json")
+
+
+def _records(data: bytes) -> dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]] | None:
+    """Each record of the archive by the name torch gives it (without the archive's root folder); None
+    for an archive in the format before torch 2.7."""
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
         infos = archive.infolist()
@@ -127,6 +137,8 @@ def _records(data: bytes) -> dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]]:
         raise ArchiveError(f"not a zip archive ({error})") from None
     if not infos:
         raise ArchiveError("an empty zip archive")
+    if set(_LEGACY) <= {info.filename for info in infos}:
+        return None
     # torch's reader takes the folder of the first entry as the archive's root and looks every record up
     # under it; an entry elsewhere, or a name twice, would let two readers see two different archives.
     root = infos[0].filename.split("/", 1)[0]

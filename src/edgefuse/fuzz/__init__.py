@@ -15,7 +15,9 @@ The parts, one job each: :mod:`.spec` (a case as data), :mod:`.generate` (the se
 :mod:`.render` (a case as Python source, and the module built from it), :mod:`.programs` (edge export),
 :mod:`.tolerance`, :mod:`.localize` (norm-by-norm comparison), :mod:`.check` (the properties of one
 check), :mod:`.units` (cases side by side), :mod:`.xnnpack`, :mod:`.hostile`, :mod:`.malformed`,
-:mod:`.runner`, :mod:`.summary`, :mod:`.reproducer`, :mod:`.shrink`, :mod:`.cli`.
+:mod:`.runner`, :mod:`.summary`, :mod:`.reproducer`, :mod:`.validate` (a replayed SPEC checked against
+what the generator writes), :mod:`.shrink`, :mod:`.cli`, and :mod:`.trust` (hostile and mutated
+``.pt2`` archives and reproducers for edgefuse's readers of other people's files).
 
 Why a seeded generator of our own, not hypothesis strategies
 ------------------------------------------------------------

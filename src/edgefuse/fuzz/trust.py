@@ -168,6 +168,20 @@ def _symbolic_size(entries, marker):
     return _edit_json(entries, "models/model.json", edit)
 
 
+def _older_format(entries, marker):
+    """The archive format before torch 2.7 (entries at the top of the zip), which torch.export.load still
+    reads when the current format fails to load, with a pickled state dict."""
+    from torch._export.serde.schema import SCHEMA_VERSION
+
+    return {
+        "version": ".".join(map(str, SCHEMA_VERSION)).encode(),
+        "serialized_exported_program.json": entries[_one(entries, "models/model.json")],
+        "serialized_state_dict.pt": torch_saved({"planted": Payload(marker)}),
+        "serialized_constants.pt": torch_saved({}),
+        "serialized_example_inputs.pt": entries[_one(entries, "data/sample_inputs/model.pt")],
+    }
+
+
 def _aotinductor(entries, marker):
     entries = dict(entries)
     entries[_root(entries) + "data/aotinductor/model/model.wrapper.so"] = b"\x7fELF planted library"
@@ -188,6 +202,7 @@ HOSTILE_ARCHIVES: dict[str, tuple[Callable, str]] = {
     "guards-code": (_guards_code, "guards_code"),
     "symbolic-size": (_symbolic_size, "is not a plain sympy expression"),
     "aotinductor": (_aotinductor, "compiled AOTInductor code"),
+    "older-format": (_older_format, "the format of torch before 2.7"),
 }
 #: The entry each hostile archive's refusal names.
 HOSTILE_ENTRIES = {
@@ -196,7 +211,7 @@ HOSTILE_ENTRIES = {
     "legacy-weights": "data/weights/model.pt", "legacy-constants": "data/constants/model.pt",
     "sample-inputs": "data/sample_inputs/model.pt", "node-target": "models/model.json",
     "operator-argument": "models/model.json", "guards-code": "models/model.json", "symbolic-size": "models/model.json",
-    "aotinductor": "data/aotinductor/",
+    "aotinductor": "data/aotinductor/", "older-format": "serialized_exported_program.json",
 }
 
 
