@@ -171,6 +171,22 @@ def test_an_archive_torch_export_save_does_not_write_is_refused_with_the_reason(
     assert "Traceback" not in err
 
 
+def test_a_program_with_dynamic_sizes_and_guards_still_loads(tmp_path):
+    # Derived dims and a slice by a size: symbolic sizes (sympy's srepr) and a line of guards_code.
+    class Model(torch.nn.Module):
+        def forward(self, x, y):
+            z = torch.cat([x, y], 0)
+            return z[: z.shape[0] // 2].reshape(-1, 2).sum() + z.mean()
+
+    b, c = torch.export.Dim("b", min=2, max=64), torch.export.Dim("c", min=2, max=64)
+    inputs = (torch.randn(4, 4), torch.randn(6, 4))
+    program = torch.export.export(Model(), inputs, dynamic_shapes=({0: 2 * b}, {0: c}))
+    assert program._guards_code  # what the check must accept
+    path = str(tmp_path / "dynamic.pt2")
+    torch.export.save(program, path)
+    torch.testing.assert_close(resolve(path).eager(), program.module()(*inputs), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("name", __import__("edgefuse.models", fromlist=["MODEL_NAMES"]).MODEL_NAMES)
 def test_every_built_in_model_saved_with_torch_export_save_still_loads(name, tmp_path):
     from edgefuse.models import build_model

@@ -41,7 +41,18 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 #: A sympy symbol's name in ``Symbol('s77', ...)`` and a ``Float('1.5', ...)`` literal.
 _SYMBOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)")
-_MAX_EXPRESSION = 10_000  # characters of one symbolic size; torch writes a few dozen
+_MAX_EXPRESSION = 10_000  # characters of one symbolic size or guard; torch writes a few dozen
+#: A string graph input that torch may paste between quotes into a guard: no quote, backslash or line end.
+_PLAIN_TEXT = re.compile(r"[ -&(-\[\]-~]*")
+#: What a guard may call: the functions torch's guard printer writes (``torch.fx.experimental.symbolic_shapes``
+#: runs guards with these names, ``math`` and ``torch`` in scope), and the size methods of an input.
+_GUARD_FUNCTIONS = {"max", "min", "abs", "int", "float", "round", "IsNonOverlappingAndDenseIndicator",
+                    "cast_symbool_to_symint_guardless"}
+_GUARD_ATTRIBUTES = {
+    "math": {"floor", "ceil", "trunc", "isnan", "isinf", "sqrt", "inf", "pi", "e"},
+    "torch": {"sym_float", "sym_int", "sym_max", "sym_min", "sym_not", "sym_sqrt", "sym_ite"},
+}
+_SIZE_METHODS = {"size", "stride", "storage_offset", "dim", "numel"}
 
 
 @dataclass(frozen=True)
@@ -318,9 +329,16 @@ def _program(records, name: str) -> list[CodeEntry]:
     guards = program.get("guards_code", [])
     if not isinstance(guards, list):
         raise ArchiveError(f"{name}: guards_code is not a list")
-    if guards:
-        found.append(CodeEntry(name, f"guards_code holds {len(guards)} line(s) of Python, which "
-                                     "ExportedProgram.module() executes"))
+    for guard in guards:
+        if not isinstance(guard, str) or _not_a_guard(guard):
+            found.append(CodeEntry(name, f"guards_code line {str(guard)[:80]!r} is not a comparison of input "
+                                         "sizes, and ExportedProgram.module() executes it as Python"))
+    graph = program.get("graph_module", {}).get("graph", {}) if isinstance(program.get("graph_module"), dict) else {}
+    for value in graph.get("inputs", []) if isinstance(graph, dict) else ():
+        text = value.get("as_string") if isinstance(value, dict) else None
+        if isinstance(text, str) and not _PLAIN_TEXT.fullmatch(text):
+            found.append(CodeEntry(name, f"a string input {text[:80]!r}, which ExportedProgram.module() pastes "
+                                         "into Python it executes (its guards)"))
     seen: set[tuple[str, str]] = set()
     stack: list = [program]
     while stack:
@@ -426,3 +444,64 @@ def _not_an_expression(text: str) -> str | None:
             continue
         return refusal
     return None
+
+
+def _not_a_guard(text: str) -> bool:
+    """Whether ``text`` is more than the guards torch writes: arithmetic and comparisons of numbers and of
+    the sizes of inputs (``L['x'].size()[0]``), with the few functions its printer uses."""
+    if len(text) > _MAX_EXPRESSION:
+        return True
+    try:
+        tree = ast.parse(text, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return True
+    stack: list[ast.AST] = [tree.body]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.Constant) and (
+            type(node.value) in (int, float, bool) or (type(node.value) is str and _PLAIN_TEXT.fullmatch(node.value))
+        ):
+            continue
+        if _is_input(node):
+            continue
+        if isinstance(node, ast.BoolOp):
+            stack += node.values
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub, ast.UAdd)):
+            stack.append(node.operand)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
+                                                                   ast.Mod, ast.Pow)):
+            stack += [node.left, node.right]
+        elif isinstance(node, ast.Compare) and all(
+            isinstance(op, (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops
+        ):
+            stack += [node.left, *node.comparators]
+        elif isinstance(node, ast.Call) and not node.keywords:
+            func = node.func
+            if isinstance(func, ast.Name) and func.id in _GUARD_FUNCTIONS:
+                stack += node.args
+            elif isinstance(func, ast.Attribute) and _is_module_function(func):
+                stack += node.args
+            elif isinstance(func, ast.Attribute) and func.attr in _SIZE_METHODS and _is_input(func.value):
+                stack += node.args
+            else:
+                return True
+        elif isinstance(node, ast.Attribute) and _is_module_function(node):
+            continue
+        elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and type(node.slice.value) is int:
+            stack.append(node.value)  # a size by index: L['x'].size()[0]
+        else:
+            return True
+    return False
+
+
+def _is_module_function(node: ast.Attribute) -> bool:
+    return isinstance(node.value, ast.Name) and node.attr in _GUARD_ATTRIBUTES.get(node.value.id, ())
+
+
+def _is_input(node: ast.AST) -> bool:
+    """``L['x']``, ``L['x'][0]``, ``L['kw']['k']``: an input by its path, nothing else."""
+    while isinstance(node, ast.Subscript):
+        if not (isinstance(node.slice, ast.Constant) and type(node.slice.value) in (str, int)):
+            return False
+        node = node.value
+    return isinstance(node, ast.Name) and node.id == "L"

@@ -159,6 +159,16 @@ def _guards_code(entries, marker):
     return _edit_json(entries, "models/model.json", lambda p, _: p.__setitem__("guards_code", [code_that_touches(marker)]))
 
 
+def _string_input(entries, marker):
+    """A string graph input that breaks out of the quotes torch's input guards put it between."""
+    def edit(program, _):
+        text = f"' or {code_that_touches(marker)} or '"
+        program["graph_module"]["graph"]["inputs"].append({"as_string": text})
+        program["graph_module"]["signature"]["input_specs"].append({"user_input": {"arg": {"as_string": text}}})
+
+    return _edit_json(entries, "models/model.json", edit)
+
+
 def _symbolic_size(entries, marker):
     def edit(program, _):
         values = program["graph_module"]["graph"]["tensor_values"]
@@ -200,6 +210,7 @@ HOSTILE_ARCHIVES: dict[str, tuple[Callable, str]] = {
     "node-target": (_node_target, "'torch.os.system'"),
     "operator-argument": (_operator_argument, "'torch.os.system'"),
     "guards-code": (_guards_code, "guards_code"),
+    "string-input": (_string_input, "a string input"),
     "symbolic-size": (_symbolic_size, "is not a plain sympy expression"),
     "aotinductor": (_aotinductor, "compiled AOTInductor code"),
     "older-format": (_older_format, "the format of torch before 2.7"),
@@ -210,7 +221,7 @@ HOSTILE_ENTRIES = {
     "torchscript-constant": "data/constants/custom_obj_planted", "opaque-constant": "data/constants/opaque_obj_planted",
     "legacy-weights": "data/weights/model.pt", "legacy-constants": "data/constants/model.pt",
     "sample-inputs": "data/sample_inputs/model.pt", "node-target": "models/model.json",
-    "operator-argument": "models/model.json", "guards-code": "models/model.json", "symbolic-size": "models/model.json",
+    "operator-argument": "models/model.json", "guards-code": "models/model.json", "string-input": "models/model.json", "symbolic-size": "models/model.json",
     "aotinductor": "data/aotinductor/", "older-format": "serialized_exported_program.json",
 }
 
