@@ -404,19 +404,26 @@ def _allowed_sympy_names() -> set[str]:
 _SYMPY_NAMES: set[str] | None = None
 
 
+def _expression(text: str) -> ast.AST | None:
+    """The syntax tree of the Python expression ``text``, or None when it is not one (or is too long)."""
+    if len(text) > _MAX_EXPRESSION:
+        return None
+    try:
+        return ast.parse(text, mode="eval").body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+
+
 def _not_an_expression(text: str) -> str | None:
     """Why ``text`` is not a plain sympy expression as torch writes them (``srepr``): sympy evaluates it."""
     global _SYMPY_NAMES
     if _SYMPY_NAMES is None:
         _SYMPY_NAMES = _allowed_sympy_names()
     refusal = f"symbolic size {text[:80]!r} is not a plain sympy expression, and torch evaluates it as Python"
-    if len(text) > _MAX_EXPRESSION:
+    tree = _expression(text)
+    if tree is None:
         return refusal
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return refusal
-    stack: list[ast.AST] = [tree.body]
+    stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.Constant) and type(node.value) in (int, float, bool):
@@ -449,13 +456,10 @@ def _not_an_expression(text: str) -> str | None:
 def _not_a_guard(text: str) -> bool:
     """Whether ``text`` is more than the guards torch writes: arithmetic and comparisons of numbers and of
     the sizes of inputs (``L['x'].size()[0]``), with the few functions its printer uses."""
-    if len(text) > _MAX_EXPRESSION:
+    tree = _expression(text)
+    if tree is None:
         return True
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return True
-    stack: list[ast.AST] = [tree.body]
+    stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
         if isinstance(node, ast.Constant) and (
