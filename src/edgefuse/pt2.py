@@ -265,7 +265,7 @@ def _check_tensor_meta(where: str, meta, nbytes: int) -> None:
     [offset] = _ints(where, "storage_offset", [meta.get("storage_offset")])
     if len(sizes) != len(strides):
         raise ArchiveError(f"{where}: {len(sizes)} sizes but {len(strides)} strides")
-    element = torch.empty((), dtype=dtype).element_size()
+    element = torch._utils._element_size(dtype)  # as torch's reader computes it
     if nbytes % element:
         raise ArchiveError(f"{where}: its {nbytes} stored bytes are not whole {dtype} elements")
     if math.prod(sizes) == 0:
