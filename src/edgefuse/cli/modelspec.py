@@ -7,7 +7,7 @@ MODEL is one of:
 - ``path/to/file.py:function``: the function is called with no arguments and returns
   ``(module, example_inputs)``; the module is put in eval mode;
 - ``path/to/program.pt2``: a program saved with ``torch.export.save``, run on the example inputs saved
-  with it. It is read without running code from it (:mod:`edgefuse.pt2`): an archive with pickled
+  with it. It is read without running code from it (:mod:`edgefuse.cli.pt2`): an archive with pickled
   entries, or anything else ``torch.export.load`` would execute, is refused unless ``trust_pt2`` says the
   user trusts the file.
 
@@ -226,7 +226,7 @@ def _off_cpu(named: list[tuple[str, object]], inputs: tuple) -> str | None:
 
 
 def _load_program(path: str, trust: bool = False) -> ModelSpec:
-    from edgefuse.pt2 import ArchiveError, CodeInArchive, load
+    from edgefuse.cli.pt2 import ArchiveError, CodeInArchive, load
 
     if os.path.isdir(path):
         raise UsageError(f"{path} is a directory, not a program saved with torch.export.save")
