@@ -414,6 +414,16 @@ def _expression(text: str) -> ast.AST | None:
         return None
 
 
+def _arithmetic(node: ast.AST) -> list[ast.AST] | None:
+    """The operands of a sign or of ``+ - * / // % **``; None for any other node."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        return [node.operand]
+    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
+                                                             ast.Mod, ast.Pow)):
+        return [node.left, node.right]
+    return None
+
+
 def _not_an_expression(text: str) -> str | None:
     """Why ``text`` is not a plain sympy expression as torch writes them (``srepr``): sympy evaluates it."""
     global _SYMPY_NAMES
@@ -430,12 +440,9 @@ def _not_an_expression(text: str) -> str | None:
             continue
         if isinstance(node, ast.Name) and node.id in _SYMPY_NAMES:
             continue
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-            stack.append(node.operand)
-            continue
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
-                                                                 ast.Mod, ast.Pow)):
-            stack += [node.left, node.right]
+        operands = _arithmetic(node)
+        if operands is not None:
+            stack += operands
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _SYMPY_NAMES:
             args = list(node.args)
@@ -468,13 +475,13 @@ def _not_a_guard(text: str) -> bool:
             continue
         if _is_input(node):
             continue
-        if isinstance(node, ast.BoolOp):
+        operands = _arithmetic(node)
+        if operands is not None:
+            stack += operands
+        elif isinstance(node, ast.BoolOp):
             stack += node.values
-        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.Not, ast.USub, ast.UAdd)):
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             stack.append(node.operand)
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
-                                                                   ast.Mod, ast.Pow)):
-            stack += [node.left, node.right]
         elif isinstance(node, ast.Compare) and all(
             isinstance(op, (ast.Eq, ast.NotEq, ast.Lt, ast.LtE, ast.Gt, ast.GtE)) for op in node.ops
         ):
