@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +49,36 @@ def test_setup_on_another_platform_exits_3(monkeypatch, tmp_path, capsys):
     assert main(["-q", "qnn", "setup", str(tmp_path / "root")]) == UNAVAILABLE
     assert "edgefuse qnn setup: QNN's x86 HTP emulator libraries exist for x86_64 Linux only" in capsys.readouterr().err
     assert not (tmp_path / "root").exists()
+
+
+@pytest.mark.parametrize("machine, setup_exit, expected", [
+    ("aarch64", 3, 0),   # no QNN libraries for this machine: CI goes on without the tier
+    ("x86_64", 3, 3),    # the tier must run here: a set-up that cannot be made fails CI
+    ("aarch64", 4, 4),   # an edgefuse bug fails CI everywhere
+    ("x86_64", 0, 0),
+])
+def test_ci_goes_on_without_the_qnn_tier_only_where_qnn_has_no_libraries(tmp_path, machine, setup_exit, expected):
+    """.ci/run with stand-ins for pip, edgefuse, uname and python that record what ran."""
+    repo = tmp_path / "repo"
+    (repo / ".ci").mkdir(parents=True)
+    run = Path(__file__).resolve().parents[2] / ".ci" / "run"
+    (repo / ".ci" / "run").write_text(run.read_text())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_ins = {
+        "pip": "exit 0",
+        "edgefuse": f'echo "edgefuse qnn setup: the reason" >&2; exit {setup_exit}',
+        "uname": f'if [ "$1" = -m ]; then echo {machine}; else echo Linux; fi',
+        "python": f'echo "$*" > {tmp_path / "tests-ran"}',
+    }
+    for name, body in stand_ins.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    done = subprocess.run(
+        ["bash", str(repo / ".ci" / "run")], capture_output=True, text=True,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)},
+    )
+    assert done.returncode == expected, done.stderr
+    assert (tmp_path / "tests-ran").exists() == (expected == 0)
+    if (machine, setup_exit) == ("aarch64", 3):
+        assert "edgefuse qnn setup: the reason" in done.stderr and "no QNN tier on Linux aarch64" in done.stderr
