@@ -13,7 +13,9 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from edgefuse.qnn.sdk import Sdk, ensure_in_process, find
+from pathlib import Path
+
+from edgefuse.qnn.sdk import Sdk, ensure_in_process, find, pinned_set_up
 
 
 @pytest.fixture(scope="session")
@@ -31,6 +33,16 @@ def edgefuse_sdk(qnn_sdk: Sdk) -> Sdk:
     if not qnn_sdk.manifest:
         pytest.skip(f"QNN tier: {qnn_sdk.root} is a QNN SDK edgefuse did not set up; run `edgefuse qnn setup DIR` to test one")
     return qnn_sdk
+
+
+@pytest.fixture(scope="session")
+def pinned_libraries() -> Path:
+    """The default set-up's folder, whose QNN libraries are the pinned ones, even when its wrapper was
+    built from another C source (then the tests that use the SDK skip, and this one still runs)."""
+    root = pinned_set_up()
+    if root is None:
+        pytest.skip("QNN tier: no set-up of the pinned QNN libraries; run `edgefuse qnn setup`")
+    return root
 
 
 @dataclass

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,18 @@ def no_sdk(monkeypatch, tmp_path):
     return tmp_path
 
 
+@pytest.fixture
+def x86_64_linux(monkeypatch):
+    """The platform check passed, for tests of the steps after it on any machine."""
+    monkeypatch.setattr(qnn_sdk_module, "check_platform", lambda: None)
+
+
+@pytest.fixture
+def a_c_compiler(monkeypatch):
+    """The compiler check passed, for tests of the steps after it on a machine without one."""
+    monkeypatch.setattr(qnn_sdk_module, "c_compiler", lambda: "cc")
+
+
 def test_the_default_root_is_in_the_users_cache_folder(no_sdk):
     assert default_root() == no_sdk / "cache" / "edgefuse" / "qnn" / qnn_sdk_module.QNN_VERSION
 
@@ -56,7 +71,7 @@ def test_a_users_qnn_sdk_root_is_taken_as_it_is(no_sdk, monkeypatch):
     assert find() == Sdk(no_sdk, "QNN_SDK_ROOT")
 
 
-def test_an_unfinished_set_up_is_not_taken_as_done(no_sdk):
+def test_an_unfinished_set_up_is_not_taken_as_done(no_sdk, x86_64_linux, a_c_compiler):
     """Libraries without the manifest (written last) are an unfinished set-up: not found, and a new
     set-up refuses to build into it rather than mix old and new files."""
     root = default_root()
@@ -75,7 +90,7 @@ def test_not_x86_64_linux_is_a_clear_error(no_sdk, monkeypatch):
     assert not (no_sdk / "root").exists()
 
 
-def test_no_c_compiler_is_a_clear_error(no_sdk, monkeypatch):
+def test_no_c_compiler_is_a_clear_error(no_sdk, x86_64_linux, monkeypatch):
     empty = no_sdk / "bin"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
@@ -85,7 +100,7 @@ def test_no_c_compiler_is_a_clear_error(no_sdk, monkeypatch):
     assert not (no_sdk / "root").exists()
 
 
-def test_an_unreachable_registry_is_a_clear_error(no_sdk, monkeypatch):
+def test_an_unreachable_registry_is_a_clear_error(no_sdk, x86_64_linux, a_c_compiler, monkeypatch):
     """pip pointed at a registry that refuses connections, with no configuration, links or cache."""
     for name in [n for n in os.environ if n.startswith("PIP_")]:
         monkeypatch.delenv(name)
@@ -176,3 +191,158 @@ def test_the_libraries_are_loaded_where_executorch_opens_them_by_name(qnn_sdk):
 
     for name in LIBRARIES:
         ctypes.CDLL(name, mode=os.RTLD_LOCAL | os.RTLD_NOW | os.RTLD_NOLOAD)  # raises if not loaded
+
+
+def test_the_wrapper_built_from_this_source_passes_the_self_check(pinned_libraries, tmp_path):
+    """The C source as it is now, compiled against the set-up's real QNN libraries: one RmsNorm
+    compiles on QNN and matches eager on the emulator (a wrapper that passed ExecuTorch's configs on
+    unmoved would fail here with "unknown custom config socModel 0"). It runs even when the set-up's
+    wrapper was built from another source, which the other tests then skip as not set up."""
+    lay_out, _ = _linked_layout(pinned_libraries)
+    root = tmp_path / "root"
+    root.mkdir()
+    lay_out(None, root)
+    qnn_sdk_module.build_wrapper(root)
+    check = qnn_sdk_module.self_check(root)
+    assert check.ok, f"{check.detail}; QNN logged: {qnn_sdk_module.qnn_log_lines(check.log)}"
+
+
+def _planted(root: Path, **changes) -> Path:
+    """A folder laid out as a finished set-up of this edgefuse (empty files for libraries), with
+    ``changes`` made to its manifest."""
+    for folder in (HOST_DIR, REAL_DIR, RUNTIME_DIR):
+        (root / folder).mkdir(parents=True, exist_ok=True)
+    for name in LIBRARIES:
+        (root / REAL_DIR / name).write_bytes(b"")
+        (root / HOST_DIR / name).write_bytes(b"")
+    (root / RUNTIME_DIR / "libc++.so.1").write_bytes(b"")
+    manifest = {
+        "package": qnn_sdk_module.PACKAGE, "package_version": qnn_sdk_module.PACKAGE_VERSION,
+        "qnn_version": qnn_sdk_module.QNN_VERSION, "wheel_sha256": qnn_sdk_module.WHEEL_SHA256,
+        "layout": qnn_sdk_module.LAYOUT_VERSION, "wrapper_sha256": qnn_sdk_module.wrapper_sha256(),
+        "compiler": "cc", "self_check": {"ok": True, "detail": "planted"},
+    }
+    manifest.update(changes)
+    (root / MANIFEST).write_text(json.dumps(manifest))
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return root
+
+
+def test_a_planted_set_up_of_this_user_is_found(no_sdk):
+    """The stand-in the next tests spoil: as planted, it is taken."""
+    root = _planted(no_sdk / "root")
+    assert find(root) == Sdk(root, "argument")
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (lambda root: os.chown(root, 65534, 65534), "is owned by user 65534, not by this user"),
+    (lambda root: os.chown(root / MANIFEST, 65534, 65534), "edgefuse-qnn.json is owned by user 65534"),
+    (lambda root: os.chown(root / REAL_DIR / "libQnnHtp.so", 65534, 65534), "libQnnHtp.so is owned by user 65534"),
+    (lambda root: root.chmod(0o777), "root is writable by group or others (mode 777)"),
+    (lambda root: (root / RUNTIME_DIR / "libc++.so.1").chmod(0o666), "libc++.so.1 is writable by group or others"),
+    (lambda root: (root / HOST_DIR).chmod(0o775), "x86_64-linux-clang is writable by group or others"),
+])
+def test_a_set_up_another_user_could_have_written_is_not_loaded(no_sdk, x86_64_linux, a_c_compiler, spoil, reason):
+    """A set-up whose folder, manifest or libraries another user owns or may write could hold anyone's
+    code: find() says why instead of returning it, and setup() exits 3 with the reason, touching nothing."""
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root; run the QNN tier as root to test it")
+    root = _planted(no_sdk / "root")
+    spoil(root)
+    found = find(root)
+    assert not found and reason in found.reason and "edgefuse loads no library" in found.reason
+    with pytest.raises(QnnSdkUnavailable, match=re.escape(reason)):
+        setup(root)
+    assert (root / MANIFEST).is_file()
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"wheel_sha256": "0" * 64}, "is not the pinned one (wheel_sha256 '000"),
+    ({"qnn_version": "2.37.0"}, "is not the pinned one (qnn_version '2.37.0', not '2.51.0')"),
+    ({"self_check": {"ok": False, "detail": "planted"}}, "failed its self-check"),
+])
+def test_a_set_up_of_other_pins_is_not_loaded(no_sdk, x86_64_linux, a_c_compiler, changes, reason):
+    root = _planted(no_sdk / "root", **changes)
+    found = find(root)
+    assert not found and reason in found.reason
+    with pytest.raises(QnnSdkUnavailable, match=re.escape(reason)):
+        setup(root)
+
+
+@pytest.mark.parametrize("changes", [{"wrapper_sha256": "0" * 64}, {"layout": 1}, {"layout": None, "wrapper_sha256": None}])
+def test_a_set_up_built_from_another_wrapper_source_is_rebuilt(no_sdk, x86_64_linux, a_c_compiler, monkeypatch, changes):
+    """A set-up built from another htp_device_config.c or layout (or before they were recorded) is
+    not found, and setup() rebuilds it in its place, recording the current source's hash."""
+    root = _planted(no_sdk / "root", **changes)
+    found = find(root)
+    assert not found and "must be rebuilt" in found.reason and "edgefuse qnn setup" in found.reason
+
+    def lay_out(wheel, scratch):
+        _planted(scratch)
+        (scratch / MANIFEST).unlink()
+
+    monkeypatch.setattr(qnn_sdk_module, "lay_out", lay_out)
+    monkeypatch.setattr(qnn_sdk_module, "build_wrapper", lambda scratch, compiler=None: scratch / HOST_DIR / "libQnnHtp.so")
+    monkeypatch.setattr(qnn_sdk_module, "self_check", lambda scratch: qnn_sdk_module.SelfCheck(True, "rebuilt"))
+    wheel = no_sdk / "any.whl"
+    wheel.write_bytes(b"")
+    sdk, new = setup(root, wheel=wheel)
+    assert new and sdk == Sdk(root, "argument") and sdk.source == "argument"
+    assert sdk.manifest["wrapper_sha256"] == qnn_sdk_module.wrapper_sha256()
+    assert sdk.manifest["layout"] == qnn_sdk_module.LAYOUT_VERSION
+    assert find(root) == sdk and find(root).manifest["self_check"]["detail"] == "rebuilt"
+    assert sorted(p.name for p in no_sdk.iterdir()) == ["any.whl", "root"]  # the old one is gone
+
+
+def test_scratch_folders_of_interrupted_set_ups_are_removed(no_sdk, x86_64_linux, monkeypatch):
+    """This user's scratch folders older than an hour go at the next set-up; a recent one (a set-up
+    running now) and another user's stay."""
+    stale, recent, others = (no_sdk / f".root.partial-{name}" for name in ("stale", "recent", "others"))
+    for folder in (stale, recent, others):
+        (folder / "lib").mkdir(parents=True)
+    two_hours_ago = time.time() - 7200
+    for folder in (stale, others):
+        os.utime(folder, (two_hours_ago, two_hours_ago))
+    if os.geteuid() == 0:
+        os.chown(others, 65534, 65534)
+    monkeypatch.setenv("PATH", str(no_sdk / "no-bin"))
+    monkeypatch.delenv("CC", raising=False)
+    with pytest.raises(QnnSdkUnavailable, match="no C compiler"):
+        setup(no_sdk / "root")
+    assert not stale.exists() and recent.exists()
+    assert others.exists() or os.geteuid() != 0
+
+
+@pytest.mark.parametrize("make, reason", [
+    (lambda dir: dir.write_text("a file\n"), "is not a folder"),
+    (lambda dir: dir.symlink_to(dir.parent), "is a symbolic link"),
+    (lambda dir: dir.symlink_to(dir.parent / "nowhere"), "is a symbolic link"),
+    (lambda dir: dir.parent.joinpath("file").write_text(""), "file is not a folder, so"),
+])
+def test_a_dir_that_cannot_hold_a_set_up_is_a_clear_error_before_any_slow_step(no_sdk, monkeypatch, capsys, make, reason):
+    """``edgefuse qnn setup DIR`` with a file, a link (dangling or not) or a path below a file: exit 3
+    with the reason, before the platform check and everything after it."""
+    from edgefuse.cli import main
+    from edgefuse.cli.errors import UNAVAILABLE
+
+    def slow_work():
+        raise AssertionError("the set-up went on past its folder's check")
+
+    monkeypatch.setattr(qnn_sdk_module, "check_platform", slow_work)
+    target = no_sdk / "dir"
+    make(target)
+    if reason.startswith("file"):
+        target = no_sdk / "file" / "dir"
+    assert main(["-q", "qnn", "setup", str(target)]) == UNAVAILABLE
+    err = capsys.readouterr().err
+    assert err.startswith("edgefuse qnn setup: ") and reason in err and "Traceback" not in err
+
+
+def test_qnns_harmless_option_66_line_is_left_out_of_its_log_lines():
+    log = (
+        "[INFO] [Qnn ExecuTorch]: Running level=3 optimization.\n"
+        "[ERROR] [Qnn ExecuTorch]:  <E> unexpected GraphHtpSettings option 66\n"
+        "[ERROR] [Qnn ExecuTorch]:  <E> Failed to create device_handle\n"
+    )
+    assert qnn_sdk_module.qnn_log_lines(log) == "[ERROR] [Qnn ExecuTorch]:  <E> Failed to create device_handle"
