@@ -130,6 +130,28 @@ def test_rule_the_qnn_profile_rebuilds_a_transposed_norm_in_quantization_capture
     assert_matches_eager(module, inputs, rewritten)
 
 
+class WidenedView(nn.Module):
+    """A float32 norm of the float32 upcast of a half model's transposed view (as QNN's one dtype rebuilds a
+    half Gemma norm, whose ``1 + w`` is float32), with a float32 weight."""
+
+    def __init__(self):
+        super().__init__()
+        self.weight = LlamaNorm().weight
+
+    def forward(self, x):
+        h = x.transpose(1, 2).float()
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS))
+
+
+@pytest.mark.parametrize("backend", ["aten", "qnn"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_rule_a_norm_on_a_widened_view_stays_and_says_why(dtype, backend):
+    """Rebuilt before the transpose, the norm would need a new float32 cast of x, which rule 9 does not make."""
+    module, inputs = WidenedView(), (_x(dtype),)
+    rewritten = rewrite(module, inputs, "capture", backend=backend, quantization_capture=True)
+    assert_left(rewritten, "dim order", "is a float32 copy of the permuted view transpose")
+
+
 def test_rule_a_dynamic_sequence_length_keeps_the_symbolic_layout():
     """Strides that depend on the sequence length are compared as expressions, and the program is run at
     other lengths than the one it was exported with."""

@@ -39,7 +39,10 @@ trailing dtype-only casts. The rules, each with its reason:
    strides), and only when:
    a. the input is a transpose or permute view of a tensor, past casts that change nothing: the view
       holds that tensor's values, row for row; any other op between (a slice, a reshape, a cast that
-      rounds or copies) keeps the norm decomposed;
+      rounds or copies) keeps the norm decomposed. A cast that widens the view (a half model's float32
+      norm, which QNN's one dtype asks for) keeps it too: the norm would read a new cast of the tensor
+      before the view, which no quantization accounting of edgefuse follows yet (it compares a rebuilt
+      norm with the decomposed one on the same input node);
    b. the permutation leaves every normalized dim where it is: a norm over the last dims commutes with
       any reordering of the others, while one that moves a normalized dim would have ``rms_norm``
       normalize another dim;
@@ -479,6 +482,12 @@ def permuted_input(match: NormMatch, table: OpTable) -> Permuted | str:
     node = match.input
     while is_noop_cast(node, table):
         node = cast_source(node, table)
+    *_, widened = exact_ancestors(node, table)
+    if widened is not node and table.is_a(widened, Role.PERMUTE):
+        return (
+            f"its input {node.name} is a {_dtype_name(dtype_of(node))} copy of the permuted view "
+            f"{widened.name}: edgefuse rebuilds a norm before a permutation only in the view's own dtype"
+        )
     if not table.is_a(node, Role.PERMUTE) or not isinstance(node.args[0], Node):
         return (
             f"its input {match.input.name} is no transpose or permute of a tensor (past casts that change "
