@@ -455,11 +455,10 @@ def _input_of(dtype: torch.dtype, core: _Core, table: OpTable) -> Node | None:
 @dataclass(frozen=True)
 class Permuted:
     """Rule 9: a norm's input is ``permute`` (a view that reorders dims) of ``base``, past casts that change
-    nothing; ``order[i]`` is the dim of ``base`` that output dim ``i`` is."""
+    nothing."""
 
     permute: Node
     base: Node
-    order: tuple[int, ...]
 
 
 def permutation(node: Node) -> tuple[int, ...] | None:
@@ -503,7 +502,7 @@ def permuted_input(match: NormMatch, table: OpTable) -> Permuted | str:
             f"{node.name} puts dim {order[moved[0]]} of {node.args[0].name} at dim {moved[0]}, which the norm "
             "normalizes: rebuilt before the permutation, rms_norm would normalize another dim"
         )
-    return Permuted(node, node.args[0], order)
+    return Permuted(node, node.args[0])
 
 
 def rms_norm_precision(dtype: torch.dtype) -> torch.dtype:

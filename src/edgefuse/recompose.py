@@ -11,7 +11,9 @@ from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from edgefuse.casts import at_least, cast_source, dim_order_of, dtype_of, exact_ancestors, same_shape, same_size, tensor_meta
+from edgefuse.casts import (
+    at_least, cast_source, dim_order_of, dtype_of, exact_ancestors, same_shape, same_size, tensor_meta,
+)
 from edgefuse.constants import GraphConstants
 from edgefuse.match import NormMatch, Permuted, Rejection, match_rms_norm, permuted_input
 from edgefuse.ops import OpTable, Role, table_for
@@ -229,7 +231,10 @@ class _Rewriter:
             )
             if value.dtype != expected.dtype:
                 return layout
-            found = self._on_permuted_input(match, weight, expected)  # rule 9
+            try:  # rule 9; nothing is changed yet, and a malformed graph must leave the norm alone
+                found = self._on_permuted_input(match, weight, expected)
+            except Exception as error:
+                found = f"{UNREADABLE}: {error!r}"
             if isinstance(found, str):
                 return f"{layout}, and {found}"
             match, value, permuted = found

@@ -4,11 +4,10 @@ norm handing on the strides the model's did."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 import edgefuse
-from edgefuse.quant.qnn import QnnUnavailable, capture, quantize_for_qnn
+from edgefuse.quant.qnn import capture, quantize_for_qnn
 from tests.core.test_rule_transposed import QKNorm, _permute_after, _x
 from tests.forms import GemmaNorm
 
@@ -16,14 +15,11 @@ from tests.forms import GemmaNorm
 def test_qnn_quantizes_a_rebuilt_transposed_norm_as_one_op():
     """Through QNN's quantizer, the norm rebuilt before the transpose is annotated as one op: one pair in,
     one out and its weight, where left decomposed it was quantized one op at a time; the converted program
-    keeps the model's strides and lies within the bound its own scales give (tests/quant/test_quantized_qnn.py)."""
+    keeps the model's strides and lies within the bound its own scales give (``one_op_bound``)."""
     from tests.quant.test_quantized_qnn import one_op_bound, one_op_scales
 
     module, x = QKNorm(GemmaNorm()).eval(), _x(shape=(1, 64, 4, 16), seed=1)
-    try:
-        quantized = quantize_for_qnn(module, (x,), [(x,)])
-    except QnnUnavailable as error:
-        pytest.skip(f"the QNN quantizer does not import ({error}); `python -c 'import executorch.backends.qualcomm'` shows why")
+    quantized = quantize_for_qnn(module, (x,), [(x,)])
     [decision] = quantized.decisions
     assert decision.rebuilt and decision.input == "x", decision
     [norm] = quantized.norms
@@ -32,7 +28,8 @@ def test_qnn_quantizes_a_rebuilt_transposed_norm_as_one_op():
     with torch.no_grad():
         expected, actual = module(x), quantized.converted(x)
     assert actual.stride() == expected.stride()
-    bound = one_op_bound(x.transpose(1, 2), 1 + module.norm.weight.detach(), *one_op_scales(quantized.converted), torch.float32)
+    scales = one_op_scales(quantized.converted)
+    bound = one_op_bound(x.transpose(1, 2), 1 + module.norm.weight.detach(), *scales, torch.float32)
     assert bool(((actual.double() - expected.double()).abs() <= bound).all())
 
 
@@ -57,10 +54,7 @@ def test_tiny_gemma3_for_qnn_rebuilds_every_norm_as_one_op_and_keeps_each_qk_nor
     from edgefuse.cli.models import build_model
 
     module, inputs = build_model("tiny-gemma3")
-    try:
-        quantized = quantize_for_qnn(module, inputs, [inputs])
-    except QnnUnavailable as error:
-        pytest.skip(f"the QNN quantizer does not import ({error}); `python -c 'import executorch.backends.qualcomm'` shows why")
+    quantized = quantize_for_qnn(module, inputs, [inputs])
     assert len(quantized.decisions) == 13 and all(d.rebuilt for d in quantized.decisions), quantized.decisions
     assert [n.how for n in quantized.norms] == ["one op"] * 13, [n.describe() for n in quantized.norms]
 
