@@ -13,6 +13,9 @@ import torch
 from torch import nn
 from torch.export import Dim
 
+import edgefuse
+import edgefuse.recompose
+from edgefuse.recompose import UNREADABLE
 from edgefuse.verify import compare
 from tests.core.test_forms import FORMS, ONE_ROUNDING_MORE, allowed_units, assert_matches_eager
 from tests.core.test_rules import assert_left
@@ -328,3 +331,27 @@ class _First:
 
     def run(self, *inputs):
         return self.rewritten.run(*inputs)[0]
+
+
+def test_rule_a_permuted_view_of_a_tensor_without_metadata_stays_and_says_why():
+    module, inputs = QKNorm(GemmaNorm()), (_x(),)
+    graph = exported(module, inputs, "capture")
+    [x] = [n for n in graph.graph.nodes if n.op == "placeholder"]
+    del x.meta["val"]
+    [decision] = edgefuse.recompose_rms_norm(graph).decisions
+    assert not decision.rebuilt and "could not read the permutation transpose applies" in decision.reason
+    assert compare(module(*inputs), graph(*inputs), ulps=0).ok
+
+
+def test_rule_an_error_while_reading_a_permuted_input_leaves_the_norm_and_says_so(monkeypatch):
+    """Rule 9 runs before the graph changes: whatever it raises leaves the norm decomposed, as every read does."""
+
+    def broken(match, table):
+        raise RuntimeError("metadata edgefuse cannot read")
+
+    monkeypatch.setattr(edgefuse.recompose, "permuted_input", broken)
+    module, inputs = QKNorm(GemmaNorm()), (_x(),)
+    graph = exported(module, inputs, "capture")
+    [decision] = edgefuse.recompose_rms_norm(graph).decisions
+    assert not decision.rebuilt and UNREADABLE in decision.reason and "metadata edgefuse cannot read" in decision.reason
+    assert compare(module(*inputs), graph(*inputs), ulps=0).ok
