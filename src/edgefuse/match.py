@@ -32,6 +32,26 @@ trailing dtype-only casts. The rules, each with its reason:
 8. A grouped norm (the last dim split into groups, each normalized, then merged back, as in Mamba2) is
    rebuilt over one group, reading the split tensor, and ends before the merge: one ``rms_norm`` over the
    full width computes another function, and the full-width weight after the merge stays a multiply.
+9. A norm whose output keeps a permuted layout (a QK norm after ``transpose(1, 2)``, as Gemma 3 and
+   others write it) is rebuilt on the tensor the permutation reads, and the same permutation is applied
+   to the rebuilt output, only where a norm rebuilt on its input would change the layout (``rms_norm``
+   returns its own layout, not the transposed one, and later views and backend layout passes read the
+   strides), and only when:
+   a. the input is a transpose or permute view of a tensor, past casts that change nothing: the view
+      holds that tensor's values, row for row; any other op between (a slice, a reshape, a cast that
+      rounds or copies) keeps the norm decomposed. A cast that widens the view (a half model's float32
+      norm, which QNN's one dtype asks for) keeps it too: the norm would read a new cast of the tensor
+      before the view, which no quantization accounting of edgefuse follows yet (it compares a rebuilt
+      norm with the decomposed one on the same input node);
+   b. the permutation leaves every normalized dim where it is: a norm over the last dims commutes with
+      any reordering of the others, while one that moves a normalized dim would have ``rms_norm``
+      normalize another dim;
+   c. the permuted output has exactly the shape and strides of the model's (the tensor the view reads
+      may have a layout of its own, and symbolic strides must be provably equal).
+   The rebuilt norm reads that tensor where the norm ends, as the view would be read there (a view
+   shares its storage), so an in-place op inside the norm still keeps it decomposed. Only captured graphs
+   hold such views: an edge graph copies (``permute_copy``) into a contiguous tensor, whose norm is
+   rebuilt on it in its own layout, as before.
 """
 
 from __future__ import annotations
@@ -430,6 +450,59 @@ def _input_of(dtype: torch.dtype, core: _Core, table: OpTable) -> Node | None:
             if dtype_of(node) == dtype:
                 return node
     return None
+
+
+@dataclass(frozen=True)
+class Permuted:
+    """Rule 9: a norm's input is ``permute`` (a view that reorders dims) of ``base``, past casts that change
+    nothing."""
+
+    permute: Node
+    base: Node
+
+
+def permutation(node: Node) -> tuple[int, ...] | None:
+    """The dims of its input that each output dim of a permuting view is (``transpose(1, 2)`` of a rank-4
+    tensor: ``(0, 2, 1, 3)``), read by applying the op to a meta tensor of distinct sizes; None when the
+    node has no input metadata or the op cannot be applied."""
+    value = tensor_meta(node.args[0]) if node.args else None
+    if value is None:
+        return None
+    try:
+        probe = torch.empty(tuple(range(2, value.dim() + 2)), device="meta")
+        out = node.target(probe, *node.args[1:], **node.kwargs)
+    except Exception:  # arguments edgefuse cannot replay leave the norm alone
+        return None
+    return tuple(size - 2 for size in out.shape)
+
+
+def permuted_input(match: NormMatch, table: OpTable) -> Permuted | str:
+    """Rule 9 (a, b): the permuted view a norm's input is, and the tensor it reads, or why there is none."""
+    node = match.input
+    while is_noop_cast(node, table):
+        node = cast_source(node, table)
+    *_, widened = exact_ancestors(node, table)
+    if widened is not node and table.is_a(widened, Role.PERMUTE):
+        return (
+            f"its input {node.name} is a {_dtype_name(dtype_of(node))} copy of the permuted view "
+            f"{widened.name}: edgefuse rebuilds a norm before a permutation only in the view's own dtype"
+        )
+    if not table.is_a(node, Role.PERMUTE) or not isinstance(node.args[0], Node):
+        return (
+            f"its input {match.input.name} is no transpose or permute of a tensor (past casts that change "
+            "nothing) that the norm could be rebuilt on"
+        )
+    order = permutation(node)
+    if order is None:
+        return f"edgefuse could not read the permutation {node.name} applies"
+    rank = len(order)
+    moved = [d for d in range(rank - len(match.normalized_shape), rank) if order[d] != d]
+    if moved:
+        return (
+            f"{node.name} puts dim {order[moved[0]]} of {node.args[0].name} at dim {moved[0]}, which the norm "
+            "normalizes: rebuilt before the permutation, rms_norm would normalize another dim"
+        )
+    return Permuted(node, node.args[0])
 
 
 def rms_norm_precision(dtype: torch.dtype) -> torch.dtype:

@@ -41,6 +41,7 @@ class Role(enum.Enum):
     SQRT = "sqrt"
     RECIPROCAL = "reciprocal"
     RESHAPE = "reshape"
+    PERMUTE = "permute"
     RMS_NORM = "rms_norm"
     ASSERT_METADATA = "assert_metadata"
     QUANTIZE = "quantize"
@@ -121,6 +122,13 @@ CAPTURE = OpTable(
         aten._unsafe_view.default: Role.RESHAPE,
         aten.flatten.using_ints: Role.RESHAPE,
         aten.unflatten.int: Role.RESHAPE,
+        # views that reorder dims; edge graphs copy instead (permute_copy), so no edge op is one
+        aten.transpose.int: Role.PERMUTE,
+        aten.swapaxes.default: Role.PERMUTE,
+        aten.swapdims.default: Role.PERMUTE,
+        aten.permute.default: Role.PERMUTE,
+        aten.movedim.int: Role.PERMUTE,
+        aten.movedim.intlist: Role.PERMUTE,
         aten.rms_norm.default: Role.RMS_NORM,
         aten._assert_tensor_metadata.default: Role.ASSERT_METADATA,
         **_quantization_ops(torch.ops),

@@ -11,9 +11,11 @@ from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from edgefuse.casts import at_least, cast_source, dim_order_of, dtype_of, exact_ancestors, tensor_meta
+from edgefuse.casts import (
+    at_least, cast_source, dim_order_of, dtype_of, exact_ancestors, same_shape, same_size, tensor_meta,
+)
 from edgefuse.constants import GraphConstants
-from edgefuse.match import NormMatch, Rejection, match_rms_norm
+from edgefuse.match import NormMatch, Permuted, Rejection, match_rms_norm, permuted_input
 from edgefuse.ops import OpTable, Role, table_for
 from edgefuse.profiles import BackendProfile, get_profile
 from edgefuse.signature import sync_signature
@@ -158,7 +160,7 @@ class _Rewriter:
             if isinstance(outcome, str):
                 reasons.append(outcome)
                 continue
-            node, weight_node = outcome
+            node, weight_node, match = outcome
             return Decision(
                 mean.name, path, match.form, True, "rebuilt", match.input.name,
                 weight_node.name if weight_node is not None else None,
@@ -214,16 +216,28 @@ class _Rewriter:
 
     def _rewrite(
         self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor | None
-    ) -> tuple[Node, Node | None] | str:
-        """Replace the matched nodes with one ``rms_norm`` reading ``weight`` and producing ``value``, or say why not."""
+    ) -> tuple[Node, Node | None, NormMatch] | str:
+        """Replace the matched nodes with one ``rms_norm`` reading ``weight`` and producing ``value``, or say
+        why not; returns the new node, its weight and the match as rebuilt (rule 9 may rebuild it on
+        another input)."""
         expected = tensor_meta(match.output)
         if value is None:
             return "edgefuse could not compute the rebuilt node's metadata (no fake tensor mode in meta['val'])"
+        permuted = None
         if value.dtype != expected.dtype or dim_order_of(value) != dim_order_of(expected):
-            return (
+            layout = (
                 f"a rebuilt rms_norm would produce {_name(value.dtype)} in dim order {dim_order_of(value)} where the "
                 f"norm produced {_name(expected.dtype)} in dim order {dim_order_of(expected)}"
             )
+            if value.dtype != expected.dtype:
+                return layout
+            try:  # rule 9; nothing is changed yet, and a malformed graph must leave the norm alone
+                found = self._on_permuted_input(match, weight, expected)
+            except Exception as error:
+                found = f"{UNREADABLE}: {error!r}"
+            if isinstance(found, str):
+                return f"{layout}, and {found}"
+            match, value, permuted = found
         blocker = self.constants.mutations.between(_reads(match, self.table), match.output)
         if blocker is not None:
             return (
@@ -235,12 +249,43 @@ class _Rewriter:
         graph = self.gm.graph
         with graph.inserting_before(match.output):
             node = graph.call_function(self.table.rms_norm, (match.input, list(match.normalized_shape), weight, match.eps))
-        node.meta.update({k: v for k, v in match.output.meta.items() if k in ("nn_module_stack", "stack_trace")})
+            out = node
+            if permuted is not None:  # rule 9: the model's permutation, now of the rebuilt output
+                view, out_value = permuted
+                out = graph.call_function(view.target, (node, *view.args[1:]), dict(view.kwargs))
+        copied = {k: v for k, v in match.output.meta.items() if k in ("nn_module_stack", "stack_trace")}
+        node.meta.update(copied)
         node.meta["val"] = value
-        self.replaced[node.name] = self.replaced.get(match.output.name, match.output.name)
-        match.output.replace_all_uses_with(node)
+        if out is not node:
+            out.meta.update(copied)
+            out.meta["val"] = out_value
+        for new in dict.fromkeys((node, out)):
+            self.replaced[new.name] = self.replaced.get(match.output.name, match.output.name)
+        match.output.replace_all_uses_with(out)
         _erase_dead(match.nodes, self.table)
-        return node, weight
+        return node, weight, match
+
+    def _on_permuted_input(
+        self, match: NormMatch, weight: Node | torch.Tensor | None, expected: torch.Tensor
+    ) -> tuple[NormMatch, torch.Tensor, tuple[Node, torch.Tensor]] | str:
+        """Rule 9: the match rebuilt on the tensor its permuted input views, the rebuilt node's metadata, and
+        the permute with the metadata of the permuted output; or why the layout cannot be kept so."""
+        found = permuted_input(match, self.table)
+        if isinstance(found, str):
+            return found
+        how = f"rebuilt on {found.base.name} and permuted by {found.permute.name}"
+        note = f"{how} after it, as the model's input was, so the output keeps the model's layout"
+        rebuilt = replace(match, input=found.base, note=f"{match.note}; {note}" if match.note else note)
+        value = _rms_norm_meta(rebuilt, weight)
+        out = _permuted_meta(found, value) if value is not None else None
+        if out is None:
+            return f"edgefuse could not compute the metadata of the norm {how}"
+        if not (same_shape(out, expected) and all(same_size(a, b) for a, b in zip(out.stride(), expected.stride()))):
+            return (
+                f"{how}, it would have shape {list(out.shape)} and strides {list(out.stride())} where the norm "
+                f"produced {list(expected.shape)} and {list(expected.stride())}"
+            )
+        return rebuilt, value, (found.permute, out)
 
 
 def _traced_not_captured(node: Node) -> bool:
@@ -275,6 +320,19 @@ def _rms_norm_meta(match: NormMatch, weight: Node | torch.Tensor | None) -> torc
         if isinstance(w, torch.Tensor) and not isinstance(w, torch._subclasses.FakeTensor):
             w = mode.from_tensor(w, static_shapes=True)
         return torch.ops.aten.rms_norm.default(x, list(match.normalized_shape), w, match.eps)
+
+
+def _permuted_meta(found: Permuted, value: torch.Tensor) -> torch.Tensor | None:
+    """The fake tensor ``found.permute`` makes of ``value``, a fake tensor; None when it cannot be applied."""
+    mode = detect_fake_mode([value])
+    if mode is None:
+        return None
+    view = found.permute
+    with mode:
+        try:
+            return view.target(value, *view.args[1:], **view.kwargs)
+        except Exception:  # arguments edgefuse cannot replay leave the norm alone
+            return None
 
 
 def _erase_dead(nodes: Iterable[Node], table: OpTable) -> None:

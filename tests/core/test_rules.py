@@ -927,25 +927,6 @@ def test_a_shared_inverse_root_stays_and_says_so(mode):
         assert compare(expected, actual, ulps=0).ok
 
 
-class TransposedNorm(nn.Module):
-    """A norm over a transposed view (Gemma3's q/k norms): the decomposed output keeps the transposed layout."""
-
-    def __init__(self):
-        super().__init__()
-        self.weight = nn.Parameter(torch.linspace(0.5, 2.0, 16))
-
-    def forward(self, x):
-        h = x.transpose(0, 1)
-        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
-
-
-def test_a_norm_whose_output_keeps_a_transposed_layout_stays_in_capture():
-    """rms_norm returns a contiguous tensor: rebuilding would change the output's dim order."""
-    module, inputs = TransposedNorm(), (_x(shape=(5, 2, 16)),)
-    rewritten = rewrite(module, inputs, "capture")
-    assert_left(rewritten, "dim order")
-
-
 class NormInABranch(nn.Module):
     """A Llama norm in one branch of ``torch.cond`` and a top-level norm after it."""
 
