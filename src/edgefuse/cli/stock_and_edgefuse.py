@@ -29,25 +29,26 @@ EDGEFUSE = "edgefuse"
 
 
 def _xnnpack():
-    """:mod:`edgefuse.xnnpack.lowering` and :mod:`edgefuse.xnnpack.inspect`; :class:`Unavailable` when
-    the package is missing or fails to import."""
+    """The package :mod:`edgefuse.xnnpack` and its modules ``lowering`` and ``inspect``;
+    :class:`Unavailable` when the package is missing or fails to import."""
     try:
+        import edgefuse.xnnpack as package
         from edgefuse.xnnpack import inspect, lowering
     except Exception as error:  # missing, or half-built: either way the command must say so, not crash
         raise Unavailable(f"edgefuse's XNNPACK lowering is unavailable: importing edgefuse.xnnpack failed "
                           f"({type(error).__name__}: {error})") from error
-    return lowering, inspect
+    return package, lowering, inspect
 
 
 def stock_lower(program: ExportedProgram):
     """ExecuTorch's stock XNNPACK flow on ``program``, which stays as it was (see
     :func:`edgefuse.xnnpack.lowering.lower_stock`)."""
-    return _xnnpack()[0].lower_stock(program)
+    return _xnnpack()[1].lower_stock(program)
 
 
 def edgefuse_lower(program: ExportedProgram):
-    """edgefuse's XNNPACK flow; raises :class:`Unavailable` when :mod:`edgefuse.xnnpack` is missing or
-    fails to import."""
+    """edgefuse's XNNPACK flow, the package's public ``edgefuse.xnnpack.lower``; raises :class:`Unavailable`
+    when :mod:`edgefuse.xnnpack` is missing or fails to import."""
     return _xnnpack()[0].lower(program)
 
 
@@ -130,7 +131,7 @@ class DelegateSummary:
 
 def summarize(manager, label: str) -> DelegateSummary:
     """The :class:`DelegateSummary` of a lowered ``EdgeProgramManager`` (or its graph module)."""
-    is_plumbing = _xnnpack()[1].is_plumbing
+    is_plumbing = _xnnpack()[2].is_plumbing
     gm = top_graph(manager)
     segments: list[Segment] = []
     index = 0
