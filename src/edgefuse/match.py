@@ -64,6 +64,7 @@ from typing import Sequence
 import torch
 from torch.fx import Node
 
+from edgefuse._fx import dtype_name
 from edgefuse.casts import (
     at_least,
     cast_source,
@@ -77,10 +78,6 @@ from edgefuse.casts import (
 )
 from edgefuse.constants import GraphConstants
 from edgefuse.ops import OpTable, Role
-
-
-def _dtype_name(dtype: torch.dtype | None) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -203,7 +200,7 @@ def _square_base(node: Node, table: OpTable, constants: GraphConstants) -> Node 
 def _how_casts_differ(a: Node, b: Node, source: Node, constants: GraphConstants) -> str:
     """What makes two casts of ``source`` hold values that may differ, for a reason."""
     if dtype_of(a) != dtype_of(b):
-        return f"casts of {source.name} to {_dtype_name(dtype_of(a))} and to {_dtype_name(dtype_of(b))}"
+        return f"casts of {source.name} to {dtype_name(dtype_of(a))} and to {dtype_name(dtype_of(b))}"
     if constants.mutations.is_written(source):
         return f"two casts of {source.name}, which the graph writes in place (they may read it before and after)"
     return f"two casts of {source.name} that change more than its dtype (its dim order or layout)"
@@ -217,7 +214,7 @@ def _mean_dims(mean: Node, value: torch.Tensor) -> list[int] | str:
         return "the mean drops the reduced dims (keepdim=False)"
     dtype = mean.kwargs.get("dtype")
     if dtype is not None and dtype != value.dtype:
-        return f"the mean casts to {_dtype_name(dtype)} while it reduces {_dtype_name(value.dtype)} values"
+        return f"the mean casts to {dtype_name(dtype)} while it reduces {dtype_name(value.dtype)} values"
     rank = value.dim()
     if rank == 0:
         return "the mean reads a 0-d tensor: rms_norm normalizes at least one dim"
@@ -265,9 +262,9 @@ def _eps_as_added(eps: float, dtype: torch.dtype | None) -> tuple[float, str | N
         return eps, None
     added = torch.tensor(eps, dtype=torch.float64).to(dtype).item()
     if not math.isfinite(added):
-        return f"eps {eps!r} overflows {_dtype_name(dtype)}, the dtype the model adds it in"
+        return f"eps {eps!r} overflows {dtype_name(dtype)}, the dtype the model adds it in"
     if added == 0:
-        return 0.0, f"eps {eps!r} is 0 in {_dtype_name(dtype)}, where the model adds it: rebuilt with eps 0"
+        return 0.0, f"eps {eps!r} is 0 in {dtype_name(dtype)}, where the model adds it: rebuilt with eps 0"
     return eps, None
 
 
@@ -520,13 +517,13 @@ def _rounding_reason(computed: Sequence[Node], dtype: torch.dtype) -> str | None
             return f"{node.name} has no tensor metadata (meta['val'])"
         if not at_least(node_dtype, dtype):
             return (
-                f"{node.name} rounds to {_dtype_name(node_dtype)} inside a {_dtype_name(dtype)} norm; "
+                f"{node.name} rounds to {dtype_name(node_dtype)} inside a {dtype_name(dtype)} norm; "
                 "a rebuilt rms_norm would drop that rounding"
             )
         if node_dtype.is_floating_point and not at_least(widest, node_dtype):
             return (
-                f"{node.name} computes in {_dtype_name(node_dtype)} inside a {_dtype_name(dtype)} norm, which a "
-                f"rebuilt rms_norm computes in {_dtype_name(widest)}: it would add roundings the model does not make"
+                f"{node.name} computes in {dtype_name(node_dtype)} inside a {dtype_name(dtype)} norm, which a "
+                f"rebuilt rms_norm computes in {dtype_name(widest)}: it would add roundings the model does not make"
             )
     return None
 
@@ -566,9 +563,9 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
             continue
         source = _input_of(dtype, core, table)
         if source is None:
-            have = sorted({_dtype_name(dtype_of(n)) for n in exact_ancestors(core.scaled, table)})
+            have = sorted({dtype_name(dtype_of(n)) for n in exact_ancestors(core.scaled, table)})
             reasons.append(
-                f"it produces {_dtype_name(dtype)} from {'/'.join(have)} values: rms_norm produces its input's "
+                f"it produces {dtype_name(dtype)} from {'/'.join(have)} values: rms_norm produces its input's "
                 "dtype, and no tensor of the output dtype holds the input"
             )
             continue

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from edgefuse._fx import dtype_name
+
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
 
@@ -32,8 +34,8 @@ class BackendProfile:
         if dtype in allowed:
             return None
         where = "during quantization capture" if quantization_capture else "outside quantization capture"
-        names = ", ".join(sorted(str(d).removeprefix("torch.") for d in allowed))
-        return f"{self.name} has no {str(dtype).removeprefix('torch.')} rms_norm {where} (it takes {names})"
+        names = ", ".join(sorted(dtype_name(d) for d in allowed))
+        return f"{self.name} has no {dtype_name(dtype)} rms_norm {where} (it takes {names})"
 
     def shape_reason(self, normalized_shape: tuple[int, ...]) -> str | None:
         """Why this backend cannot normalize over ``normalized_shape``, or None when it can."""

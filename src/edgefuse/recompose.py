@@ -11,6 +11,7 @@ from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
+from edgefuse._fx import dtype_name, module_path
 from edgefuse.casts import (
     at_least, cast_source, dim_order_of, dtype_of, exact_ancestors, same_shape, same_size, tensor_meta,
 )
@@ -140,13 +141,12 @@ class _Rewriter:
         return decisions
 
     def _decide(self, mean: Node) -> Decision:
-        path = _module_path(mean)
         try:
             found = match_rms_norm(mean, self.table, self.constants)
         except Exception as error:  # a malformed graph must leave the norm alone, never crash the pass
-            return Decision(mean.name, path, "unknown", False, f"{UNREADABLE}: {error!r}")
+            return _decision(mean, f"{UNREADABLE}: {error!r}")
         if isinstance(found, Rejection):
-            return _rejected(found, path)
+            return _decision(mean, found.reason, found)
         reasons = []
         for match in found:
             try:  # everything before the graph is changed; a malformed graph must leave the norm alone
@@ -161,16 +161,8 @@ class _Rewriter:
                 reasons.append(outcome)
                 continue
             node, weight_node, match = outcome
-            return Decision(
-                mean.name, path, match.form, True, "rebuilt", match.input.name,
-                weight_node.name if weight_node is not None else None,
-                match.eps, match.dtype, match.normalized_shape, node.name, match.note,
-            )
-        longest = found[0]
-        return Decision(
-            mean.name, path, longest.form, False, reasons[0], longest.input.name,
-            longest.weight.node.name if longest.weight else None, longest.eps, longest.dtype, longest.normalized_shape,
-        )
+            return _decision(mean, "rebuilt", match, rebuilt=node, weight=weight_node)
+        return _decision(mean, reasons[0], found[0])
 
     def _profile_reason(self, match: NormMatch) -> str | None:
         return self.profile.dtype_reason(match.dtype, self.capture)
@@ -205,8 +197,8 @@ class _Rewriter:
         other_dtype = wanted is not None and dtype_of(weight.node) != wanted
         if other_dtype and not at_least(wanted, dtype_of(weight.node)):
             return (
-                f"the weight {weight.node.name} is {_name(dtype_of(weight.node))} and {self.profile.name} takes one "
-                f"dtype ({_name(wanted)}): rounding the weight would move a rounding"
+                f"the weight {weight.node.name} is {dtype_name(dtype_of(weight.node))} and {self.profile.name} takes one "
+                f"dtype ({dtype_name(wanted)}): rounding the weight would move a rounding"
             )
         folded = self.constants.fold(weight.node, self.table)
         if folded is None:
@@ -226,8 +218,8 @@ class _Rewriter:
         permuted = None
         if value.dtype != expected.dtype or dim_order_of(value) != dim_order_of(expected):
             layout = (
-                f"a rebuilt rms_norm would produce {_name(value.dtype)} in dim order {dim_order_of(value)} where the "
-                f"norm produced {_name(expected.dtype)} in dim order {dim_order_of(expected)}"
+                f"a rebuilt rms_norm would produce {dtype_name(value.dtype)} in dim order {dim_order_of(value)} where the "
+                f"norm produced {dtype_name(expected.dtype)} in dim order {dim_order_of(expected)}"
             )
             if value.dtype != expected.dtype:
                 return layout
@@ -354,18 +346,6 @@ def _erase_dead(nodes: Iterable[Node], table: OpTable) -> None:
         work.extend(inputs)
 
 
-def _module_path(node: Node) -> str | None:
-    stack = node.meta.get("nn_module_stack")
-    if not stack:
-        return None
-    path = list(stack.values())[-1][0]
-    return path.removeprefix("L['self'].").removeprefix("L__self__.") or None
-
-
-def _name(dtype: torch.dtype | None) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 def _nested_decisions(gm: GraphModule, prefix: str = "", seen: set[int] | None = None) -> list[Decision]:
     """One decision per mean inside the subgraphs ``gm`` holds (branches and bodies of higher-order ops:
     ``torch.cond``, ``while_loop``, ``map``, grad-mode and autocast regions), each left with the reason
@@ -388,17 +368,14 @@ def _nested_decisions(gm: GraphModule, prefix: str = "", seen: set[int] | None =
             return f"{name}.{value}" if value is not None else None
 
         for mean in (n for n in sub.graph.nodes if table.is_a(n, Role.MEAN)):
-            path = _module_path(mean)
             try:
                 found = match_rms_norm(mean, table, GraphConstants(sub, None))
             except Exception as error:  # a malformed subgraph must not crash the pass either
                 found = Rejection(mean, f"{UNREADABLE}: {error!r}")
             if isinstance(found, Rejection):
-                decision = _rejected(found, path)
+                decision = _decision(mean, found.reason, found)
             else:
-                m = found[0]
-                decision = Decision(mean.name, path, m.form, False, reason, m.input.name,
-                                    m.weight.node.name if m.weight else None, m.eps, m.dtype, m.normalized_shape)
+                decision = _decision(mean, reason, found[0])
             decisions.append(replace(decision, mean=qualified(decision.mean), input=qualified(decision.input),
                                      weight=qualified(decision.weight)))
         decisions += _nested_decisions(sub, f"{name}.", seen)
@@ -412,14 +389,36 @@ def _attribute(gm: GraphModule, target: str) -> object:
     return value
 
 
-def _rejected(rejection: Rejection, path: str | None) -> Decision:
+def _decision(
+    mean: Node,
+    reason: str,
+    found: NormMatch | Rejection | None = None,
+    rebuilt: Node | None = None,
+    weight: Node | None = None,
+) -> Decision:
+    """The decision about the norm whose mean is ``mean``: the one place a :class:`Decision` is built.
+
+    ``found`` is the match or the rejection the decision rests on (None: the graph could not be read);
+    for a rebuilt norm, ``rebuilt`` is the new ``rms_norm`` node and ``weight`` the weight node it reads.
+    """
+    path = module_path(mean)
+    if found is None:
+        return Decision(mean=mean.name, module_path=path, form="unknown", rebuilt=False, reason=reason)
+    if isinstance(found, Rejection):
+        return Decision(
+            mean=found.mean.name, module_path=path, form=found.form, rebuilt=False, reason=reason,
+            input=found.input.name if found.input is not None else None,
+            weight=found.weight.name if found.weight is not None else None,
+            eps=found.eps,
+        )
+    if rebuilt is None:
+        weight_name = found.weight.node.name if found.weight else None
+    else:
+        weight_name = weight.name if weight is not None else None
     return Decision(
-        rejection.mean.name,
-        path,
-        rejection.form,
-        False,
-        rejection.reason,
-        rejection.input.name if rejection.input is not None else None,
-        rejection.weight.name if rejection.weight is not None else None,
-        rejection.eps,
+        mean=mean.name, module_path=path, form=found.form, rebuilt=rebuilt is not None, reason=reason,
+        input=found.input.name, weight=weight_name, eps=found.eps, dtype=found.dtype,
+        normalized_shape=found.normalized_shape,
+        node=rebuilt.name if rebuilt is not None else None,
+        note=found.note if rebuilt is not None else None,
     )

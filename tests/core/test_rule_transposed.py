@@ -18,7 +18,7 @@ import edgefuse.recompose
 from edgefuse.recompose import UNREADABLE
 from edgefuse.verify import compare
 from tests.core.test_forms import FORMS, ONE_ROUNDING_MORE, allowed_units, assert_matches_eager
-from tests.core.test_rules import assert_left
+from tests.core.rule_checks import assert_left
 from tests.forms import EPS, GemmaNorm, LlamaNorm
 from tests.harness import DTYPES, cast_path, exported, rewrite, rms_norm_nodes
 

@@ -7,11 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch.export import export
 
-from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import to_edge_transform_and_lower
-
 from edgefuse.verify import tolerance
-from edgefuse.xnnpack import lower
+from edgefuse.xnnpack.lowering import lower, lower_stock
 from edgefuse.xnnpack.inspect import lowered_modules, node_type_counts, node_types, ops_outside, run_pte, to_pte
 
 torch.set_num_threads(1)  # eager OpenMP workers left spinning slow the runtime on 2 cores
@@ -47,7 +44,7 @@ def lower_and_run(module, inputs, run_inputs=None, stock=False, dynamic_shapes=N
     module = module.eval()
     program = export(module, tuple(inputs), dynamic_shapes=dynamic_shapes)
     if stock:
-        manager = to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner(**options)])
+        manager = lower_stock(program, **options)
     else:
         manager = lower(program, **options)
     outside, types, counts = ops_outside(manager), node_types(manager), node_type_counts(manager)

@@ -27,41 +27,32 @@ if __name__ == "__main__":  # run as a command: torchao and torch log warnings a
 import torch
 from torch.export import export
 
+from edgefuse._fx import dtype_name, module_class_name
 from edgefuse.verify import finite_tolerance, max_error
-from edgefuse.xnnpack.inspect import lowered_modules, run_pte, to_pte
-from edgefuse.xnnpack.lowering import lower
+from edgefuse.xnnpack.inspect import call_name, lowered_modules, nodes_outside, run_pte, to_pte
+from edgefuse.xnnpack.lowering import lower, lower_stock
 
 DEFAULT_MODELS = ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2")
 ULPS = 64
-_PLUMBING = ("executorch_call_delegate", "getitem")
 
 
 def _norm_module(node) -> str | None:
-    stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return None
-    _, cls = list(stack.values())[-1]
-    name = cls if isinstance(cls, str) else getattr(cls, "__name__", str(cls))
-    name = name.rsplit(".", 1)[-1].strip("'>")
-    return name if name.endswith("Norm") else None
+    name = module_class_name(node)
+    return name if name is not None and name.endswith("Norm") else None
 
 
 def outside_report(manager) -> tuple[list[str], list[str], int]:
     """(means outside, norm ops outside as ``op in Module``, count of all ops outside) of a lowered program."""
-    means, norm_ops, count = [], [], 0
-    for node in manager.exported_program().graph_module.graph.nodes:
-        if node.op != "call_function":
-            continue
-        name = getattr(node.target, "__name__", str(node.target))
-        if any(p in name for p in _PLUMBING):
-            continue
-        count += 1
+    means, norm_ops = [], []
+    outside = nodes_outside(manager)
+    for node in outside:
+        name = call_name(node)
         if "mean" in name:
             means.append(name)
         module = _norm_module(node)
         if module:
             norm_ops.append(f"{name} in {module}")
-    return means, norm_ops, count
+    return means, norm_ops, len(outside)
 
 
 def check(name: str, dtype: torch.dtype, stock: bool, out=sys.stdout) -> bool:
@@ -74,10 +65,7 @@ def check(name: str, dtype: torch.dtype, stock: bool, out=sys.stdout) -> bool:
     rows = []
     lowerings = [("edgefuse", lambda ep: lower(ep))]
     if stock:
-        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-        from executorch.exir import to_edge_transform_and_lower
-
-        lowerings.append(("stock", lambda ep: to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])))
+        lowerings.append(("stock", lower_stock))
     ok = True
     for label, how in lowerings:
         start = time.monotonic()
@@ -89,7 +77,7 @@ def check(name: str, dtype: torch.dtype, stock: bool, out=sys.stdout) -> bool:
         if label == "edgefuse":
             ok = passed
         rows.append(
-            f"{name:<12} {str(dtype).removeprefix('torch.'):<8} {label:<8} delegates {len(lowered_modules(manager)):>3}  "
+            f"{name:<12} {dtype_name(dtype):<8} {label:<8} delegates {len(lowered_modules(manager)):>3}  "
             f"ops outside {count:>3}  means outside {len(means):>2}  norm ops outside {len(norm_ops):>2}  "
             f"max error {error:.3g} (allowed {allowed:.3g})  {'PASS' if passed else 'FAIL'}  "
             f"[{time.monotonic() - start:.0f}s]"

@@ -260,5 +260,6 @@ def fuzz(args, say: Say) -> int:
 
 
 def _dtype(spec) -> str:
-    dtype = spec.dtype
-    return str(dtype).removeprefix("torch.") if dtype is not None else "no float weights"
+    from edgefuse._fx import dtype_name
+
+    return dtype_name(spec.dtype) if spec.dtype is not None else "no float weights"

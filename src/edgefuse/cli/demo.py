@@ -26,10 +26,11 @@ import tempfile
 import torch
 from torch.export import ExportedProgram
 
+from edgefuse._fx import dtype_name
 from edgefuse.cli.background import Background
 from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, Unavailable, UsageError
 from edgefuse.cli.files import fresh_private_folder, write_text
-from edgefuse.cli.pte_checks import Lowered, comparison_lines, flat_tensors, lower_to_pte, run_and_check
+from edgefuse.cli.pte_checks import CheckedProgram, comparison_lines, flat_tensors, lower_to_pte, run_and_check
 from edgefuse.cli.stock_and_edgefuse import build_xnnpack_patterns
 from edgefuse.cli.modelspec import ModelSpec
 from edgefuse.cli.progress import Progress
@@ -53,7 +54,7 @@ def map_path() -> str:
             f"the demo writes its delegate map in a new folder under {tempfile.gettempdir()}, which cannot be "
             f"made: {error.strerror or error}; point TMPDIR at a folder you can write"
         ) from error
-    return os.path.join(directory, f"{MODEL}-{_name(XNNPACK_DTYPE)}.delegates.svg")
+    return os.path.join(directory, f"{MODEL}-{dtype_name(XNNPACK_DTYPE)}.delegates.svg")
 
 
 def run(say: Progress | None = None) -> int:
@@ -73,7 +74,7 @@ def _run(destination: str, say: Progress) -> int:
     print(f"edgefuse demo: {MODEL} with {LAYERS} decoder layer (input, post-attention, q and k norms) and "
           f"the final norm, built from a config embedded in edgefuse, random weights")
 
-    say(f"building {MODEL} and exporting it in {_name(XNNPACK_DTYPE)}")
+    say(f"building {MODEL} and exporting it in {dtype_name(XNNPACK_DTYPE)}")
     spec16 = _build(XNNPACK_DTYPE)
     program16 = spec16.export()
     say("building the XNNPACK backend's pattern graphs, once for both lowerings")
@@ -103,7 +104,7 @@ def _run(destination: str, say: Progress) -> int:
         _for_worker.clear()
     ok = float32.ok and float16.ok
 
-    print(f"\n2. Lowering the {_name(XNNPACK_DTYPE)} program for XNNPACK, stock and with edgefuse, and running "
+    print(f"\n2. Lowering the {dtype_name(XNNPACK_DTYPE)} program for XNNPACK, stock and with edgefuse, and running "
           "both .pte in executorch.runtime\n")
     say("running both programs in executorch.runtime")
     expected = flat_tensors(eager16 if eager16 is not None else spec16.eager())
@@ -121,7 +122,7 @@ def _run(destination: str, say: Progress) -> int:
     from edgefuse.cli.delegate_map import render
 
     try:
-        write_text(destination, render([stock.summary, ours.summary], f"delegate map: {MODEL} ({_name(XNNPACK_DTYPE)})"))
+        write_text(destination, render([stock.summary, ours.summary], f"delegate map: {MODEL} ({dtype_name(XNNPACK_DTYPE)})"))
     except OSError as error:
         raise UsageError(f"cannot write the delegate map to {destination}: {error.strerror or error}") from error
     print(f"  delegate map (open it in a browser): {destination}")
@@ -149,18 +150,14 @@ def _qnn_report(spec: ModelSpec, program: ExportedProgram, say) -> tuple[Report,
     return report, (eager[0] if len(eager) == 1 else None)
 
 
-def _stock_lowering(start: float, enabled: bool) -> Lowered:
+def _stock_lowering(start: float, enabled: bool) -> CheckedProgram:
     """The worker's half: the stock XNNPACK lowering of the float16 program, serialized."""
     say = Progress(enabled=enabled)
     say.start = start
     return lower_to_pte(_for_worker["program"], "stock", lambda what: say(f"(worker) {what}"))
 
 
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-if __name__ == "__main__":  # ``python -m edgefuse.cli.demo``, as the README said before ``edgefuse demo``
+if __name__ == "__main__":  # ``python -m edgefuse.cli.demo`` runs the demo as ``edgefuse demo`` does
     from edgefuse.cli import main
 
     raise SystemExit(main(["demo"]))

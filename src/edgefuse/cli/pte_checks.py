@@ -28,7 +28,7 @@ ULPS = 8
 
 
 @dataclass
-class Lowered:
+class CheckedProgram:
     """One lowered program: what it holds, its bytes, the loaded program and its errors against eager."""
 
     how: str
@@ -64,7 +64,7 @@ class Lowered:
 
 def lower_to_pte(
     program: ExportedProgram, how: str, say: Callable[[str], None] = lambda _: None, serialize: bool = True
-) -> Lowered:
+) -> CheckedProgram:
     """Lower ``program`` with ``how`` and serialize it (unless not ``serialize``, for a map alone).
 
     Raises :class:`~edgefuse.cli.errors.Unavailable` when edgefuse's flow is unavailable, and
@@ -75,10 +75,10 @@ def lower_to_pte(
     manager = _stock_step(lambda: lower(program, how), how, "to_edge_transform_and_lower")
     summary = summarize(manager, how)
     if not serialize:
-        return Lowered(how, summary, b"")
+        return CheckedProgram(how, summary, b"")
     say(f"serializing the {how} program to .pte")
     pte = _stock_step(lambda: manager.to_executorch().buffer, how, "to_executorch")
-    return Lowered(how, summary, pte, user_outputs=_user_outputs(manager))
+    return CheckedProgram(how, summary, pte, user_outputs=_user_outputs(manager))
 
 
 def _user_outputs(manager) -> int:
@@ -104,9 +104,9 @@ def _stock_step(step: Callable[[], Any], how: str, name: str, failure: str = "re
 
 
 def run_and_check(
-    lowered: Lowered, inputs: tuple, expected: list[torch.Tensor], stock: Lowered | None = None,
+    lowered: CheckedProgram, inputs: tuple, expected: list[torch.Tensor], stock: CheckedProgram | None = None,
     reference: str = "eager",
-) -> Lowered:
+) -> CheckedProgram:
     """Load ``lowered`` in the runtime, run it once on ``inputs`` and measure its errors against ``expected``.
 
     With ``stock`` (already checked), an output also passes when it is no worse than stock's by more
@@ -139,7 +139,7 @@ def flat_tensors(value) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
-def failed_checks_line(programs: list[Lowered]) -> str | None:
+def failed_checks_line(programs: list[CheckedProgram]) -> str | None:
     """The line that names the programs whose outputs are outside their tolerance against eager, if any."""
     failed = [lowered.how for lowered in programs if not lowered.ok]
     if not failed:
@@ -149,7 +149,7 @@ def failed_checks_line(programs: list[Lowered]) -> str | None:
     return f"check failed: the {' and the '.join(failed)} {programs_differ} from {reference} by more than allowed"
 
 
-def comparison_lines(stock: Lowered | None, ours: Lowered | None) -> list[str]:
+def comparison_lines(stock: CheckedProgram | None, ours: CheckedProgram | None) -> list[str]:
     """Two summary lines (stock, edgefuse) with the error of each program against eager."""
     lines = []
     for lowered in (stock, ours):

@@ -27,6 +27,8 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from edgefuse._fx import dtype_name
+
 #: The QNN flows each table row measures (see :data:`edgefuse.quant.qnn.RECOMPOSE_MODES`).
 QNN_MODES = ("none", "stock", "casts", "edgefuse")
 
@@ -142,7 +144,7 @@ def qnn_row(model_name: str, dtype: torch.dtype, held_out: int = 16, say=lambda 
     exact = exact_module(module)
     calibration = calibration_inputs(example)
     others = held_out_inputs(example, held_out)
-    row = QnnRow(model_name, str(dtype).removeprefix("torch."))
+    row = QnnRow(model_name, dtype_name(dtype))
     runs = {}
     for mode in QNN_MODES:
         say(f"QNN {model_name} {row.dtype} {mode}")
@@ -237,7 +239,7 @@ def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int 
 
     module, example = build_model(model_name, dtype, 0)
     exact = exact_module(module)
-    row = XnnpackRow(model_name, str(dtype).removeprefix("torch."), scheme)
+    row = XnnpackRow(model_name, dtype_name(dtype), scheme)
     inputs = [tuple(example)] + held_out_inputs(example, held_out)
     say(f"XNNPACK {model_name} {row.dtype} {scheme}: quantizing")
     quantized = xnnpack.quantize(scheme, module, example, calibration_inputs(example))

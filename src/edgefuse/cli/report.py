@@ -24,9 +24,10 @@ from typing import Any, Iterable
 
 import torch
 from torch.export import ExportedProgram
-from torch.fx import GraphModule, Interpreter, Node
+from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
 
+from edgefuse._fx import Recorder, dtype_name, module_paths
 from edgefuse.cli.errors import UsageError
 from edgefuse.fresh import fresh, kept_state
 from edgefuse.cli.modelspec import ModelSpec, error_summary
@@ -66,7 +67,7 @@ class NormRow:
         d = self.decision
         error = _error(self.max_error) + (" (module)" if self.shared and self.max_error is not None else "")
         cells = [
-            self.layer, self.key, d.form, _dtype_name(d.dtype), "yes" if d.rebuilt else "no", d.input, error, d.reason,
+            self.layer, self.key, d.form, dtype_name(d.dtype) if d.dtype is not None else "-", "yes" if d.rebuilt else "no", d.input, error, d.reason,
         ]
         if quantized:
             cells.append(self.quantized.describe() if self.quantized is not None else "not found in the quantized graph")
@@ -253,28 +254,19 @@ def _eager_with_module_outputs(module: torch.nn.Module, inputs: tuple, paths: It
     return result, captured
 
 
-class _Recorder(Interpreter):
-    def __init__(self, gm: GraphModule, wanted: dict[str, str]):
-        super().__init__(gm)
-        self.wanted, self.values = wanted, {}
-
-    def run_node(self, node: Node) -> Any:
-        value = super().run_node(node)
-        path = self.wanted.get(node.name)
-        if path is not None and isinstance(value, torch.Tensor):
-            self.values[path] = value.detach().clone()
-        return value
-
-
 def _graph_with_module_outputs(gm: GraphModule, inputs: tuple, paths: Iterable[str]):
     """The outputs of a graph module and, for each module path, the tensor that module's code produced."""
     wanted = {node.name: path for path, node in module_outputs(gm, paths).items()}
-    recorder = _Recorder(gm, wanted)
+    recorder = Recorder(gm, wanted, keep=_copy_of_tensor)  # a later in-place op may write the tensor
     flat = pytree.tree_leaves(fresh(tuple(inputs)))
     with torch.no_grad(), kept_state(gm):
         result = fresh(recorder.run(*flat))  # an output may be a buffer put back
     tensors = [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor)]
-    return tensors, recorder.values
+    return tensors, {wanted[name]: value for name, value in recorder.values.items() if value is not None}
+
+
+def _copy_of_tensor(value: Any) -> torch.Tensor | None:
+    return value.detach().clone() if isinstance(value, torch.Tensor) else None
 
 
 def module_outputs(gm: GraphModule, paths: Iterable[str]) -> dict[str, Node]:
@@ -282,18 +274,13 @@ def module_outputs(gm: GraphModule, paths: Iterable[str]) -> dict[str, Node]:
     wanted = set(paths)
     members: dict[Node, set[str]] = {}
     for node in gm.graph.nodes:
-        stack = node.meta.get("nn_module_stack") or {}
-        members[node] = {_clean_path(v[0]) for v in stack.values()} & wanted
+        members[node] = module_paths(node) & wanted
     found: dict[str, Node] = {}
     for node in gm.graph.nodes:
         for path in members[node]:
             if any(path not in members.get(user, ()) for user in node.users):
                 found[path] = node
     return found
-
-
-def _clean_path(path: str) -> str:
-    return path.removeprefix("L['self'].").removeprefix("L__self__.")
 
 
 def _max_error(expected: torch.Tensor, actual: torch.Tensor) -> float | None:
@@ -310,7 +297,7 @@ HEADER = ("layer", "module", "form", "dtype", "rebuilt", "input", "max err", "re
 def format_report(report: Report) -> str:
     """The terminal table: one row per norm, then the summary line."""
     quantized = report.quantization is not None
-    dtype = _dtype_name(report.dtype) if report.dtype is not None else "no float weights"
+    dtype = dtype_name(report.dtype) if report.dtype is not None else "no float weights"
     norms = f"{len(report.rows)} norm{'s' if len(report.rows) != 1 else ''}"
     lines = [
         f"{report.model} ({dtype}), {report.stage} stage, backend {report.backend}: {norms}"
@@ -357,7 +344,7 @@ def to_json(report: Report) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "model": {
-            "name": report.model, "kind": report.kind, "dtype": _dtype_name(report.dtype) if report.dtype else None,
+            "name": report.model, "kind": report.kind, "dtype": dtype_name(report.dtype) if report.dtype else None,
         },
         "backend": report.backend,
         "stage": report.stage,
@@ -368,7 +355,7 @@ def to_json(report: Report) -> dict:
                 "layer": r.layer,
                 "module_path": r.decision.module_path,
                 "form": r.decision.form,
-                "dtype": _dtype_name(r.decision.dtype) if r.decision.dtype else None,
+                "dtype": dtype_name(r.decision.dtype) if r.decision.dtype else None,
                 "rebuilt": r.decision.rebuilt,
                 "reason": r.decision.reason,
                 "input": r.decision.input,
@@ -421,10 +408,6 @@ def _number(value: float | None) -> float | None:
     if value is None or not math.isfinite(value):
         return None
     return float(value)
-
-
-def _dtype_name(dtype: torch.dtype | None) -> str:
-    return str(dtype).removeprefix("torch.") if dtype is not None else "-"
 
 
 def _error(value: float | None) -> str:

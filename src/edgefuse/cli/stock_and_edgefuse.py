@@ -1,51 +1,55 @@
 """XNNPACK lowering two ways, stock and edgefuse, and a summary of what each lowered program holds.
 
-Stock is ExecuTorch's own ``to_edge_transform_and_lower`` with ``XnnpackPartitioner``. edgefuse's
-lowering lives in :mod:`edgefuse.xnnpack`, which is built separately: :func:`edgefuse_lower` is the only
-place the command line calls it, so a change of its API is a change of one line here, and a missing or
-broken package becomes :class:`~edgefuse.cli.errors.Unavailable` (the command says so) instead of a crash.
+Both lowerings live in :mod:`edgefuse.xnnpack.lowering` (stock is ExecuTorch's own
+``to_edge_transform_and_lower`` with ``XnnpackPartitioner``). This module is the only place the command
+line calls it, so a change of its API is a change of one line here, and a missing or broken package
+becomes :class:`~edgefuse.cli.errors.Unavailable` (the command says so) instead of a crash.
 
 :func:`summarize` reads a lowered program's top-level graph: each ``executorch_call_delegate`` node is a
-delegate, every other ``call_function`` node (tuple access excepted) is an op left outside the delegates
-on a portable kernel, and the graph order of both gives the segments the delegate map draws.
+delegate, every other call that computes something (:func:`edgefuse.xnnpack.inspect.is_plumbing`) is an
+op left outside the delegates on a portable kernel, and the graph order of both gives the segments the
+delegate map draws.
 """
 
 from __future__ import annotations
 
-import operator
 from collections import Counter
 from dataclasses import dataclass, field
 
 from torch.export import ExportedProgram
-from torch.fx import GraphModule, Node
+from torch.fx import Node
 
+from edgefuse._fx import top_graph
 from edgefuse.cli.errors import Unavailable
-from edgefuse.programs import detached
 
+#: The two lowerings, as :mod:`edgefuse.xnnpack.lowering` names them (kept here as plain strings, so
+#: that this module imports without that package).
 STOCK = "stock"
 EDGEFUSE = "edgefuse"
 
 
-def stock_lower(program: ExportedProgram):
-    """ExecuTorch's stock XNNPACK flow: ``to_edge_transform_and_lower`` with ``XnnpackPartitioner()``, on
-    a :func:`~edgefuse.programs.detached` program, so that the caller's can be lowered again."""
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-    from executorch.exir import to_edge_transform_and_lower
-
-    return to_edge_transform_and_lower(detached(program), partitioner=[XnnpackPartitioner()])
-
-
-def edgefuse_lower(program: ExportedProgram):
-    """edgefuse's XNNPACK flow; the one call into :mod:`edgefuse.xnnpack`.
-
-    Raises :class:`Unavailable` when that package is missing or fails to import.
-    """
+def _xnnpack():
+    """The package :mod:`edgefuse.xnnpack` and its modules ``lowering`` and ``inspect``;
+    :class:`Unavailable` when the package is missing or fails to import."""
     try:
-        from edgefuse.xnnpack import lower
+        import edgefuse.xnnpack as package
+        from edgefuse.xnnpack import inspect, lowering
     except Exception as error:  # missing, or half-built: either way the command must say so, not crash
         raise Unavailable(f"edgefuse's XNNPACK lowering is unavailable: importing edgefuse.xnnpack failed "
                           f"({type(error).__name__}: {error})") from error
-    return lower(program)
+    return package, lowering, inspect
+
+
+def stock_lower(program: ExportedProgram):
+    """ExecuTorch's stock XNNPACK flow on ``program``, which stays as it was (see
+    :func:`edgefuse.xnnpack.lowering.lower_stock`)."""
+    return _xnnpack()[1].lower_stock(program)
+
+
+def edgefuse_lower(program: ExportedProgram):
+    """edgefuse's XNNPACK flow, the package's public ``edgefuse.xnnpack.lower``; raises :class:`Unavailable`
+    when :mod:`edgefuse.xnnpack` is missing or fails to import."""
+    return _xnnpack()[0].lower(program)
 
 
 def build_xnnpack_patterns() -> None:
@@ -127,16 +131,19 @@ class DelegateSummary:
 
 def summarize(manager, label: str) -> DelegateSummary:
     """The :class:`DelegateSummary` of a lowered ``EdgeProgramManager`` (or its graph module)."""
-    gm = _top_graph(manager)
+    is_plumbing = _xnnpack()[2].is_plumbing
+    gm = top_graph(manager)
     segments: list[Segment] = []
     index = 0
     for node in gm.graph.nodes:
-        if node.op != "call_function" or node.target is operator.getitem:
+        if node.op != "call_function":
             continue
         if _is_delegate_call(node):
             lowered = getattr(gm, node.args[0].target)
-            segments.append(Segment("delegate", _delegate_ops(lowered), getattr(lowered, "backend_id", None), index))
+            segments.append(Segment("delegate", _delegate_ops(lowered, is_plumbing), getattr(lowered, "backend_id", None), index))
             index += 1
+        elif is_plumbing(node):
+            continue
         elif segments and segments[-1].kind == "outside":
             segments[-1].ops.append(op_name(node))
         else:
@@ -157,17 +164,9 @@ def _is_delegate_call(node: Node) -> bool:
     return "executorch_call_delegate" in str(node.target)
 
 
-def _delegate_ops(lowered) -> list[str]:
+def _delegate_ops(lowered, is_plumbing) -> list[str]:
     original = getattr(lowered, "original_module", None)
     gm = getattr(original, "graph_module", None)
     if gm is None:
         return []
-    return [op_name(n) for n in gm.graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
-
-
-def _top_graph(manager) -> GraphModule:
-    if isinstance(manager, GraphModule):
-        return manager
-    if hasattr(manager, "exported_program"):
-        return manager.exported_program().graph_module
-    return manager.graph_module
+    return [op_name(n) for n in gm.graph.nodes if n.op == "call_function" and not is_plumbing(n)]

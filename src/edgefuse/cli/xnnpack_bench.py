@@ -59,13 +59,11 @@ import torch
 from torch import nn
 from torch.export import export
 
-from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
-from executorch.exir import to_edge_transform_and_lower
-
+from edgefuse._fx import dtype_name
 from edgefuse.runtime import set_threads
 from edgefuse.verify import max_error
 from edgefuse.xnnpack.inspect import load_method, lowered_modules, ops_outside, to_pte
-from edgefuse.xnnpack.lowering import lower
+from edgefuse.xnnpack.lowering import lower, lower_stock
 from edgefuse.cli.threads import threads_problem
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY
 
@@ -150,7 +148,10 @@ WORKLOADS: tuple[Workload, ...] = (
 
 
 @dataclass
-class Lowered:
+class TimedProgram:
+    """One workload lowered one way and loaded: its delegates, the ops left outside, the loaded method to
+    time, and its error against eager."""
+
     label: str
     delegates: int
     outside: list[str]
@@ -158,13 +159,13 @@ class Lowered:
     error: float
 
 
-def _lower(label: str, module: nn.Module, x: torch.Tensor, expected: torch.Tensor, how) -> Lowered:
+def _lower(label: str, module: nn.Module, x: torch.Tensor, expected: torch.Tensor, how) -> TimedProgram:
     manager = how(export(module, (x,)))
     delegates, outside = len(lowered_modules(manager)), ops_outside(manager)
     method = load_method(to_pte(manager))
     out = method.execute([x])[0]
     error = max_error(expected, out)
-    return Lowered(label, delegates, outside, method, error)
+    return TimedProgram(label, delegates, outside, method, error)
 
 
 @dataclass
@@ -190,7 +191,7 @@ def _round_order(count: int, previous: int, rng: random.Random) -> list[tuple[in
             return items
 
 
-def _time(methods: list[Lowered], x: torch.Tensor, runs: int, budget: float) -> tuple[list[Medians], int]:
+def _time(methods: list[TimedProgram], x: torch.Tensor, runs: int, budget: float) -> tuple[list[Medians], int]:
     """Medians of each method's program-alone and full-call times, rounds in random order.
 
     At most ``runs`` timed rounds, fewer (never under 100, or ``runs`` if less) when a round is so slow
@@ -289,8 +290,7 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
                 x = torch.randn(1, count, workload.width).to(dtype)
                 with torch.no_grad():
                     expected = module(x)
-                stock_lowering = lambda ep: to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
-                stock = _lower("stock", module, x, expected, stock_lowering)
+                stock = _lower("stock", module, x, expected, lower_stock)
                 other = "auto" if DEFAULT_SINGLE_ROW_POLICY == "delegate" else "delegate"
                 variants = [DEFAULT_SINGLE_ROW_POLICY] + ([other] if count == 1 else [])
                 ours = [
@@ -302,14 +302,14 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
                     floor_module = workload.floor(module).eval()
                     with torch.no_grad():
                         floor_expected = floor_module(x)
-                    timed.append(_lower("floor", floor_module, x, floor_expected, stock_lowering))
+                    timed.append(_lower("floor", floor_module, x, floor_expected, lower_stock))
                 medians, used = _time(timed, x, runs, budget)
                 base = medians[0]
                 floor = (f"{medians[-1].run_cpu / base.run_cpu:>5.2f} {medians[-1].run_wall / base.run_wall:>5.2f}"
                          if workload.floor is not None else f"{'-':>5} {'-':>5}")
                 for lowered, m in zip(ours, medians[1:]):
                     print(
-                        f"{workload.name:<15} {str(dtype).removeprefix('torch.'):<8} {count:>4} {lowered.label:<17} "
+                        f"{workload.name:<15} {dtype_name(dtype):<8} {count:>4} {lowered.label:<17} "
                         f"{stock.delegates:>4}/{lowered.delegates:<4} {_summary(stock.outside):<28} "
                         f"{_summary(lowered.outside):<18} {stock.error:>9.2e} {lowered.error:>12.2e} "
                         f"{used:>5} {base.run_cpu:>9.1f} {m.run_cpu:>11.1f} {m.run_cpu / base.run_cpu:>6.2f} "

@@ -37,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import torch
-from torch.fx import GraphModule, Interpreter, Node
+from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
 
+from edgefuse._fx import Recorder
 from edgefuse.fuzz.tolerance import ULPS, compare_at
 from edgefuse.ops import Role, table_for
 from edgefuse.paths import nodes_between
@@ -101,20 +102,6 @@ def pair(original: GraphModule, rewritten: GraphModule, rebuilt: Mapping[str, st
                     break
         twins[name] = twin.name if twin is not None and _users_agree(new, twin, by_name) else None
     return twins
-
-
-class _Recorder(Interpreter):
-    """Runs a graph, recording some nodes' values and replacing others' with given ones."""
-
-    def __init__(self, gm: GraphModule, record: set[str] = frozenset(), replace: Mapping[str, object] | None = None):
-        super().__init__(gm)
-        self.record, self.replace, self.values = record, dict(replace or {}), {}
-
-    def run_node(self, node: Node):
-        value = super().run_node(node)
-        if node.name in self.record:
-            self.values[node.name] = value
-        return self.replace.get(node.name, value)
 
 
 def _tensors(value) -> list[torch.Tensor]:
@@ -227,10 +214,10 @@ def replay(
 ) -> Replay:
     """Compare each paired rebuilt node with its twin, computed from the same values (see the module)."""
     with torch.no_grad():
-        after = _Recorder(rewritten, record=set(twins))
+        after = Recorder(rewritten, record=set(twins))
         final = _tensors(after.run(*copy.deepcopy(tuple(inputs))))
         paired = {new: old for new, old in twins.items() if old is not None and new in after.values}
-        before = _Recorder(
+        before = Recorder(
             original, record={n.name for n in original.graph.nodes},
             replace={old: after.values[new] for new, old in paired.items()},
         )

@@ -16,6 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Sequence
 
+from edgefuse._fx import dtype_name
 from edgefuse.fuzz.check import Finding, check_name
 from edgefuse.fuzz.render import describe, source
 from edgefuse.fuzz.spec import CaseSpec, normalized_shape, to_dict
@@ -331,7 +332,7 @@ def _float(v: float) -> str:
 
 
 def _dtype_literal(dtype) -> str:
-    return "None" if dtype is None else f"torch.{str(dtype).removeprefix('torch.')}"
+    return "None" if dtype is None else f"torch.{dtype_name(dtype)}"
 
 
 def file_name(finding: Finding, suffix: str = "") -> str:

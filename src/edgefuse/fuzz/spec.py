@@ -15,7 +15,7 @@ from typing import Any
 #: dtype names a spec may use; "input" means the dtype of the tensor the norm reads (``x.dtype``).
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
-#: Norm forms of real models and hand-written code (DESIGN.md and tests/forms.py).
+#: Norm forms of real models (transformers 5.23, ExecuTorch's examples) and hand-written code, as tests/forms.py writes them.
 FORMS = (
     "llama",  # HF Llama / Qwen / Mistral / Phi-3 / SmolLM: upcast, normalize, cast back, w * h
     "executorch-llama",  # x * x, .float(), .type_as(x), * weight

@@ -16,18 +16,22 @@ import-time warnings before anything loads them.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-__all__ = ["NORM_KEY", "NormQuantization", "mark_norms", "norm_quantization"]
+from edgefuse.lazy import lazy_names
+
+#: Each public name and the module that defines it.
+_PUBLIC: dict[str, str] = {
+    "NORM_KEY": "edgefuse.quant.facts",
+    "NormQuantization": "edgefuse.quant.facts",
+    "mark_norms": "edgefuse.quant.facts",
+    "norm_quantization": "edgefuse.quant.facts",
+}
+
+__all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
     from edgefuse.quant.facts import NORM_KEY, NormQuantization, mark_norms, norm_quantization
 
 
-def __getattr__(name: str) -> Any:
-    if name not in __all__:
-        raise AttributeError(f"module 'edgefuse.quant' has no attribute {name!r}")
-    value = getattr(importlib.import_module("edgefuse.quant.facts"), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import torch
-from torch.fx import GraphModule, Interpreter, Node
+from torch.fx import GraphModule, Node
 
+from edgefuse._fx import Recorder
 from edgefuse.quant.exact import exact_module
 from edgefuse.quant.facts import NORM_KEY, dequantized, is_model_cast, is_quantize, readers
 
@@ -98,19 +99,6 @@ def _last_quantize_before(computed: Node, inside: set[Node]) -> Node | None:
     return None
 
 
-class _Recorder(Interpreter):
-    def __init__(self, gm: GraphModule, wanted: set[Node]):
-        super().__init__(gm)
-        self.wanted = wanted
-        self.values: dict[Node, torch.Tensor] = {}
-
-    def run_node(self, n: Node) -> Any:
-        result = super().run_node(n)
-        if n in self.wanted:
-            self.values[n] = result
-        return result
-
-
 def _range(quantize: Node | None) -> tuple[float, float]:
     """The values ``quantize`` represents, from its scale, zero point and integer range (all of them
     when nothing quantizes)."""
@@ -143,17 +131,17 @@ def norm_runs(
     models, ``model.get_submodule(key)``).
     """
     ends = norm_ends(converted)
-    wanted = {n for e in ends.values() for n in (e.entering, e.leaving)}
+    wanted = {n.name for e in ends.values() for n in (e.entering, e.leaving)}
     exact = {key: exact_module(norm_module(key)) for key in ends}
     runs: dict[str, list[NormRun]] = {key: [] for key in ends}
     with torch.no_grad():
         for args in inputs:
-            recorder = _Recorder(converted, wanted)
+            recorder = Recorder(converted, wanted)
             recorder.run(*args)
             for key, e in ends.items():
-                expected = exact[key](recorder.values[e.entering]).double()
-                read = recorder.values[e.entering]
-                runs[key].append(NormRun(read, recorder.values[e.leaving].double(), expected, *_range(e.last)))
+                read = recorder.values[e.entering.name]
+                expected = exact[key](read).double()
+                runs[key].append(NormRun(read, recorder.values[e.leaving.name].double(), expected, *_range(e.last)))
     return runs
 
 

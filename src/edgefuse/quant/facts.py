@@ -27,6 +27,7 @@ from typing import Iterable, Sequence
 
 from torch.fx import GraphModule, Node
 
+from edgefuse._fx import module_path
 from edgefuse.constants import GraphConstants
 from edgefuse.match import Rejection, match_rms_norm
 from edgefuse.ops import TABLES, Role, table_for
@@ -94,13 +95,7 @@ def norm_key(path: str | None, mean: str, shared: bool = False) -> str:
 
 
 def _key_of(node: Node, fallback: str) -> str:
-    stack = node.meta.get("nn_module_stack")
-    if stack:
-        path = list(stack.values())[-1][0]
-        path = path.removeprefix("L['self'].").removeprefix("L__self__.")
-        if path:
-            return path
-    return fallback
+    return module_path(node) or fallback
 
 
 def _between(source: Node, sink: Node) -> set[Node]:

@@ -27,9 +27,10 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from edgefuse.cli.stock_and_edgefuse import EDGEFUSE, STOCK, lower  # noqa: F401  (the quantized programs lower the same two ways)
+from edgefuse._fx import module_path
 from edgefuse.ops import CAPTURE, EDGE, Role
 from edgefuse.quant.facts import NormQuantization, mark_norms, norm_quantization
+from edgefuse.xnnpack.lowering import EDGEFUSE, STOCK, lower_with as lower  # noqa: F401  (the quantized programs lower the same two ways)
 
 SCHEMES = ("qs8", "8da4w")
 
@@ -158,11 +159,6 @@ def _reads(node: Node) -> str:
     return "float"
 
 
-def _path(node: Node) -> str | None:
-    stack = node.meta.get("nn_module_stack")
-    return list(stack.values())[-1][0] if stack else None
-
-
 def mean_placements(program: ExportedProgram, lowered) -> list[MeanPlacement]:
     """Each ``mean.dim`` of ``program``'s edge graph, and whether ``lowered`` (edgefuse's) delegated it.
 
@@ -177,10 +173,10 @@ def mean_placements(program: ExportedProgram, lowered) -> list[MeanPlacement]:
 
     edge = to_edge(program).exported_program().graph_module
     top = lowered.exported_program().graph_module
-    outside = [_path(n) for n in top.graph.nodes if EDGE.is_a(n, Role.MEAN)]
+    outside = [module_path(n) for n in top.graph.nodes if EDGE.is_a(n, Role.MEAN)]
     placements = []
     for node in (n for n in edge.graph.nodes if EDGE.is_a(n, Role.MEAN)):
-        reason, path = mean_reason(node), _path(node)
+        reason, path = mean_reason(node), module_path(node)
         if reason is not None:
             delegated = is_stock_global_avg_pool(node)
             if not delegated:

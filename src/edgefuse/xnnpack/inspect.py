@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 import torch
-from torch.fx import GraphModule
+from torch.fx import Node
 
 from executorch.backends.xnnpack import serialization as _xnn_serialization
 from executorch.backends.xnnpack.serialization.xnnpack_graph_serialize import XNNHeader
@@ -24,37 +24,41 @@ from executorch.exir import EdgeProgramManager
 from executorch.exir._serialize._flatbuffer import _flatc_decompile
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 
-#: Calls that are plumbing, not computation: the delegate call, tuple access, and (once
-#: ``to_executorch`` has planned memory) the allocations of out-variant kernels.
-_PLUMBING = ("executorch_call_delegate", "getitem", "alloc")
+from edgefuse._fx import top_graph
+
+#: The calls of a lowered graph that compute nothing: the delegate call, tuple access and, once
+#: ``to_executorch`` has planned memory, the allocation of each out-variant kernel's output. ``alloc``
+#: belongs here although an edge program (before ``to_executorch``) has none: in a planned graph, a list
+#: without it would count every op outside a delegate twice.
+_PLUMBING = frozenset({"executorch_call_delegate", "getitem", "alloc"})
 
 
-def _top_graph(program: EdgeProgramManager | Any) -> GraphModule:
-    if isinstance(program, EdgeProgramManager):
-        return program.exported_program().graph_module
-    if isinstance(program, GraphModule):
-        return program
-    return program.graph_module
+def call_name(node: Node) -> str:
+    """The name of what ``node`` calls: ``aten.mean.dim``, ``getitem``, ``executorch_call_delegate``."""
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def is_plumbing(node: Node) -> bool:
+    """Whether ``node`` calls plumbing (a delegate, tuple access, an allocation), not an op that computes."""
+    return call_name(node) in _PLUMBING
+
+
+def nodes_outside(program) -> list[Node]:
+    """The nodes of a lowered program's top-level graph that run an op outside every delegate, in graph
+    order: the one definition of "outside a delegate" that the tests, the tools and the command share."""
+    return [n for n in top_graph(program).graph.nodes if n.op == "call_function" and not is_plumbing(n)]
 
 
 def lowered_modules(program) -> list[LoweredBackendModule]:
     """The delegates of a lowered program, in graph order."""
-    gm = _top_graph(program)
+    gm = top_graph(program)
     return [m for _, m in gm.named_children() if isinstance(m, LoweredBackendModule)]
 
 
 def ops_outside(program) -> list[str]:
-    """Names of the edge ops the top-level graph calls outside any delegate, in graph order."""
-    gm = _top_graph(program)
-    names = []
-    for node in gm.graph.nodes:
-        if node.op != "call_function":
-            continue
-        name = getattr(node.target, "__name__", str(node.target))
-        if any(p in name for p in _PLUMBING):
-            continue
-        names.append(name.removesuffix(".out"))
-    return names
+    """Names of the edge ops the top-level graph calls outside any delegate, in graph order (an out
+    variant by its op's name)."""
+    return [call_name(n).removesuffix(".out") for n in nodes_outside(program)]
 
 
 def xnn_graph(blob: bytes) -> dict:

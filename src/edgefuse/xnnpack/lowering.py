@@ -1,6 +1,9 @@
 """``lower``: an exported program to a lowered ``EdgeProgramManager`` with every mean, norm cast and eps add delegated.
 
-The flow is ExecuTorch's ``to_edge_transform_and_lower`` with edgefuse's substitution as a transform
+:func:`lower_stock` is ExecuTorch's own XNNPACK lowering, the one edgefuse is compared with, and
+:func:`lower_with` picks either by name (:data:`STOCK`, :data:`EDGEFUSE`).
+
+edgefuse's flow is ExecuTorch's ``to_edge_transform_and_lower`` with edgefuse's substitution as a transform
 pass and edgefuse's partitioner, followed by the restoration of anything left outside a delegate. The
 result is an ordinary ``EdgeProgramManager``: ``.to_executorch()`` gives a program that loads on the
 released 1.5.1 runtime, since every node it serializes is a node type that runtime has.
@@ -19,6 +22,9 @@ from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy
 from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
 
+
+STOCK = "stock"
+EDGEFUSE = "edgefuse"
 
 #: The keyword arguments the released ``XnnpackPartitioner`` and its configs read. The partitioner
 #: itself takes any keyword and ignores what it does not read; ``lower`` refuses a misspelt one.
@@ -70,3 +76,22 @@ def lower(
         compile_config=compile_config,
     )
     return manager.transform([RestoreUndelegated()])
+
+
+def lower_stock(exported_program: ExportedProgram, **partitioner_kwargs: Any) -> EdgeProgramManager:
+    """ExecuTorch's own XNNPACK lowering of ``exported_program``: ``to_edge_transform_and_lower`` with
+    ``XnnpackPartitioner(**partitioner_kwargs)``, on a :func:`~edgefuse.programs.detached` program so
+    that the caller's can be lowered again."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return to_edge_transform_and_lower(detached(exported_program), partitioner=[XnnpackPartitioner(**partitioner_kwargs)])
+
+
+def lower_with(exported_program: ExportedProgram, how: str) -> EdgeProgramManager:
+    """Lower ``exported_program`` with ``how``: :data:`STOCK` (:func:`lower_stock`) or :data:`EDGEFUSE`
+    (:func:`lower` with its default options)."""
+    if how == STOCK:
+        return lower_stock(exported_program)
+    if how == EDGEFUSE:
+        return lower(exported_program)
+    raise ValueError(f"unknown lowering {how!r}; choose {STOCK!r} or {EDGEFUSE!r}")

@@ -1,0 +1,111 @@
+"""What a command imports, in a fresh interpreter: ``import edgefuse`` and ``--help`` load neither torch
+nor ExecuTorch, and the ``python -m`` commands say nothing on stderr as they import."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("transformers")
+
+from edgefuse.cli.errors import OK, USAGE  # noqa: E402
+
+
+# --- what a command imports (subprocess: a fresh sys.modules) ---------------------------------------------
+
+def fresh_python(code: str) -> dict:
+    """Run ``code`` in a new interpreter; it prints one JSON object, returned here."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_import_edgefuse_does_not_import_executorch_and_its_names_still_work():
+    data = fresh_python(
+        """
+        import json, sys
+        import edgefuse
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in ("executorch", "torch"))
+        from edgefuse import edge_compile_config, recompose_rms_norm
+        names = {name: getattr(edgefuse, name) is not None for name in edgefuse.__all__}
+        print(json.dumps({"loaded": loaded, "names": names, "public": recompose_rms_norm.__module__,
+                          "config": type(edge_compile_config()).__name__}))
+        """
+    )
+    assert not [m for m in data["loaded"] if m.partition(".")[0] == "executorch"], data["loaded"][:5]
+    assert set(data["names"]) >= {"recompose_rms_norm", "edge_compile_config", "Decision", "PROFILES"}
+    assert all(data["names"].values())
+    assert data["public"] == "edgefuse.recompose" and data["config"] == "EdgeCompileConfig"
+
+
+def test_import_edgefuse_xnnpack_does_not_import_executorch_and_its_names_still_work():
+    """``python -m edgefuse.xnnpack.bench`` imports the package before the command can silence torchao."""
+    data = fresh_python(
+        """
+        import json, sys
+        import edgefuse.xnnpack as xnnpack
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in ("executorch", "torch"))
+        import edgefuse.xnnpack.lowering, edgefuse.xnnpack.partitioner  # the submodules, then the names
+        from edgefuse.xnnpack import lower
+        names = {name: type(getattr(xnnpack, name)).__name__ for name in xnnpack.__all__}
+        print(json.dumps({"loaded": loaded, "names": names, "lower": lower.__module__}))
+        """
+    )
+    assert not [m for m in data["loaded"] if m.partition(".")[0] == "executorch"], data["loaded"][:5]
+    assert data["names"]["lower"] == "function" and data["lower"] == "edgefuse.xnnpack.lowering"
+    assert "module" not in data["names"].values(), data["names"]
+    assert set(data["names"]) >= {"EdgefuseXnnpackPartitioner", "SubstituteForXnnpack", "DEFAULT_SINGLE_ROW_POLICY"}
+
+
+@pytest.mark.parametrize("package", ["edgefuse", "edgefuse.xnnpack", "edgefuse.fuzz"])
+def test_no_name_a_package_imports_on_first_use_is_also_its_submodule(package):
+    """Importing a submodule binds its name in the package, hiding a public name it shares."""
+    import importlib
+    import pkgutil
+
+    module = importlib.import_module(package)
+    submodules = {info.name for info in pkgutil.iter_modules(module.__path__)}
+    assert submodules and not set(module._PUBLIC) & submodules
+
+
+@pytest.mark.parametrize("command", ["edgefuse.xnnpack.bench", "edgefuse.xnnpack.check_models", "edgefuse.fuzz"])
+def test_the_module_commands_say_nothing_on_stderr_as_they_import(command):
+    """torchao logs two "Failed to load" lines and torch's pytree a deprecation as they are imported;
+    a command run with ``python -m`` silences them before its package or its own imports load them."""
+    done = subprocess.run([sys.executable, "-m", command, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr
+    assert done.stderr == "", done.stderr
+
+
+def test_help_and_usage_errors_do_not_import_torch():
+    data = fresh_python(
+        """
+        import contextlib, io, json, sys
+        from edgefuse import cli
+        codes = []
+        for argv in (["--help"], ["demo", "--help"], ["report"], ["lower", "m.py:f", "-o", "out.bin"],
+                     ["bench", "m.py:f", "--runs", "3"]):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                try:
+                    codes.append(cli.main(argv))
+                except SystemExit as exit_:
+                    codes.append(exit_.code)
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in ("executorch", "torch"))
+        print(json.dumps({"codes": codes, "loaded": loaded}))
+        """
+    )
+    assert data["codes"] == [OK, OK, USAGE, USAGE, USAGE]
+    assert data["loaded"] == []
+
+
+def test_the_console_script_is_edgefuse_cli_main():
+    from importlib.metadata import entry_points
+
+    scripts = {e.name: e.value for e in entry_points(group="console_scripts")}
+    assert scripts.get("edgefuse") == "edgefuse.cli:main"
+    assert "edgefuse-demo" not in scripts

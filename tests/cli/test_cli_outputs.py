@@ -1,0 +1,138 @@
+"""What the commands write, in a real process: JSON that validates against the schema, a ``.pte`` that
+loads and a delegate map that names the delegates, the demo's tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+jsonschema = pytest.importorskip("jsonschema")
+pytest.importorskip("transformers")
+
+from edgefuse import cli  # noqa: E402
+from edgefuse.cli.errors import OK  # noqa: E402
+from edgefuse.cli.modelspec import resolve  # noqa: E402
+from edgefuse.cli.report import build_report, schema  # noqa: E402
+from tests.cli.command_runs import SVG, run  # noqa: E402
+
+
+# --- the machine form (subprocess) ----------------------------------------------------------------------
+
+def test_report_json_of_a_real_model_validates_against_the_schema(workdir):
+    done = run("report", "tiny-qwen3", "--json", "--stage", "capture", "--dtype", "float16", cwd=workdir)
+    assert done.returncode == OK, done.stderr
+    data = json.loads(done.stdout)
+    jsonschema.validate(data, schema(), cls=jsonschema.Draft202012Validator)
+    assert data["model"] == {"name": "tiny-qwen3", "kind": "builtin", "dtype": "float16"}
+    assert data["summary"]["norms"] == len(data["norms"]) == 9  # 2 layers x (2 + q, k) + the final norm
+    assert data["summary"]["ok"] is True
+    paths = {n["module_path"] for n in data["norms"]}
+    assert "model.model.layers.1.self_attn.q_norm" in paths and "model.model.norm" in paths
+    assert all(n["max_error"] is not None for n in data["norms"])
+    assert data["quantization"] is None and all(n["quantized"] is None for n in data["norms"])
+
+
+def test_report_quantize_qnn_says_how_each_norm_was_quantized(workdir):
+    # The released QnnQuantizer, built without the SDK: the rebuilt norm is annotated as one op, so it
+    # costs one quantize/dequantize pair in, one out and one for its weight, read from the converted graph.
+    done = run("report", "models.py:block", "--quantize", "qnn", "--json", cwd=workdir)
+    assert done.returncode == OK, done.stderr
+    data = json.loads(done.stdout)
+    jsonschema.validate(data, schema(), cls=jsonschema.Draft202012Validator)
+    assert data["stage"] == "capture" and data["quantization"] == "qnn"
+    [norm] = data["norms"]
+    assert norm["module_path"] == "norm" and norm["rebuilt"] is True
+    assert norm["quantized"] == {
+        "how": "one op", "ops": ["rms_norm"], "pairs_in": 1, "pairs_inside": 0, "pairs_out": 1, "pairs_constant": 1,
+    }
+
+
+# --- lowering and the delegate map (subprocess) ---------------------------------------------------------
+
+def test_lower_writes_a_pte_and_a_delegate_map_that_names_the_delegates(workdir):
+    done = run("lower", "models.py:block", "-o", "block.pte", cwd=workdir)
+    assert done.returncode == OK, done.stderr
+    assert "cpuinfo_utils" not in done.stderr, done.stderr  # the threadpool's set-up lines are held back
+    out = done.stdout
+    assert "before (stock) and after (edgefuse)" in out
+    stock = next(line for line in out.splitlines() if line.strip().startswith("stock:"))
+    ours = next(line for line in out.splitlines() if line.strip().startswith("edgefuse:"))
+    assert "stock: 2 delegates, 1 op outside (1 mean.dim); max error against eager" in stock and "within" in stock
+    assert "edgefuse: 1 delegate, 0 ops outside; max error against eager" in ours and "within" in ours
+
+    pte = (workdir / "block.pte").read_bytes()
+    from executorch.runtime import Runtime
+
+    method = Runtime.get().load_program(pte).load_method("forward")
+    assert method is not None
+
+    svg = workdir / "block.delegates.svg"  # the default: next to the .pte
+    root = ET.parse(svg).getroot()
+    assert root.tag == f"{SVG}svg"
+    assert float(root.get("width")) > 0 and float(root.get("height")) > 0
+    boxes = [g for g in root.iter(f"{SVG}g") if g.get("class") == "delegate"]
+    assert boxes and all(g.find(f"{SVG}text").text.startswith("XnnpackBackend #") for g in boxes)
+    headers = [t.text for t in root.iter(f"{SVG}text") if t.text and t.text.startswith(("stock:", "edgefuse:"))]
+    assert [h.split(":")[0] for h in headers] == ["stock", "edgefuse"]
+    assert headers[0].split(",")[0] in stock  # "stock: N delegates" agrees with the printed summary
+
+
+@pytest.mark.parametrize("stage", ["edge", "capture"])
+def test_report_map_lowers_the_export_the_report_read_and_leaves_it_unchanged(workdir, stage, monkeypatch, capsys):
+    """``report --map`` exports once: the report's recomposition leaves the exported program as it was,
+    so the map drawn from it equals the map of a fresh export."""
+    from edgefuse.cli.pte_checks import lower_to_pte
+
+    from edgefuse.cli.modelspec import ModelSpec
+
+    exports = []
+    real_export = ModelSpec.export
+    monkeypatch.setattr(ModelSpec, "export", lambda self: exports.append(self.name) or real_export(self))
+    spec = resolve(f"{workdir / 'models.py'}:block", torch.float32)
+    program = spec.export()
+    before = (program.graph_module.code, str(program.graph_signature), dict(program.constants),
+              {k: v.clone() for k, v in program.state_dict.items()})
+    build_report(spec, stage=stage, program=program)
+    assert (program.graph_module.code, str(program.graph_signature), dict(program.constants)) == before[:3]
+    assert program.state_dict.keys() == before[3].keys()
+    assert all(torch.equal(program.state_dict[k], v) for k, v in before[3].items())
+    # a folded weight stays in the edge program, a constant a delegate takes stays in this one: tests/cli/test_programs.py
+
+    exports.clear()
+    path = workdir / f"report-{stage}.svg"
+    assert cli.main(["report", f"{workdir / 'models.py'}:block", "--stage", stage, "--map", str(path)]) == OK
+    assert len(exports) == 1, capsys.readouterr().out
+    assert capsys.readouterr().err.count("] exporting ") == 1  # its progress line, once
+    root = ET.parse(path).getroot()
+    headers = [t.text for t in root.iter(f"{SVG}text") if t.text and t.text.startswith(("stock:", "edgefuse:"))]
+    fresh = [lower_to_pte(resolve(f"{workdir / 'models.py'}:block", torch.float32).export(), how, serialize=False)
+             for how in ("stock", "edgefuse")]
+    assert [h.split(",")[0] for h in headers] == [
+        f"{how}: {lowered.summary.delegates} delegate" + ("s" if lowered.summary.delegates != 1 else "")
+        for how, lowered in zip(("stock", "edgefuse"), fresh)], headers
+
+
+def test_demo_prints_both_tables_fewer_delegates_and_a_map(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "edgefuse", "-q", "demo"], cwd=tmp_path, capture_output=True, text=True,
+        timeout=600, env={**os.environ, "TMPDIR": str(tmp_path)},  # the demo writes its map under TMPDIR
+    )
+    assert done.returncode == OK, done.stderr
+    out = done.stdout
+    for dtype in ("float32", "float16"):
+        assert f"tiny-qwen3 ({dtype}), capture stage, backend qnn: 5 norms" in out
+    summaries = [line for line in out.splitlines() if " norms rebuilt, " in line]
+    assert len(summaries) == 2 and all(", within the allowed" in line for line in summaries), summaries
+    assert out.count("model.model.layers.0.self_attn.q_norm") == 2  # a row in each table
+    [counts] = re.findall(r"delegates: (\d+) stock -> (\d+) edgefuse", out)
+    assert int(counts[1]) < int(counts[0]), counts
+    [path] = re.findall(r"delegate map \(open it in a browser\): (\S+)", out)
+    assert path.startswith(str(tmp_path)) and path.endswith(".svg")
+    assert ET.parse(path).getroot().tag == f"{SVG}svg"
