@@ -481,7 +481,7 @@ def permuted_input(match: NormMatch, table: OpTable) -> Permuted | str:
     *_, widened = exact_ancestors(node, table)
     if widened is not node and table.is_a(widened, Role.PERMUTE):
         return (
-            f"its input {node.name} is a {_dtype_name(dtype_of(node))} copy of the permuted view "
+            f"its input {node.name} is a {dtype_name(dtype_of(node))} copy of the permuted view "
             f"{widened.name}: edgefuse rebuilds a norm before a permutation only in the view's own dtype"
         )
     if not table.is_a(node, Role.PERMUTE) or not isinstance(node.args[0], Node):
