@@ -148,6 +148,22 @@ def build_parser() -> argparse.ArgumentParser:
     export_llm.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                             help="export_llm's hydra overrides, e.g. base.model_class=qwen3_0_6b backend.xnnpack.enabled=True")
 
+    bench_llm = commands.add_parser(
+        "bench-llm", parents=[common],
+        help="prefill and decode latency of two export_llm programs (stock, edgefuse) in executorch.runtime",
+        description="Load two .pte written by export_llm (KV cache: inputs tokens [1, n] and input_pos [1]) with "
+        "ExecuTorch's LLM custom ops, and time a prefill of N tokens then K decode steps of each, alternating "
+        "round by round; prints the medians, the thread count and the ratios edgefuse / stock.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench_llm.add_argument("stock", metavar="STOCK.pte", help="the program of stock export_llm")
+    bench_llm.add_argument("edgefuse", metavar="EDGEFUSE.pte", help="the program of edgefuse export-llm")
+    bench_llm.add_argument("--prefill", type=int, default=100, help="prompt tokens (default 100)")
+    bench_llm.add_argument("--decode", type=int, default=16, help="decode steps after the prompt (default 16)")
+    bench_llm.add_argument("--threads", type=int, default=1, help="XNNPACK threadpool size (default 1)")
+    bench_llm.add_argument("--rounds", type=int, default=30, help="timed rounds of each program (default 30)")
+    bench_llm.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
+
     fuzz = commands.add_parser(
         "fuzz", help="differential fuzzing of edgefuse's rewrites (edgefuse.fuzz)", add_help=False,
         description="Runs edgefuse.fuzz.main with the remaining arguments.",
