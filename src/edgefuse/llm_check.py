@@ -203,6 +203,109 @@ def rows(case: Case, checks: dict[str, ProgramCheck]) -> list[list[object]]:
     return result
 
 
+# -- export recipes -----------------------------------------------------------------------------------
+
+#: The models of the recipe check: ExecuTorch's Llama and Qwen3 (one layer, no KV cache), on 8 tokens.
+RECIPE_MODELS = {"llama": SMALL_LLAMA, "qwen3": SMALL_QWEN3}
+RECIPE_TOKENS = 8
+
+
+def recipe_model(params: dict, dtype: torch.dtype = torch.float32, seed: int = 0):
+    """ExecuTorch's transformer of ``params`` with random weights (norm weights near 1), in ``dtype``, and
+    its example inputs (tokens ``[1, 8]``)."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    from edgefuse.llm.eager import random_state
+
+    model = construct_transformer(ModelArgs(**params))
+    model.load_state_dict(random_state(model, seed))
+    model = model.to(dtype).eval()
+    tokens = torch.randint(0, params["vocab_size"], (1, RECIPE_TOKENS), generator=torch.Generator().manual_seed(seed))
+    return model, (tokens,)
+
+
+def _quantized_reference(session, model):
+    """The module a recipe's session quantized, run as the eager reference: the converted graph (PT2E) or
+    the source-transformed module (TorchAO); the model itself when the recipe quantizes nothing."""
+    from executorch.export.types import StageType
+
+    artifacts = session.get_stage_artifacts()
+    for stage in (StageType.QUANTIZE, StageType.SOURCE_TRANSFORM):
+        artifact = artifacts.get(stage)
+        if artifact is not None and isinstance(artifact.data, dict) and artifact.data.get("forward") is not model:
+            return artifact.data["forward"]
+    return model
+
+
+@dataclass
+class RecipeCheck:
+    """One recipe type on one model: both programs' contents and errors (against eager, and between them)."""
+
+    recipe: str
+    model: str
+    stock_recipe: str
+    stock: object  # PteContents
+    ours: object
+    stock_error: float
+    error: float
+    allowed: float
+    versus_stock: float
+    versus_stock_allowed: float
+
+    @property
+    def ok(self) -> bool:
+        return (self.ours.means == 0 and self.ours.casts == 0 and self.error <= self.allowed
+                and self.versus_stock <= self.versus_stock_allowed)
+
+
+def check_recipe(recipe_type, model_name: str) -> RecipeCheck:
+    """Export ``model_name`` with the edgefuse recipe ``recipe_type`` and with the stock recipe it mirrors
+    (stock FP32 for FP16 and BF16), run both in the runtime and compare with eager and with each other.
+
+    Float recipes are held to :data:`ULPS` units of the model's dtype at the largest output; quantized
+    ones to stock's own error against the quantized eager module plus that bound, and to stock's output
+    within the bound (the programs differ only in where means and casts run)."""
+    from executorch.backends.xnnpack.recipes import XNNPackRecipeType
+    from executorch.export import ExportRecipe, export
+
+    from edgefuse.llm.pte import read_pte
+    from edgefuse.llm.recipes import EdgefuseRecipeType
+    from edgefuse.runtime import LoadedProgram
+    from edgefuse.verify import finite_tolerance
+
+    dtype = {EdgefuseRecipeType.FP16: torch.float16, EdgefuseRecipeType.BF16: torch.bfloat16}.get(recipe_type, torch.float32)
+    model, inputs = recipe_model(RECIPE_MODELS[model_name], dtype)
+    stock_type = recipe_type.stock or XNNPackRecipeType.FP32
+    outputs, contents, references = {}, {}, {}
+    for label, kind in (("stock", stock_type), ("edgefuse", recipe_type)):
+        session = export(model, [inputs], export_recipe=ExportRecipe.get_recipe(kind))
+        pte = session.get_pte_buffer()
+        contents[label] = read_pte(pte)
+        outputs[label] = LoadedProgram(pte).run(list(inputs))[0]
+        with torch.no_grad():
+            references[label] = _quantized_reference(session, model)(*inputs)
+    bound = finite_tolerance(dtype, references["edgefuse"], ULPS)
+    stock_error = _error(references["stock"], outputs["stock"])
+    error = _error(references["edgefuse"], outputs["edgefuse"])
+    quantized = recipe_type.stock is not None and recipe_type.stock is not XNNPackRecipeType.FP32
+    return RecipeCheck(
+        recipe_type.name, model_name, stock_type.name, contents["stock"], contents["edgefuse"], stock_error, error,
+        stock_error + bound if quantized else bound,
+        _error(outputs["stock"], outputs["edgefuse"]), finite_tolerance(dtype, outputs["stock"], ULPS),
+    )
+
+
+RECIPE_HEADER = ("recipe", "model", "stock recipe", "stock delegates", "stock kernels", "stock means",
+                 "delegates", "kernels", "means", "casts", "err vs eager", "allowed", "vs stock", "ok")
+
+
+def recipe_row(check: RecipeCheck) -> list[object]:
+    return [check.recipe, check.model, check.stock_recipe, check.stock.delegate_count, check.stock.kernel_count,
+            check.stock.means, check.ours.delegate_count, check.ours.kernel_count, check.ours.means, check.ours.casts,
+            f"{check.error:.3g}", f"{check.allowed:.3g}", f"{check.versus_stock:.3g}", "yes" if check.ok else "NO"]
+
+
 HEADER = ("case", "lowering", "delegates", "kernels outside", "means", "casts", "err vs eager", "allowed",
           "vs stock", "ok")
 
@@ -214,7 +317,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 1)")
     parser.add_argument("--prefill", type=int, default=10, help="prompt tokens (default 10)")
     parser.add_argument("--decode", type=int, default=12, help="decode steps (default 12)")
+    parser.add_argument("--recipes", action="store_true",
+                        help="check the export recipes instead: every edgefuse recipe type on the Llama and Qwen3 models")
     args = parser.parse_args(argv)
+    if args.recipes:
+        return recipes_main()
     names = args.cases.split(",")
     unknown = [n for n in names if n not in CASES]
     if unknown:
@@ -240,6 +347,23 @@ def main(argv: list[str] | None = None) -> int:
             table += rows(case, checks)
             print(format_table(HEADER, rows(case, checks)), file=sys.stderr, flush=True)
     print(format_table(HEADER, table))
+    print("all passed" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+def recipes_main() -> int:
+    """Every edgefuse recipe type on each recipe model, against stock's recipe and eager."""
+    from edgefuse.llm.recipes import EdgefuseRecipeType
+    from edgefuse.table import format_table
+
+    torch.set_num_threads(1)
+    table = []
+    for recipe_type in EdgefuseRecipeType:
+        for model_name in RECIPE_MODELS:
+            table.append(recipe_row(check_recipe(recipe_type, model_name)))
+            print(format_table(RECIPE_HEADER, table[-1:]), file=sys.stderr, flush=True)
+    print(format_table(RECIPE_HEADER, table))
+    ok = all(row[-1] == "yes" for row in table)
     print("all passed" if ok else "FAILED")
     return 0 if ok else 1
 

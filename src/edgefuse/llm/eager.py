@@ -34,8 +34,18 @@ def write_small_model(directory: str, params: dict, seed: int = 0) -> tuple[str,
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
+    state = random_state(construct_transformer(ModelArgs(**params)), seed)
+    params_path, checkpoint_path = os.path.join(directory, "params.json"), os.path.join(directory, "checkpoint.pth")
+    with open(params_path, "w") as f:
+        json.dump(params, f)
+    torch.save(state, checkpoint_path)
+    return params_path, checkpoint_path
+
+
+def random_state(model: torch.nn.Module, seed: int = 0) -> dict:
+    """A random float32 state dict for ``model``: norm weights ``1 + 0.1 N(0, 1)``, other weights
+    ``N(0, 1) / sqrt(fan_in)`` (logits of order one); tensors that are not floats kept."""
     generator = torch.Generator().manual_seed(seed)
-    model = construct_transformer(ModelArgs(**params))
     state = {}
     for name, value in model.state_dict().items():
         if not value.is_floating_point():
@@ -43,11 +53,7 @@ def write_small_model(directory: str, params: dict, seed: int = 0) -> tuple[str,
             continue
         noise = torch.randn(value.shape, generator=generator, dtype=torch.float32)
         state[name] = 1.0 + 0.1 * noise if "norm" in name else noise * value.shape[-1] ** -0.5
-    params_path, checkpoint_path = os.path.join(directory, "params.json"), os.path.join(directory, "checkpoint.pth")
-    with open(params_path, "w") as f:
-        json.dump(params, f)
-    torch.save(state, checkpoint_path)
-    return params_path, checkpoint_path
+    return state
 
 
 def eager_model(config) -> torch.nn.Module:
