@@ -222,3 +222,46 @@ def test_bench_llm_says_when_the_context_is_too_short(llama_fp32_command, capsys
     code = cli.main(["-q", "bench-llm", str(directory / "llama.stock.pte"), str(directory / "llama.pte"),
                      "--prefill", "120", "--decode", "20", "--rounds", "1", "--warmup", "0"])
     assert code == USAGE and "context length" in capsys.readouterr().err
+
+
+# -- export recipes ---------------------------------------------------------------------------------
+
+
+def test_every_stock_xnnpack_recipe_type_has_an_edgefuse_twin_built_like_it():
+    from executorch.backends.xnnpack.recipes import XNNPackRecipeType
+    from executorch.export import ExportRecipe, recipe_registry
+
+    from edgefuse.llm.recipes import BACKEND, EdgefuseRecipeType
+    from edgefuse.xnnpack import EdgefuseXnnpackPartitioner
+
+    assert set(recipe_registry.get_supported_recipes(BACKEND)) == set(EdgefuseRecipeType)
+    assert {t.name for t in XNNPackRecipeType} | {"FP16", "BF16"} == {t.name for t in EdgefuseRecipeType}
+    for recipe_type in EdgefuseRecipeType:
+        ours = ExportRecipe.get_recipe(recipe_type)
+        (partitioner,) = ours.lowering_recipe.partitioners
+        assert isinstance(partitioner, EdgefuseXnnpackPartitioner), recipe_type
+        assert ours.lowering_recipe.edge_transform_passes and ours.lowering_recipe.edge_manager_transform_passes
+        if recipe_type.stock is None:
+            continue
+        stock = ExportRecipe.get_recipe(recipe_type.stock)
+        assert type(ours.quantization_recipe) is type(stock.quantization_recipe), recipe_type
+        if stock.quantization_recipe is not None:
+            assert [type(q) for q in stock.quantization_recipe.quantizers or []] == \
+                [type(q) for q in ours.quantization_recipe.quantizers or []]
+            assert [type(c.ao_base_config) for c in stock.quantization_recipe.ao_quantization_configs or []] == \
+                [type(c.ao_base_config) for c in ours.quantization_recipe.ao_quantization_configs or []]
+        assert ours.lowering_recipe.edge_compile_config == stock.lowering_recipe.edge_compile_config
+
+
+@pytest.mark.parametrize("recipe, model", [("PT2E_INT8_STATIC_PER_CHANNEL", "qwen3"), ("BF16", "llama")])
+def test_a_recipe_keeps_every_mean_inside_and_matches_stock_and_eager(recipe, model):
+    """Static int8 on Qwen3: every norm's mean (the QK norms' over ``[B, T, H, D]`` too) reads a dequantized
+    square. bfloat16 has no stock recipe: stock's FP32 recipe leaves bfloat16 on portable kernels."""
+    from edgefuse.llm.recipes import EdgefuseRecipeType
+    from edgefuse.llm_check import check_recipe
+
+    check = check_recipe(EdgefuseRecipeType[recipe], model)
+    assert check.stock.means > 0  # stock splits the delegate at the norms
+    assert (check.ours.means, check.ours.casts) == (0, 0)
+    assert check.ours.delegate_count < check.stock.delegate_count
+    assert check.ok, (check.error, check.allowed, check.versus_stock, check.versus_stock_allowed)
