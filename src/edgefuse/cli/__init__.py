@@ -31,7 +31,7 @@ exit codes:
 """
 
 
-#: Commands of :mod:`edgefuse.llm_commands`, and the function that runs each.
+#: Commands of :mod:`edgefuse.cli.llm_commands`, and the function that runs each.
 LLM_COMMANDS = {"export-llm": "export_llm", "bench-llm": "bench_llm"}
 
 
@@ -217,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return qnn(args, say)
         if args.command in LLM_COMMANDS:
-            from edgefuse import llm_commands
+            from edgefuse.cli import llm_commands
 
             return getattr(llm_commands, LLM_COMMANDS[args.command])(args, say)
         from edgefuse.cli import commands

@@ -14,7 +14,7 @@ import tempfile
 from collections import Counter
 from typing import Callable
 
-from edgefuse.errors import OK, UsageError
+from edgefuse.cli.errors import OK, UsageError
 
 Say = Callable[[str], None]
 
@@ -54,7 +54,7 @@ def export_llm(args, say: Say) -> int:
     """``edgefuse export-llm [--config FILE] [--compare] [OVERRIDES...]``."""
     from edgefuse.llm.export import run_export_llm
     from edgefuse.llm.pte import read_pte
-    from edgefuse.table import format_table
+    from edgefuse.cli.tables import format_table
 
     _check_overrides(args.overrides)
     if args.config is not None and not os.path.isfile(args.config):
@@ -135,7 +135,7 @@ def bench_llm(args, say: Say) -> int:
     import statistics
     import time
 
-    from edgefuse.threads import threads_problem
+    from edgefuse.cli.threads import threads_problem
 
     for name, value, least in (("--prefill", args.prefill, 1), ("--decode", args.decode, 1),
                                ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0)):
@@ -199,7 +199,7 @@ def bench_llm(args, say: Say) -> int:
                 prefill[k].append((prefilled - start) / 1e6)
                 decode[k].append((done - prefilled) / 1e6 / args.decode)
     medians = [(statistics.median(p), statistics.median(d)) for p, d in zip(prefill, decode)]
-    from edgefuse.table import format_table
+    from edgefuse.cli.tables import format_table
 
     rows = []
     for label, path, (p, d) in zip(("stock", "edgefuse"), (args.stock, args.edgefuse), medians):

@@ -1,6 +1,6 @@
 """Acceptance check of ``export-llm`` on ExecuTorch's Llama and Qwen3 from small params, stock beside edgefuse.
 
-``python -m edgefuse.llm_check [--cases llama-fp32,...] [--dim 64] [--layers 1] [--prefill 10] [--decode 12]``
+``python -m edgefuse.cli.llm_check [--cases llama-fp32,...] [--dim 64] [--layers 1] [--prefill 10] [--decode 12]``
 
 For each case: write small params and a random checkpoint, export with ExecuTorch's ``export_llm``
 (KV cache, custom SDPA, XNNPACK with extended ops) stock and with edgefuse, read each ``.pte``'s
@@ -26,7 +26,7 @@ import tempfile
 from dataclasses import dataclass, field
 
 if __name__ == "__main__":
-    from edgefuse.progress import quiet_libraries
+    from edgefuse.cli.progress import quiet_libraries
 
     quiet_libraries()
 
@@ -145,7 +145,7 @@ def check_programs(case: Case, paths: dict[str, str], config, prefill: int = 10,
     """Check the ``.pte`` files ``paths`` (by lowering) of ``case`` against the eager module of ``config``."""
     from edgefuse.llm.eager import eager_model, eager_step, logits_sequence, prompt_and_steps
     from edgefuse.llm.pte import read_pte
-    from edgefuse.llm_commands import load_llm_kernels
+    from edgefuse.cli.llm_commands import load_llm_kernels
     from edgefuse.runtime import LoadedProgram
     from edgefuse.verify import finite_tolerance
 
@@ -311,7 +311,7 @@ HEADER = ("case", "lowering", "delegates", "kernels outside", "means", "casts", 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m edgefuse.llm_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m edgefuse.cli.llm_check", description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
     parser.add_argument("--dim", type=int, default=None, help="model width, a multiple of 32 (default 64)")
     parser.add_argument("--layers", type=int, default=None, help="decoder layers (default 1)")
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--layers must be at least 1")
     if args.prefill < 1 or args.decode < 0 or args.prefill + args.decode > 127:
         parser.error("--prefill at least 1, --decode at least 0, together at most 127 (the default context is 128)")
-    from edgefuse.table import format_table
+    from edgefuse.cli.tables import format_table
 
     torch.set_num_threads(1)
     ok = True
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
 def recipes_main() -> int:
     """Every edgefuse recipe type on each recipe model, against stock's recipe and eager."""
     from edgefuse.llm.recipes import EdgefuseRecipeType
-    from edgefuse.table import format_table
+    from edgefuse.cli.tables import format_table
 
     torch.set_num_threads(1)
     table = []
