@@ -79,6 +79,44 @@ def test_an_option_export_llm_does_not_take_exits_2_before_exporting(tmp_path, c
     assert code == USAGE and "no such file" in capsys.readouterr().err
 
 
+def test_a_failure_inside_edgefuses_lowering_is_an_internal_error_with_nothing_left_swapped(
+    small_llama, tmp_path, capsys, monkeypatch
+):
+    """The export fails once edgefuse's lowering runs: exit 4 with the traceback, no .pte, and every
+    swapped function back, as after a success."""
+    from edgefuse.xnnpack.substitute import SubstituteForXnnpack
+
+    def fail(self, graph_module):
+        raise RuntimeError("substitution failed on purpose")
+
+    monkeypatch.setattr(SubstituteForXnnpack, "call", fail)
+    directory, params, checkpoint = small_llama
+    with inside(tmp_path):
+        code = cli.main(["-q", "export-llm", *case_arguments(CASES["llama-fp32"], params, checkpoint),
+                         "export.output_name=model.pte"])
+    err = capsys.readouterr().err
+    assert code == 4 and "substitution failed on purpose" in err and "Traceback" in err
+    assert ptes(tmp_path) == [] and nothing_swapped()
+
+
+def test_the_python_api_puts_everything_back_when_the_export_raises(small_llama, tmp_path, monkeypatch):
+    from edgefuse.llm import export_llm
+    from edgefuse.llm.eager import config_from_overrides
+    from edgefuse.xnnpack.substitute import RestoreUndelegated
+
+    def fail(self, graph_module):
+        raise RuntimeError("restoration failed on purpose")
+
+    monkeypatch.setattr(RestoreUndelegated, "call", fail)
+    directory, params, checkpoint = small_llama
+    config = config_from_overrides([*case_arguments(CASES["llama-fp32"], params, checkpoint),
+                                    f"export.output_name={tmp_path / 'model.pte'}"])
+    with pytest.raises(Exception, match="RestoreUndelegated") as raised:  # ExecuTorch's pass manager wraps it
+        export_llm(config)
+    assert "restoration failed on purpose" in str(raised.value.__cause__)
+    assert ptes(tmp_path) == [] and nothing_swapped()
+
+
 # -- the programs -----------------------------------------------------------------------------------
 
 
@@ -125,13 +163,16 @@ def test_float32_llama_of_export_llm_matches_eager_with_no_mean_outside(llama_fp
     assert passed(checks), [(c.lowering, c.worst) for c in checks.values()]
 
 
-@pytest.mark.parametrize("name, stock_means, stock_casts", [("llama-bf16", 3, 20), ("qwen3-8da4w", 5, 0)])
+@pytest.mark.parametrize(
+    "name, stock_means, stock_casts, api", [("llama-bf16", 3, 20, True), ("qwen3-8da4w", 5, 0, False)]
+)
 def test_export_llm_keeps_means_and_casts_inside_and_matches_eager_as_stock_does(
-    tmp_path_factory, name, stock_means, stock_casts
+    tmp_path_factory, name, stock_means, stock_casts, api
 ):
+    """bfloat16 through the Python API (``edgefuse.llm.export_llm``), 8da4w through the command line's engine."""
     directory = tmp_path_factory.mktemp(name)
     with inside(directory):
-        checks = check_case(CASES[name], str(directory))
+        checks = check_case(CASES[name], str(directory), api=api)
     stock, ours = checks["stock"].contents, checks["edgefuse"].contents
     assert (stock.means, stock.casts) == (stock_means, stock_casts)  # the QK norms add two means in Qwen3
     assert (ours.means, ours.casts) == (0, 0)

@@ -119,23 +119,31 @@ class ProgramCheck:
         return max(zip(self.errors, self.allowed), key=lambda pair: pair[0] / pair[1] if pair[1] else float("inf"))
 
 
-def export_case(case: Case, directory: str, lowerings=("stock", "edgefuse")) -> dict:
-    """Write ``case``'s model files in ``directory`` and export it with each lowering; the LlmExports."""
-    from edgefuse.llm.eager import write_small_model
-    from edgefuse.llm.export import run_export_llm
+def export_case(case: Case, directory: str, lowerings=("stock", "edgefuse"), api: bool = False) -> dict:
+    """Write ``case``'s model files in ``directory`` and export it with each lowering; the LlmExports.
+
+    Through export_llm's command line (:func:`~edgefuse.llm.export.run_export_llm`), or with ``api``
+    edgefuse's program through the Python API (:func:`~edgefuse.llm.export.export_llm`) on the config
+    the same overrides make."""
+    from edgefuse.llm.eager import config_from_overrides, write_small_model
+    from edgefuse.llm.export import export_llm, run_export_llm
 
     params_path, checkpoint_path = write_small_model(directory, case.params)
     arguments = case_arguments(case, params_path, checkpoint_path)
-    return {
-        how: run_export_llm([*arguments, f"export.output_name={os.path.join(directory, how + '.pte')}"], lowering=how)
-        for how in lowerings
-    }
+    exports = {}
+    for how in lowerings:
+        overrides = [*arguments, f"export.output_name={os.path.join(directory, how + '.pte')}"]
+        if api and how == "edgefuse":
+            exports[how] = export_llm(config_from_overrides(overrides))
+        else:
+            exports[how] = run_export_llm(overrides, lowering=how)
+    return exports
 
 
 def check_case(case: Case, directory: str, prefill: int = 10, decode: int = 12,
-               lowerings=("stock", "edgefuse")) -> dict[str, ProgramCheck]:
-    """Export ``case`` both ways in ``directory`` and check each program against eager."""
-    exports = export_case(case, directory, lowerings)
+               lowerings=("stock", "edgefuse"), api: bool = False) -> dict[str, ProgramCheck]:
+    """Export ``case`` both ways in ``directory`` (see :func:`export_case`) and check each program against eager."""
+    exports = export_case(case, directory, lowerings, api)
     return check_programs(case, {how: e.path for how, e in exports.items()}, exports[lowerings[-1]].config,
                           prefill, decode)
 
