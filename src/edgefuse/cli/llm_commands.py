@@ -52,9 +52,8 @@ def contents_rows(programs: list[tuple[str, object]]) -> tuple[list[str], list[l
 
 def export_llm(args, say: Say) -> int:
     """``edgefuse export-llm [--config FILE] [--compare] [OVERRIDES...]``."""
-    from edgefuse.llm.export import run_export_llm
-    from edgefuse.llm.pte import read_pte
     from edgefuse.cli.tables import format_table
+    from edgefuse.llm.pte import read_pte
 
     _check_overrides(args.overrides)
     if args.config is not None and not os.path.isfile(args.config):
@@ -66,9 +65,9 @@ def export_llm(args, say: Say) -> int:
         if args.compare:
             say("export_llm with stock lowering")
             staged = os.path.join(stock_dir, "stock.pte")
-            stock = _run(run_export_llm, [*passed, f"export.output_name={staged}"], "stock", args.single_row)
+            stock = _run([*passed, f"export.output_name={staged}"], "stock", args.single_row)
         say("export_llm with edgefuse's XNNPACK lowering")
-        ours = _run(run_export_llm, passed, "edgefuse", args.single_row)
+        ours = _run(passed, "edgefuse", args.single_row)
         if ours.path is None:
             raise UsageError("export_llm wrote no .pte (export.export_only?)")
         programs = []
@@ -95,12 +94,13 @@ def export_llm(args, say: Say) -> int:
     return OK
 
 
-def _run(run, passed: list[str], lowering: str, single_row: str | None):
-    """One export; the library's errors become the command's."""
-    from edgefuse.llm.export import ConfigRejected, UnsupportedConfig
+def _run(passed: list[str], lowering: str, single_row: str | None):
+    """One run of export_llm's command line with ``lowering``; the library's errors become the command's
+    (a failure after edgefuse's lowering started is not caught: it is a bug, exit 4)."""
+    from edgefuse.llm.export import ConfigRejected, UnsupportedConfig, run_export_llm
 
     try:
-        return run(passed, lowering=lowering, single_row=single_row)
+        return run_export_llm(passed, lowering=lowering, single_row=single_row)
     except ConfigRejected as error:
         raise UsageError(f"export_llm rejected the config:\n{error}") from error
     except UnsupportedConfig as error:
