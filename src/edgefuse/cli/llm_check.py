@@ -115,8 +115,8 @@ class ProgramCheck:
 
     @property
     def worst(self) -> tuple[float, float]:
-        """The (error, allowed) pair of the step that comes closest to its bound."""
-        return max(zip(self.errors, self.allowed), key=lambda pair: pair[0] / pair[1] if pair[1] else float("inf"))
+        """The (error, allowed) pair of the step with the largest error."""
+        return max(zip(self.errors, self.allowed), key=lambda pair: pair[0])
 
 
 def export_case(case: Case, directory: str, lowerings=("stock", "edgefuse"), api: bool = False) -> dict:
