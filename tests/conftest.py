@@ -1,7 +1,7 @@
 """Marks each test with its layer, the folder it lives in, so one layer runs alone.
 
 ``python -m pytest -m core`` (or ``python -m pytest tests/core``) runs the rewriting core's tests alone;
-the other layers are ``xnnpack``, ``quant``, ``qnn``, ``runtime``, ``cli`` and ``fuzz``. ``tests`` is a
+the other layers are ``xnnpack``, ``quant``, ``qnn``, ``llm``, ``runtime``, ``cli`` and ``fuzz``. ``tests`` is a
 package, so the shared helpers are imported by their full name (``from tests.harness import ...``)
 wherever a test file lives; pytest puts the repository root on ``sys.path`` for it.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-LAYERS = ("core", "xnnpack", "quant", "qnn", "runtime", "cli", "fuzz")
+LAYERS = ("core", "xnnpack", "quant", "qnn", "llm", "runtime", "cli", "fuzz")
 
 _HERE = Path(__file__).parent
 

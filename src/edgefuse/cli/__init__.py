@@ -31,6 +31,10 @@ exit codes:
 """
 
 
+#: Commands of :mod:`edgefuse.cli.llm_commands`, and the function that runs each.
+LLM_COMMANDS = {"export-llm": "export_llm", "bench-llm": "bench_llm"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="edgefuse",
@@ -127,6 +131,38 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     qnn_env.add_argument("dir", nargs="?", metavar="DIR", help="a folder `edgefuse qnn setup DIR` set up")
+    export_llm = commands.add_parser(
+        "export-llm", parents=[common],
+        help="ExecuTorch's export_llm (same config, overrides and output) with edgefuse's XNNPACK lowering",
+        description="Run ExecuTorch's export_llm (hydra config, overrides, output files) with edgefuse's XNNPACK "
+        "lowering in place of stock's, and print the delegates and the kernels left outside them, by op. "
+        "Example: edgefuse export-llm --config llama_xnnpack.yaml base.checkpoint=ckpt.pth base.params=params.json",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export_llm.add_argument("--config", metavar="FILE", help="an export_llm config (LlmConfig YAML)")
+    export_llm.add_argument("--compare", action="store_true",
+                            help="also export with stock lowering (kept as NAME.stock.pte) and print both side by side")
+    export_llm.add_argument("--single-row", default=None, metavar="POLICY",
+                            choices=("delegate", "auto", "float32-portable", "portable"),
+                            help="edgefuse's single-row mean policy: delegate (default), auto, float32-portable, portable")
+    export_llm.add_argument("overrides", nargs="*", metavar="OVERRIDE",
+                            help="export_llm's hydra overrides, e.g. base.model_class=qwen3_0_6b backend.xnnpack.enabled=True")
+
+    bench_llm = commands.add_parser(
+        "bench-llm", parents=[common],
+        help="prefill and decode latency of two export_llm programs (stock, edgefuse) in executorch.runtime",
+        description="Load two .pte written by export_llm (KV cache: inputs tokens [1, n] and input_pos [1]) with "
+        "ExecuTorch's LLM custom ops, and time a prefill of N tokens then K decode steps of each, alternating "
+        "round by round; prints the medians, the thread count and the ratios edgefuse / stock.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench_llm.add_argument("stock", metavar="STOCK.pte", help="the program of stock export_llm")
+    bench_llm.add_argument("edgefuse", metavar="EDGEFUSE.pte", help="the program of edgefuse export-llm")
+    bench_llm.add_argument("--prefill", type=int, default=100, help="prompt tokens (default 100)")
+    bench_llm.add_argument("--decode", type=int, default=16, help="decode steps after the prompt (default 16)")
+    bench_llm.add_argument("--threads", type=int, default=1, help="XNNPACK threadpool size (default 1)")
+    bench_llm.add_argument("--rounds", type=int, default=30, help="timed rounds of each program (default 30)")
+    bench_llm.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
 
     fuzz = commands.add_parser(
         "fuzz", help="differential fuzzing of edgefuse's rewrites (edgefuse.fuzz)", add_help=False,
@@ -180,6 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             from edgefuse.cli.qnn_setup import run as qnn
 
             return qnn(args, say)
+        if args.command in LLM_COMMANDS:
+            from edgefuse.cli import llm_commands
+
+            return getattr(llm_commands, LLM_COMMANDS[args.command])(args, say)
         from edgefuse.cli import commands
 
         return getattr(commands, args.command)(args, say)

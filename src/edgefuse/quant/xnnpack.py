@@ -12,8 +12,10 @@
 
 Both programs then lower with stock ``XnnpackPartitioner`` or :func:`edgefuse.xnnpack.lower`. A norm's
 ``mean`` reads ``pow``'s float output in both schemes, so edgefuse delegates it. A ``mean`` that reads a
-dequantized tensor keeps the stock path (edgefuse leaves quantized means alone), and stock lowers it
-only as 4-D global average pooling; every other such mean runs on the portable kernel.
+dequantized 4-D tensor in a graph with a convolution or pooling keeps the stock path (the layout pass
+may make it channels-last), and stock lowers it only as 4-D global average pooling; every other such
+mean runs on the portable kernel. Other means of dequantized tensors are delegated behind the
+delegate's own dequantize.
 :func:`mean_placements` says where each mean went and why.
 """
 

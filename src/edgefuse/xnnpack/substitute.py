@@ -4,8 +4,12 @@
 
 - every float ``mean.dim`` except the ones stock lowers already (a 4-D mean over dims [2, 3] with
   keepdim in float32 or float16, which stays global average pooling so its ``.pte`` is byte-identical
-  to stock), a mean with an explicit ``dtype``, and a mean of a dequantized tensor (quantized graphs
-  keep the stock path), with ``edgefuse.xnn_mean``;
+  to stock), a mean with an explicit ``dtype``, and a mean of a dequantized 4-D tensor in a graph
+  that XNNPACK's layout pass may turn channels-last (it holds a convolution, a pooling, ...: the
+  delegate's dequantize would then hand the mean a channels-last tensor), with ``edgefuse.xnn_mean``.
+  Any other mean of a dequantized tensor (a statically quantized norm's ``mean(x * x)``, a QK norm's
+  over ``[B, T, H, D]``) reads the delegate's float convert of it, as stock's portable mean reads the
+  portable dequantize;
 - every cast that changes only the dtype, between float32 and float16 or bfloat16, with
   ``edgefuse.xnn_convert``;
 - every ``add.Scalar`` of a float32 or float16 tensor, with alpha 1, with ``edgefuse.xnn_add_scalar``:
@@ -56,6 +60,25 @@ def is_stock_global_avg_pool(node: Node) -> bool:
     return keepdim and dims == (2, 3)
 
 
+def channels_last_possible(graph) -> bool:
+    """Whether XNNPACK's layout pass may make some 4-D tensor of ``graph`` channels-last: an input is
+    channels-last, or the graph holds an op that pass runs in NHWC (a convolution, a pooling, ...; a
+    mean counts only if it stays stock's global average pooling, since edgefuse's mean needs NCHW)."""
+    from executorch.backends.xnnpack._passes.channels_last_tagged_reshape_pass import ChannelsLastTaggedReshapePass
+
+    nhwc = ChannelsLastTaggedReshapePass.memory_sensitive_ops_nhwc
+    for node in graph.nodes:
+        value = node.meta.get("val")
+        if node.op == "placeholder" and isinstance(value, torch.Tensor) and value.dim() == 4:
+            if not value.is_contiguous():
+                return True
+        if node.op != "call_function" or node.target not in nhwc:
+            continue
+        if not EDGE.is_a(node, Role.MEAN) or is_stock_global_avg_pool(node):
+            return True
+    return False
+
+
 def _is_dequantized(node: object) -> bool:
     return isinstance(node, Node) and EDGE.is_a(node, Role.DEQUANTIZE)
 
@@ -68,8 +91,9 @@ def mean_reason(node: Node) -> str | None:
         return f"mean of {dtype} producing {dtype_of(node)}: edgefuse substitutes float means only"
     if node.kwargs.get("dtype") is not None:
         return "mean with an explicit dtype"
-    if _is_dequantized(source):
-        return "mean of a dequantized tensor: quantized graphs keep the stock path"
+    if _is_dequantized(source) and source.meta["val"].dim() == 4 and channels_last_possible(node.graph):
+        return ("mean of a dequantized tensor of rank 4 in a graph the layout pass may turn channels-last: "
+                "the delegate's dequantize could hand it a channels-last tensor; stock path")
     if is_stock_global_avg_pool(node):
         return "4-D mean over dims [2, 3] with keepdim: stock global average pooling"
     try:

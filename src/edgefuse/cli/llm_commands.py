@@ -1,0 +1,214 @@
+"""The ``export-llm`` and ``bench-llm`` commands: ExecuTorch's LLM export with edgefuse, and its latency.
+
+``export-llm`` runs ExecuTorch's own ``export_llm`` command line with edgefuse's XNNPACK lowering
+(:mod:`edgefuse.llm`) and prints what the program holds: its delegates and the kernels it calls
+outside them, by op; ``--compare`` exports stock first and prints both side by side.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections import Counter
+from typing import Callable
+
+from edgefuse.cli.errors import OK, UsageError
+
+Say = Callable[[str], None]
+
+
+def _check_overrides(overrides: list[str]) -> None:
+    flags = [o for o in overrides if o.startswith("-")]
+    if flags:
+        raise UsageError(
+            f"unknown option {flags[0]}: export-llm takes --config FILE, --compare, --single-row and "
+            "export_llm's hydra overrides (key=value)"
+        )
+
+
+def _stock_path(path: str) -> str:
+    """Where ``--compare`` keeps stock's program: beside edgefuse's, ``model.pte`` -> ``model.stock.pte``."""
+    root, ext = os.path.splitext(path)
+    return f"{root}.stock{ext or '.pte'}"
+
+
+def contents_rows(programs: list[tuple[str, object]]) -> tuple[list[str], list[list[object]]]:
+    """Header and rows of the side-by-side table: delegates, kernels outside, then each kernel by op."""
+    header = ["", *(label for label, _ in programs)]
+    rows: list[list[object]] = []
+    backends = sorted({b for _, c in programs for b in c.delegates})
+    for backend in backends or ["(none)"]:
+        rows.append([f"delegates ({backend})", *(c.delegates.get(backend, 0) for _, c in programs)])
+    rows.append(["kernels outside", *(c.kernel_count for _, c in programs)])
+    total: Counter = Counter()
+    for _, c in programs:
+        total.update(c.kernels)
+    for op, _ in sorted(total.items(), key=lambda item: (-item[1], item[0])):
+        rows.append([f"  {op}", *(c.kernels.get(op, 0) for _, c in programs)])
+    return header, rows
+
+
+def export_llm(args, say: Say) -> int:
+    """``edgefuse export-llm [--config FILE] [--compare] [OVERRIDES...]``."""
+    from edgefuse.cli.tables import format_table
+    from edgefuse.llm.pte import read_pte
+
+    _check_overrides(args.overrides)
+    if args.config is not None and not os.path.isfile(args.config):
+        raise UsageError(f"--config {args.config}: no such file")
+    passed = ([] if args.config is None else ["--config", args.config]) + list(args.overrides)
+    stock_dir = tempfile.mkdtemp(prefix="edgefuse-export-llm-") if args.compare else None
+    try:
+        stock = None
+        if args.compare:
+            say("export_llm with stock lowering")
+            staged = os.path.join(stock_dir, "stock.pte")
+            stock = _run([*passed, f"export.output_name={staged}"], "stock", args.single_row)
+        say("export_llm with edgefuse's XNNPACK lowering")
+        ours = _run(passed, "edgefuse", args.single_row)
+        if ours.path is None:
+            raise UsageError("export_llm wrote no .pte (export.export_only?)")
+        programs = []
+        if stock is not None:
+            kept = _stock_path(ours.path)
+            shutil.move(stock.path, kept)
+            programs.append((f"stock ({kept})", read_pte(kept)))
+        programs.append((f"edgefuse ({ours.path})", read_pte(ours.path)))
+    finally:
+        if stock_dir is not None:
+            shutil.rmtree(stock_dir, ignore_errors=True)
+    if ours.edgefuse_lowered:
+        substituted = sum(l.substituted for l in ours.swap.lowerings)
+        restored = sum(l.restored for l in ours.swap.lowerings)
+        partitioners = ", ".join(p for l in ours.swap.lowerings for p in l.partitioners)
+        print(f"edgefuse lowering: {partitioners}; {substituted} means, casts and scalar adds substituted, "
+              f"{restored} of them left outside a delegate and restored (single-row policy {ours.swap.single_row!r})")
+    else:
+        print("this config lowers nothing for XNNPACK: the program is export_llm's own (enable "
+              "backend.xnnpack.enabled=True for edgefuse's lowering)")
+    header, rows = contents_rows(programs)
+    print(format_table(header, rows))
+    print(f"wrote {ours.path}" + (f" and {_stock_path(ours.path)}" if stock is not None else ""))
+    return OK
+
+
+def _run(passed: list[str], lowering: str, single_row: str | None):
+    """One run of export_llm's command line with ``lowering``; the library's errors become the command's
+    (a failure after edgefuse's lowering started is not caught: it is a bug, exit 4)."""
+    from edgefuse.llm.export import ConfigRejected, UnsupportedConfig, run_export_llm
+
+    try:
+        return run_export_llm(passed, lowering=lowering, single_row=single_row)
+    except ConfigRejected as error:
+        raise UsageError(f"export_llm rejected the config:\n{error}") from error
+    except UnsupportedConfig as error:
+        raise UsageError(str(error)) from error
+    except SystemExit as error:
+        raise UsageError(f"export_llm exited (code {error.code}) before writing a .pte: "
+                         "with export.export_only=True there is nothing to lower") from error
+
+
+def load_llm_kernels() -> None:
+    """Register the kernels ExecuTorch's LLM programs call outside their delegates with the runtime:
+    the LLM custom ops (``llama::custom_sdpa``, ``llama::update_cache``) and, where installed, the
+    quantized kernels (a quantized embedding)."""
+    import importlib
+
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (loads the custom ops' kernels)
+
+    for optional in ("executorch.kernels.quantized",):
+        with contextlib.suppress(ImportError):
+            importlib.import_module(optional)
+
+
+def _llm_inputs(tokens, position: int) -> list:
+    """The inputs of an export_llm program with a KV cache: tokens ``[1, n]`` and the start position ``[1]``."""
+    import torch
+
+    return [tokens, torch.tensor([position], dtype=torch.long)]
+
+
+def bench_llm(args, say: Say) -> int:
+    """``edgefuse bench-llm STOCK.pte EDGEFUSE.pte``: prefill latency and decode ms per token, alternating."""
+    import statistics
+    import time
+
+    from edgefuse.cli.threads import threads_problem
+
+    for name, value, least in (("--prefill", args.prefill, 1), ("--decode", args.decode, 1),
+                               ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0)):
+        if value < least:
+            raise UsageError(f"{name} must be at least {least}")
+    problem = threads_problem(args.threads)
+    if problem:
+        raise UsageError(problem)
+    blobs = []
+    for path in (args.stock, args.edgefuse):
+        if not os.path.isfile(path):
+            raise UsageError(f"{path}: no such file")
+        with open(path, "rb") as f:
+            blobs.append(f.read())
+
+    import torch
+
+    from edgefuse.runtime import LoadedProgram, set_threads
+
+    load_llm_kernels()
+    threads = set_threads(args.threads)
+    programs = []
+    for path, blob in zip((args.stock, args.edgefuse), blobs):
+        say(f"loading {path}")
+        try:
+            programs.append(LoadedProgram(blob))
+        except Exception as error:  # the runtime says why in its log, which the error carries
+            raise UsageError(f"{path} does not load in executorch.runtime: {error}") from error
+
+    def run(program: LoadedProgram, path: str, tokens, position: int):
+        try:
+            return program.method.execute(_llm_inputs(tokens, position))
+        except Exception as error:
+            raise UsageError(
+                f"{path} failed on {tokens.shape[1]} token(s) at position {position} (is --prefill plus "
+                f"--decode within the program's context length?): {error}"
+            ) from error
+
+    probe = run(programs[0], args.stock, torch.zeros((1, 1), dtype=torch.long), 0)[0]
+    vocab = probe.shape[-1]
+    generator = torch.Generator().manual_seed(0)
+    prompt = torch.randint(0, vocab, (1, args.prefill), generator=generator, dtype=torch.long)
+    steps = torch.randint(0, vocab, (args.decode, 1, 1), generator=generator, dtype=torch.long)
+
+    prefill: list[list[float]] = [[] for _ in programs]
+    decode: list[list[float]] = [[] for _ in programs]
+    last_logits: list = [None for _ in programs]
+    say(f"timing {args.rounds} rounds of each program, alternating, after {args.warmup} warm-up rounds")
+    for round_ in range(args.warmup + args.rounds):
+        order = range(len(programs)) if round_ % 2 == 0 else reversed(range(len(programs)))
+        for k in order:
+            program, path = programs[k], (args.stock, args.edgefuse)[k]
+            start = time.perf_counter_ns()
+            run(program, path, prompt, 0)
+            prefilled = time.perf_counter_ns()
+            for i in range(args.decode):
+                logits = run(program, path, steps[i], args.prefill + i)[0]
+            done = time.perf_counter_ns()
+            last_logits[k] = logits
+            if round_ >= args.warmup:
+                prefill[k].append((prefilled - start) / 1e6)
+                decode[k].append((done - prefilled) / 1e6 / args.decode)
+    medians = [(statistics.median(p), statistics.median(d)) for p, d in zip(prefill, decode)]
+    from edgefuse.cli.tables import format_table
+
+    rows = []
+    for label, path, (p, d) in zip(("stock", "edgefuse"), (args.stock, args.edgefuse), medians):
+        rows.append([label, path, f"{p:.3f}", f"{d:.4f}", f"{p / medians[0][0]:.3f}", f"{d / medians[0][1]:.3f}"])
+    print(f"executorch.runtime with the LLM custom ops, {threads} thread(s); prefill of {args.prefill} tokens at "
+          f"position 0, then {args.decode} decode steps of one token; {args.rounds} rounds alternating (order "
+          f"swapped every round) after {args.warmup} warm-up rounds; medians over rounds; ratio = edgefuse / stock "
+          "(below 1 is faster)")
+    print(format_table(("program", "file", "prefill ms", "decode ms/token", "prefill ratio", "decode ratio"), rows))
+    difference = float((last_logits[0].float() - last_logits[1].float()).abs().max())
+    print(f"last decode step's logits, largest difference between the programs: {difference:.3g}")
+    return OK

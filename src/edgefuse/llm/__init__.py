@@ -1,0 +1,51 @@
+"""ExecuTorch's LLM export and export recipes with edgefuse's XNNPACK lowering.
+
+- :func:`export_llm`: ``export_llm`` of an ``LlmConfig`` with edgefuse's lowering;
+  :func:`run_export_llm`: ExecuTorch's ``export_llm`` command line (hydra) in this process.
+- :func:`edgefuse_lowering`: the context manager that swaps edgefuse's partitioners and passes into
+  ExecuTorch's LLM export for a ``with`` block, and puts the released ones back after it.
+- :class:`EdgefuseRecipeType`, :class:`EdgefuseRecipeProvider`: export recipes for
+  ``executorch.export.export``, registered with ExecuTorch's recipe registry on import of
+  :mod:`edgefuse.llm.recipes`.
+- :func:`read_pte`: the delegates and the kernels outside them in a ``.pte``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edgefuse.lazy import lazy_names
+
+#: Each public name and the module that defines it.
+_PUBLIC: dict[str, str] = {
+    "ConfigRejected": "edgefuse.llm.export",
+    "ExportFailed": "edgefuse.llm.export",
+    "LlmExport": "edgefuse.llm.export",
+    "UnsupportedConfig": "edgefuse.llm.export",
+    "export_llm": "edgefuse.llm.export",
+    "run_export_llm": "edgefuse.llm.export",
+    "LoweringSwapError": "edgefuse.llm.lowering",
+    "edgefuse_lowering": "edgefuse.llm.lowering",
+    "PteContents": "edgefuse.llm.pte",
+    "read_pte": "edgefuse.llm.pte",
+    "EdgefuseRecipeProvider": "edgefuse.llm.recipes",
+    "EdgefuseRecipeType": "edgefuse.llm.recipes",
+}
+
+__all__ = sorted(_PUBLIC)
+
+if TYPE_CHECKING:
+    from edgefuse.llm.export import (
+        ConfigRejected,
+        ExportFailed,
+        LlmExport,
+        UnsupportedConfig,
+        export_llm,
+        run_export_llm,
+    )
+    from edgefuse.llm.lowering import LoweringSwapError, edgefuse_lowering
+    from edgefuse.llm.pte import PteContents, read_pte
+    from edgefuse.llm.recipes import EdgefuseRecipeProvider, EdgefuseRecipeType
+
+
+__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

@@ -1,0 +1,105 @@
+"""The eager model an ``export_llm`` config describes, and the logits of a prefill and decode steps.
+
+The reference for an exported LLM: :func:`eager_model` builds the module ``export_llm`` exports (the
+same loading, source transforms, quantization and dtype, through ``export_llama_lib``'s own
+preparation), and :func:`logits_sequence` runs any program, eager or loaded, through the same prompt
+and decode steps. :func:`write_small_model` writes params and a random checkpoint for small models
+(a model without a checkpoint reads uninitialised memory).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from typing import Callable, Sequence
+
+import torch
+
+#: Small Llama params (ExecuTorch's ``ModelArgs``): the export's max context comes from its config.
+SMALL_LLAMA = {
+    "dim": 64, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "hidden_dim": 128,
+    "norm_eps": 1e-5, "rope_theta": 500000.0,
+}
+#: Small Qwen3 params: QK norm before RoPE, Hugging Face RoPE, as ExecuTorch's Qwen3 configs set them.
+SMALL_QWEN3 = {
+    **SMALL_LLAMA, "norm_eps": 1e-6, "rope_theta": 1000000.0, "use_qk_norm": True, "qk_norm_before_rope": True,
+    "use_hf_rope": True, "head_dim": 16,
+}
+
+
+def write_small_model(directory: str, params: dict, seed: int = 0) -> tuple[str, str]:
+    """Write ``params.json`` and ``checkpoint.pth`` (random weights of ExecuTorch's Llama with ``params``;
+    norm weights near 1) in ``directory``; returns their paths."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    state = random_state(construct_transformer(ModelArgs(**params)), seed)
+    params_path, checkpoint_path = os.path.join(directory, "params.json"), os.path.join(directory, "checkpoint.pth")
+    with open(params_path, "w") as f:
+        json.dump(params, f)
+    torch.save(state, checkpoint_path)
+    return params_path, checkpoint_path
+
+
+def random_state(model: torch.nn.Module, seed: int = 0) -> dict:
+    """A random float32 state dict for ``model``: norm weights ``1 + 0.1 N(0, 1)``, other weights
+    ``N(0, 1) / sqrt(fan_in)`` (logits of order one); tensors that are not floats kept."""
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, value in model.state_dict().items():
+        if not value.is_floating_point():
+            state[name] = value
+            continue
+        noise = torch.randn(value.shape, generator=generator, dtype=torch.float32)
+        state[name] = 1.0 + 0.1 * noise if "norm" in name else noise * value.shape[-1] ** -0.5
+    return state
+
+
+def eager_model(config) -> torch.nn.Module:
+    """The module ``export_llm`` exports for ``config`` (an ``LlmConfig``), in eval mode; the config is
+    not changed."""
+    from executorch.examples.models.llama.export_llama_lib import _prepare_for_llama_export
+
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (eager kernels of the custom SDPA)
+
+    return _prepare_for_llama_export(copy.deepcopy(config)).model.eval()
+
+
+def eager_step(model: torch.nn.Module) -> Callable[[torch.Tensor, int], torch.Tensor]:
+    """One call of ``model`` as the exported program takes it: tokens ``[1, n]`` from position ``p``."""
+
+    def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
+        with torch.no_grad():
+            out = model(tokens, {"input_pos": torch.tensor([position], dtype=torch.long)})
+        return out[0] if isinstance(out, tuple) else out
+
+    return step
+
+
+def prompt_and_steps(vocab: int, prefill: int, decode: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random prompt ``[1, prefill]`` and ``decode`` single tokens ``[decode, 1, 1]``."""
+    generator = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(0, vocab, (1, prefill), generator=generator, dtype=torch.long)
+    steps = torch.randint(0, vocab, (decode, 1, 1), generator=generator, dtype=torch.long)
+    return prompt, steps
+
+
+def logits_sequence(step: Callable[[torch.Tensor, int], torch.Tensor], prompt: torch.Tensor,
+                    steps: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The logits of the prefill of ``prompt`` at position 0, then of each decode step after it."""
+    result = [step(prompt, 0)]
+    for i, token in enumerate(steps):
+        result.append(step(token, prompt.shape[1] + i))
+    return result
+
+
+def config_from_overrides(overrides: Sequence[str]):
+    """The ``LlmConfig`` that ``export_llm``'s overrides ``key=value`` make of the defaults, validated
+    as export_llm validates (its dataclass checks run)."""
+    from omegaconf import OmegaConf
+
+    from executorch.extension.llm.export.config.llm_config import LlmConfig
+
+    merged = OmegaConf.merge(OmegaConf.structured(LlmConfig), OmegaConf.from_dotlist(list(overrides)))
+    return OmegaConf.to_object(merged)

@@ -1,0 +1,69 @@
+"""What a ``.pte`` file runs: its delegates by backend and the kernels it calls outside them, by op.
+
+Read from the serialized program itself (the instructions of a method's execution plan), so the counts
+are those of the file a runtime loads, after ``to_executorch`` (memory planning, ``et_view``, ...).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+#: Kernel names of a mean, and of a cast, as the program names its operators.
+MEAN_KERNELS = ("aten::mean",)
+CAST_KERNELS = ("aten::_to_copy", "dim_order_ops::_to_dim_order_copy", "aten::_to_dim_order_copy")
+
+
+@dataclass(frozen=True)
+class PteContents:
+    """The delegate calls (by backend id) and kernel calls (by op, ``aten::mean.out``) of one method."""
+
+    method: str
+    delegates: Counter
+    kernels: Counter
+
+    @property
+    def delegate_count(self) -> int:
+        return sum(self.delegates.values())
+
+    @property
+    def kernel_count(self) -> int:
+        return sum(self.kernels.values())
+
+    def count(self, prefixes: tuple[str, ...]) -> int:
+        """Kernel calls whose op name (without overload) is one of ``prefixes``."""
+        return sum(n for op, n in self.kernels.items() if op.split(".", 1)[0] in prefixes)
+
+    @property
+    def means(self) -> int:
+        return self.count(MEAN_KERNELS)
+
+    @property
+    def casts(self) -> int:
+        return self.count(CAST_KERNELS)
+
+
+def read_pte(source: str | os.PathLike | bytes, method: str = "forward") -> PteContents:
+    """The delegates and kernels of ``method`` in a ``.pte`` given as a path or as bytes."""
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    data = source if isinstance(source, bytes) else open(source, "rb").read()
+    program = deserialize_pte_binary(data)
+    program = getattr(program, "program", program)  # newer releases wrap the program
+    plans = {plan.name: plan for plan in program.execution_plan}
+    if method not in plans:
+        raise ValueError(f"the program has no method {method!r}; it has {', '.join(sorted(plans))}")
+    plan = plans[method]
+    operators = [op.name + (f".{op.overload}" if op.overload else "") for op in plan.operators]
+    delegates: Counter = Counter()
+    kernels: Counter = Counter()
+    for chain in plan.chains:
+        for instruction in chain.instructions:
+            args = instruction.instr_args
+            kind = type(args).__name__
+            if kind == "KernelCall":
+                kernels[operators[args.op_index]] += 1
+            elif kind == "DelegateCall":
+                delegates[plan.delegates[args.delegate_index].id] += 1
+    return PteContents(method, delegates, kernels)

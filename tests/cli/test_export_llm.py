@@ -1,0 +1,220 @@
+"""``edgefuse export-llm`` and ``bench-llm``, and the checks of ``python -m edgefuse.cli.llm_check``.
+
+Exports of ExecuTorch's Llama and Qwen3 from small params (dim 64, one layer, random weights saved as a
+checkpoint) are made once per session. The most telling cases run here: float32 Llama through the
+command with ``--compare``, bfloat16 Llama with ``enable_bf16``, and 8da4w Qwen3 with QK norms; every
+case of ``python -m edgefuse.cli.llm_check`` (each model in float32, 8da4w and bfloat16) runs there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import pytest
+
+from edgefuse import cli
+from edgefuse.cli.errors import OK, USAGE
+from edgefuse.cli.llm_check import CASES, case_arguments, check_case, check_programs, passed
+from edgefuse.llm.lowering import swapped
+
+
+@contextlib.contextmanager
+def inside(directory):
+    """Run in ``directory``: export_llm writes relative names and hydra its run directory there."""
+    saved = os.getcwd()
+    os.chdir(directory)
+    try:
+        yield
+    finally:
+        os.chdir(saved)
+
+
+def nothing_swapped() -> bool:
+    return not any(swapped().values())
+
+
+def ptes(directory) -> list[str]:
+    return sorted(name for _, _, names in os.walk(directory) for name in names if ".pte" in name)
+
+
+# -- bad input: exit 2, export_llm's message, no .pte ---------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def small_llama(tmp_path_factory):
+    from edgefuse.llm.eager import write_small_model
+
+    directory = tmp_path_factory.mktemp("small-llama")
+    return (directory, *write_small_model(str(directory), CASES["llama-fp32"].params))
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("foo.bar=1", "Could not override 'foo.bar'"),
+        ("model.dtype_override=fp64", "Invalid value 'fp64', expected one of [fp32, fp16, bf16]"),
+        ("export.max_context_length=10", "max_context_length of 10 cannot be shorter than max_seq_length of 128"),
+        ("base.checkpoint=/nonexistent/checkpoint.pth", "/nonexistent/checkpoint.pth"),
+        ("backend.qnn.enabled=True", "not supported in export-llm yet"),
+    ],
+)
+def test_a_config_export_llm_rejects_exits_2_with_its_message_and_writes_nothing(
+    small_llama, tmp_path, capsys, override, message
+):
+    directory, params, checkpoint = small_llama
+    arguments = [a for a in case_arguments(CASES["llama-fp32"], params, checkpoint)]
+    with inside(tmp_path):
+        code = cli.main(["-q", "export-llm", "--compare", *arguments, "export.output_name=model.pte", override])
+    err = capsys.readouterr().err
+    assert code == USAGE, err
+    assert message in err and "Traceback" not in err
+    assert ptes(tmp_path) == []
+    assert nothing_swapped()
+
+
+def test_an_option_export_llm_does_not_take_exits_2_before_exporting(tmp_path, capsys):
+    with inside(tmp_path):
+        code = cli.main(["-q", "export-llm", "--config", str(tmp_path / "missing.yaml")])
+    assert code == USAGE and "no such file" in capsys.readouterr().err
+
+
+def test_a_failure_inside_edgefuses_lowering_is_an_internal_error_with_nothing_left_swapped(
+    small_llama, tmp_path, capsys, monkeypatch
+):
+    """The export fails once edgefuse's lowering runs: exit 4 with the traceback, no .pte, and every
+    swapped function back, as after a success."""
+    from edgefuse.xnnpack.substitute import SubstituteForXnnpack
+
+    def fail(self, graph_module):
+        raise RuntimeError("substitution failed on purpose")
+
+    monkeypatch.setattr(SubstituteForXnnpack, "call", fail)
+    directory, params, checkpoint = small_llama
+    with inside(tmp_path):
+        code = cli.main(["-q", "export-llm", *case_arguments(CASES["llama-fp32"], params, checkpoint),
+                         "export.output_name=model.pte"])
+    err = capsys.readouterr().err
+    assert code == 4 and "substitution failed on purpose" in err and "Traceback" in err
+    assert ptes(tmp_path) == [] and nothing_swapped()
+
+
+def test_the_python_api_puts_everything_back_when_the_export_raises(small_llama, tmp_path, monkeypatch):
+    from edgefuse.llm import export_llm
+    from edgefuse.llm.eager import config_from_overrides
+    from edgefuse.xnnpack.substitute import RestoreUndelegated
+
+    def fail(self, graph_module):
+        raise RuntimeError("restoration failed on purpose")
+
+    monkeypatch.setattr(RestoreUndelegated, "call", fail)
+    directory, params, checkpoint = small_llama
+    config = config_from_overrides([*case_arguments(CASES["llama-fp32"], params, checkpoint),
+                                    f"export.output_name={tmp_path / 'model.pte'}"])
+    with pytest.raises(Exception, match="RestoreUndelegated") as raised:  # ExecuTorch's pass manager wraps it
+        export_llm(config)
+    assert "restoration failed on purpose" in str(raised.value.__cause__)
+    assert ptes(tmp_path) == [] and nothing_swapped()
+
+
+# -- the programs -----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def llama_fp32_command(small_llama):
+    """``edgefuse export-llm --compare`` on the float32 Llama: its stdout, and both programs."""
+    directory, params, checkpoint = small_llama
+    arguments = case_arguments(CASES["llama-fp32"], params, checkpoint)
+    import io
+    from contextlib import redirect_stdout
+
+    out = io.StringIO()
+    with inside(directory), redirect_stdout(out):
+        code = cli.main(["-q", "export-llm", "--compare", *arguments, "export.output_name=llama.pte"])
+    return code, out.getvalue(), directory, arguments
+
+
+def test_export_llm_compare_prints_both_programs_side_by_side(llama_fp32_command):
+    code, out, directory, _ = llama_fp32_command
+    assert code == OK, out
+    lines = out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("stock ("))
+    assert "edgefuse (" in header and header.index("stock (") < header.index("edgefuse (")
+    rows = {line.split()[0] if not line.startswith("  ") else line.split()[0]: line.split()[-2:]
+            for line in lines[lines.index(header) + 1:] if line.strip() and not line.startswith("wrote")}
+    stock_means, our_means = (int(n) for n in rows["aten::mean.out"])
+    assert stock_means == 3 and our_means == 0  # two norms in the layer and the final norm
+    assert out.splitlines()[-1] == f"wrote llama.pte and llama.stock.pte"
+    assert ptes(directory) == ["llama.pte", "llama.stock.pte"]
+    assert nothing_swapped()
+
+
+def test_float32_llama_of_export_llm_matches_eager_with_no_mean_outside(llama_fp32_command):
+    from edgefuse.llm.eager import config_from_overrides
+
+    code, _, directory, arguments = llama_fp32_command
+    assert code == OK
+    paths = {"stock": str(directory / "llama.stock.pte"), "edgefuse": str(directory / "llama.pte")}
+    checks = check_programs(CASES["llama-fp32"], paths, config_from_overrides(arguments))
+    assert checks["stock"].contents.means == 3 and checks["stock"].matches
+    assert checks["edgefuse"].contents.means == 0 and checks["edgefuse"].contents.casts == 0
+    assert checks["edgefuse"].contents.delegate_count < checks["stock"].contents.delegate_count
+    assert len(checks["edgefuse"].errors) == 13  # the prefill and 12 decode steps
+    assert passed(checks), [(c.lowering, c.worst) for c in checks.values()]
+
+
+@pytest.mark.parametrize(
+    "name, stock_means, stock_casts, api", [("llama-bf16", 3, 20, True), ("qwen3-8da4w", 5, 0, False)]
+)
+def test_export_llm_keeps_means_and_casts_inside_and_matches_eager_as_stock_does(
+    tmp_path_factory, name, stock_means, stock_casts, api
+):
+    """bfloat16 through the Python API (``edgefuse.llm.export_llm``), 8da4w through the command line's engine."""
+    directory = tmp_path_factory.mktemp(name)
+    with inside(directory):
+        checks = check_case(CASES[name], str(directory), api=api)
+    stock, ours = checks["stock"].contents, checks["edgefuse"].contents
+    assert (stock.means, stock.casts) == (stock_means, stock_casts)  # the QK norms add two means in Qwen3
+    assert (ours.means, ours.casts) == (0, 0)
+    assert passed(checks), [(c.lowering, c.worst, max(c.versus_stock)) for c in checks.values()]
+    assert nothing_swapped()
+
+
+def test_bench_llm_prints_medians_ratios_and_the_thread_count(llama_fp32_command, capsys):
+    _, _, directory, _ = llama_fp32_command
+    stock, ours = str(directory / "llama.stock.pte"), str(directory / "llama.pte")
+    code = cli.main(["-q", "bench-llm", stock, ours, "--prefill", "4", "--decode", "2", "--rounds", "2",
+                     "--warmup", "0", "--threads", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == OK
+    assert "1 thread(s)" in out[0] and "prefill of 4 tokens" in out[0] and "2 decode steps" in out[0]
+    assert out[1].split() == ["program", "file", "prefill", "ms", "decode", "ms/token", "prefill", "ratio",
+                              "decode", "ratio"]
+    stock_row, our_row = out[2].split(), out[3].split()
+    assert stock_row[0] == "stock" and our_row[0] == "edgefuse"
+    assert stock_row[-2:] == ["1.000", "1.000"] and all(float(v) > 0 for v in our_row[2:])
+    assert out[4].startswith("last decode step's logits, largest difference between the programs:")
+
+
+def test_bench_llm_says_when_the_context_is_too_short(llama_fp32_command, capsys):
+    _, _, directory, _ = llama_fp32_command
+    code = cli.main(["-q", "bench-llm", str(directory / "llama.stock.pte"), str(directory / "llama.pte"),
+                     "--prefill", "120", "--decode", "20", "--rounds", "1", "--warmup", "0"])
+    assert code == USAGE and "context length" in capsys.readouterr().err
+
+
+# -- export recipes ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("recipe, model", [("PT2E_INT8_STATIC_PER_CHANNEL", "qwen3"), ("BF16", "llama")])
+def test_a_recipe_keeps_every_mean_inside_and_matches_stock_and_eager(recipe, model):
+    """Static int8 on Qwen3: every norm's mean (the QK norms' over ``[B, T, H, D]`` too) reads a dequantized
+    square. bfloat16 has no stock recipe: stock's FP32 recipe leaves bfloat16 on portable kernels."""
+    from edgefuse.llm.recipes import EdgefuseRecipeType
+    from edgefuse.cli.llm_check import check_recipe
+
+    check = check_recipe(EdgefuseRecipeType[recipe], model)
+    assert check.stock.means > 0  # stock splits the delegate at the norms
+    assert (check.ours.means, check.ours.casts) == (0, 0)
+    assert check.ours.delegate_count < check.stock.delegate_count
+    assert check.ok, (check.error, check.allowed, check.versus_stock, check.versus_stock_allowed)

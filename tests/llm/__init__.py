@@ -1,0 +1,1 @@
+"""Tests of edgefuse.llm: the LLM export swap and the export recipes."""

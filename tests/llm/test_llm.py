@@ -1,0 +1,100 @@
+"""``edgefuse.llm``, the library: the swap into ExecuTorch's LLM export, the atomic writer, the recipes.
+
+No export runs here; the exports are in ``tests/cli/test_export_llm.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from edgefuse.llm import lowering
+from edgefuse.llm.lowering import LoweringSwapError, edgefuse_lowering, swapped, write_atomically
+
+
+def nothing_swapped() -> bool:
+    return not any(swapped().values())
+
+
+def test_swap_puts_the_released_functions_back_on_exit_and_on_error():
+    import executorch.examples.models.llama.export_llama_lib as lib
+
+    released = lib.get_xnnpack_partitioner
+    assert nothing_swapped()
+    with edgefuse_lowering() as swap:
+        assert all(swapped().values())
+        partitioner = lib.get_xnnpack_partitioner(dynamic_quant_only_partitioner=False, enable_bf16=True)
+        assert type(partitioner).__name__ == "EdgefuseXnnpackPartitioner" and swap.partitioners_built == 1
+    assert nothing_swapped() and lib.get_xnnpack_partitioner is released
+    with pytest.raises(KeyError):
+        with edgefuse_lowering():
+            raise KeyError("inside the block")
+    assert nothing_swapped() and lib.get_xnnpack_partitioner is released
+
+
+def test_a_second_block_inside_the_first_is_refused_and_both_restore():
+    with edgefuse_lowering():
+        with pytest.raises(LoweringSwapError, match="cannot be nested"):
+            with edgefuse_lowering():
+                pass
+        assert all(swapped().values())
+    assert nothing_swapped()
+
+
+def test_the_dynamic_quantization_partitioner_keeps_its_precision():
+    from executorch.backends.xnnpack.partition.config.xnnpack_config import ConfigPrecisionType
+    from executorch.extension.llm.export import partitioner_lib
+
+    with edgefuse_lowering():
+        dynamic = partitioner_lib.get_xnnpack_partitioner(dynamic_quant_only_partitioner=True)
+        full = partitioner_lib.get_xnnpack_partitioner(dynamic_quant_only_partitioner=False)
+    precisions = {tuple(c.enabled_precision_types) for c in dynamic.target_partitioner_configs.values()}
+    assert precisions <= {(ConfigPrecisionType.DYNAMIC_QUANT,), ()}
+    assert any(ConfigPrecisionType.FP32 in c.enabled_precision_types for c in full.target_partitioner_configs.values())
+    assert any(type(c).__name__ == "XnnMeanConfig" for c in full.target_partitioner_configs.values())
+
+
+class _FailingProgram:
+    """Writes part of a program, then fails, as a full disk would."""
+
+    def write_to_file(self, file):
+        file.write(b"PTE-HEAD")
+        raise OSError(28, "No space left on device")
+
+    def write_tensor_data_to_file(self, outdir):
+        pass
+
+
+def test_a_failed_write_leaves_no_file_and_raises(tmp_path):
+    released = lambda *a: None  # noqa: E731
+    save = write_atomically(released, lowering.Swap())
+    with pytest.raises(OSError, match="No space"):
+        save(_FailingProgram(), str(tmp_path / "model.pte"), str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
+def test_every_stock_xnnpack_recipe_type_has_an_edgefuse_twin_built_like_it():
+    from executorch.backends.xnnpack.recipes import XNNPackRecipeType
+    from executorch.export import ExportRecipe, recipe_registry
+
+    from edgefuse.llm.recipes import BACKEND, EdgefuseRecipeType
+    from edgefuse.xnnpack import EdgefuseXnnpackPartitioner
+
+    assert set(recipe_registry.get_supported_recipes(BACKEND)) == set(EdgefuseRecipeType)
+    assert {t.name for t in XNNPackRecipeType} | {"FP16", "BF16"} == {t.name for t in EdgefuseRecipeType}
+    for recipe_type in EdgefuseRecipeType:
+        ours = ExportRecipe.get_recipe(recipe_type)
+        (partitioner,) = ours.lowering_recipe.partitioners
+        assert isinstance(partitioner, EdgefuseXnnpackPartitioner), recipe_type
+        assert ours.lowering_recipe.edge_transform_passes and ours.lowering_recipe.edge_manager_transform_passes
+        if recipe_type.stock is None:
+            continue
+        stock = ExportRecipe.get_recipe(recipe_type.stock)
+        assert type(ours.quantization_recipe) is type(stock.quantization_recipe), recipe_type
+        if stock.quantization_recipe is not None:
+            assert [type(q) for q in stock.quantization_recipe.quantizers or []] == \
+                [type(q) for q in ours.quantization_recipe.quantizers or []]
+            assert [type(c.ao_base_config) for c in stock.quantization_recipe.ao_quantization_configs or []] == \
+                [type(c.ao_base_config) for c in ours.quantization_recipe.ao_quantization_configs or []]
+        assert ours.lowering_recipe.edge_compile_config == stock.lowering_recipe.edge_compile_config
