@@ -39,7 +39,15 @@ from torch.export.pt2_archive import constants as layout
 #: Characters a payload's file name may hold: torch writes ``weight_0``, ``tensor_3``.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 #: A sympy symbol's name in ``Symbol('s77', ...)`` and a ``Float('1.5', ...)`` literal.
-_SYMBOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Its number at the end is at most 6 digits: torch's reader counts up to the number of an unbacked
+#: symbol (``u12``, ``zuf3``) one step at a time, so ``u1000000000000`` would never finish loading.
+_SYMBOL_NAME = re.compile(r"[A-Za-z_](?:[A-Za-z0-9_]*[A-Za-z_])?[0-9]{0,6}")
+#: The largest integer a symbolic size or a guard may hold (a size is an int64), and the largest power:
+#: sympy and the guards compute powers of constants, and ``9**9**9**9`` would never finish.
+_MAX_INT = 1 << 63
+_MAX_EXPONENT = 64
+#: sympy and torch functions that raise their first argument to the power of the second (or shift by it).
+_POWERS = {"Pow", "PowByNatural", "FloatPow", "LShift", "RShift"}
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)")
 _MAX_EXPRESSION = 10_000  # characters of one symbolic size or guard; torch writes a few dozen
 #: A string graph input that torch may paste between quotes into a guard: no quote, backslash or line end.
@@ -87,12 +95,23 @@ def load(path: str, trust_code: bool = False) -> ExportedProgram:
     """
     with open(path, "rb") as f:
         data = f.read()
-    if not trust_code:
-        entries = check(data)
-        if entries:
-            raise CodeInArchive(entries)
-    # The bytes that were checked, not the file again: it may have changed since.
-    return torch.export.load(io.BytesIO(data))
+    if trust_code:
+        return torch.export.load(io.BytesIO(data))  # which also reads the format before torch 2.7
+    entries = check(data)
+    if entries:
+        raise CodeInArchive(entries)
+    # The bytes that were checked, not the file again: it may have changed since. torch.export.load would
+    # log what failed and raise a message that names nothing; its reader raises what failed.
+    from torch.export.pt2_archive._package import load_pt2
+
+    try:
+        contents = load_pt2(io.BytesIO(data))
+    except RuntimeError as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise ArchiveError(f"torch could not deserialize it ({(lines[0] if lines else type(error).__name__)[:300]})") from None
+    if "model" not in contents.exported_programs:
+        raise ArchiveError(f"it holds no program named 'model' ({layout.MODELS_FILENAME_FORMAT.format('model')})")
+    return contents.exported_programs["model"]
 
 
 def check(data: bytes) -> list[CodeEntry]:
@@ -148,6 +167,7 @@ def _records(data: bytes) -> dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]] 
         raise ArchiveError(f"not a zip archive ({error})") from None
     if not infos:
         raise ArchiveError("an empty zip archive")
+    _one_directory(data, infos)
     if set(_LEGACY) <= {info.filename for info in infos}:
         return None
     # torch's reader takes the folder of the first entry as the archive's root and looks every record up
@@ -170,7 +190,62 @@ def _records(data: bytes) -> dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]] 
         if info.header_offset + info.file_size > len(data):
             raise ArchiveError(f"entry {info.filename!r} says it holds {info.file_size} bytes, past the file's end")
         records[name] = (archive, info)
+    _same_for_torch(data, records)
     return records
+
+
+def _one_directory(data: bytes, infos: list[zipfile.ZipInfo]) -> None:
+    """Refuse a zip that two readers may read as two archives.
+
+    Python's zipfile takes the central directory to end where the end record begins and shifts every
+    entry's offset by any difference from the offset the end record gives; torch's reader (miniz) reads
+    the directory at that offset. A file whose end record points elsewhere than where the directory lies
+    (bytes prepended, a second directory), that counts other entries than the directory holds, that
+    carries a comment (so the end record need not be the last bytes) or has bytes before its first
+    entry is not one ``torch.export.save`` writes.
+    """
+    end = zipfile._EndRecData(io.BytesIO(data))  # what ZipFile itself reads (zip64 fields folded in)
+    if end is None:
+        raise ArchiveError("not a zip archive (no end record)")
+    if end[zipfile._ECD_COMMENT] or end[zipfile._ECD_LOCATION] != len(data) - zipfile.sizeEndCentDir:
+        raise ArchiveError("its end record is not the file's last bytes (it carries a comment, or bytes follow it)")
+    directory_end = end[zipfile._ECD_LOCATION]
+    if end[zipfile._ECD_SIGNATURE] == zipfile.stringEndArchive64:
+        directory_end -= zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator
+    offset, size = end[zipfile._ECD_OFFSET], end[zipfile._ECD_SIZE]
+    if offset + size != directory_end:
+        raise ArchiveError(
+            f"its end record puts the central directory at byte {offset}, but the directory lies at byte "
+            f"{directory_end - size}: torch's zip reader and Python's would read two different archives"
+        )
+    if end[zipfile._ECD_ENTRIES_TOTAL] != len(infos) or end[zipfile._ECD_ENTRIES_THIS_DISK] != len(infos):
+        raise ArchiveError(f"its end record counts {end[zipfile._ECD_ENTRIES_TOTAL]} entries, but its central "
+                           f"directory holds {len(infos)}")
+    first = min(info.header_offset for info in infos)
+    if first != 0:
+        raise ArchiveError(f"{first} bytes come before its first entry")
+
+
+def _same_for_torch(data: bytes, records: dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]]) -> None:
+    """Refuse an archive whose entries torch's own zip reader (the one ``torch.export.load`` uses) sees
+    otherwise than Python's zipfile, which the checks read: other names, or other bytes under a name.
+    Reading every entry with zipfile also checks its local header names what the directory names."""
+    try:
+        reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+        names = reader.get_all_records()
+    except RuntimeError as error:
+        raise ArchiveError(f"torch's zip reader cannot read it ({str(error).splitlines()[0][:200]})") from None
+    if sorted(names) != sorted(records):
+        raise ArchiveError("torch's zip reader finds other entries in it than Python's zipfile: "
+                           f"{sorted(set(names) ^ set(records))[:5]}")
+    for name in records:
+        ours = _read(records, name)
+        try:
+            theirs = reader.get_record(name)
+        except RuntimeError as error:
+            raise ArchiveError(f"{name} cannot be read by torch's zip reader ({str(error).splitlines()[0][:200]})") from None
+        if theirs != ours:
+            raise ArchiveError(f"{name} holds other bytes for torch's zip reader than for Python's zipfile")
 
 
 def _read(records, name: str) -> bytes:
@@ -339,6 +414,18 @@ def _program(records, name: str) -> list[CodeEntry]:
         if isinstance(text, str) and not _PLAIN_TEXT.fullmatch(text):
             found.append(CodeEntry(name, f"a string input {text[:80]!r}, which ExportedProgram.module() pastes "
                                          "into Python it executes (its guards)"))
+    constraints = program.get("range_constraints", {})
+    if not isinstance(constraints, dict):
+        raise ArchiveError(f"{name}: range_constraints is not a JSON object")
+    from torch.utils._sympy.symbol import SymT, prefix_str
+
+    unbacked = (prefix_str[SymT.UNBACKED_INT], prefix_str[SymT.UNBACKED_FLOAT])
+    for symbol in constraints:
+        # torch counts up to an unbacked symbol's number (int() of the rest: "1_000_000_000_000" too).
+        prefix = next((p for p in unbacked if symbol.startswith(p)), None)
+        if prefix is not None and not re.fullmatch(r"[0-9]{1,6}", symbol[len(prefix):]):
+            raise ArchiveError(f"{name}: range_constraints names {symbol[:40]!r}, not an unbacked symbol torch "
+                               "writes (its prefix and a number of at most 6 digits)")
     seen: set[tuple[str, str]] = set()
     stack: list = [program]
     while stack:
@@ -415,13 +502,46 @@ def _expression(text: str) -> ast.AST | None:
 
 
 def _arithmetic(node: ast.AST) -> list[ast.AST] | None:
-    """The operands of a sign or of ``+ - * / // % **``; None for any other node."""
+    """The operands of a sign or of ``+ - * / // % **``; None for any other node, for arithmetic on a
+    string, and for a power whose exponent is not a small constant (:func:`_small_power`)."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        return [node.operand]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
-                                                             ast.Mod, ast.Pow)):
-        return [node.left, node.right]
-    return None
+        operands = [node.operand]
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        return [node.left] if _small_power(node.left, node.right) else None
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
+                                                               ast.Mod)):
+        operands = [node.left, node.right]
+    else:
+        return None
+    if any(isinstance(o, ast.Constant) and not isinstance(o.value, (int, float)) for o in operands):
+        return None  # 'x' * 10**12
+    return operands
+
+
+def _small_int(node: ast.AST, low: int = -_MAX_EXPONENT) -> bool:
+    """Whether ``node`` is an integer from ``low`` to the largest exponent: ``n``, ``-n`` or ``Integer(n)``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Integer" \
+            and len(node.args) == 1 and not node.keywords:
+        node = node.args[0]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        value = node.operand.value
+        return type(value) is int and low <= -value <= _MAX_EXPONENT
+    return isinstance(node, ast.Constant) and type(node.value) is int and low <= node.value <= _MAX_EXPONENT
+
+
+def _is_power(node: ast.AST) -> bool:
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _POWERS)
+
+
+def _small_power(base: ast.AST, exponent: ast.AST, low: int = 0) -> bool:
+    """Whether ``base ** exponent`` is bounded: the exponent a small integer constant (from ``low``), the
+    base not itself a power (``9**9**9**9`` and ``(9**64)**64`` are not)."""
+    return _small_int(exponent, low) and not _is_power(base)
+
+
+def _int_too_large(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int and abs(node.value) > _MAX_INT
 
 
 def _not_an_expression(text: str) -> str | None:
@@ -436,6 +556,8 @@ def _not_an_expression(text: str) -> str | None:
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
+        if _int_too_large(node):
+            return refusal
         if isinstance(node, ast.Constant) and type(node.value) in (int, float, bool):
             continue
         if isinstance(node, ast.Name) and node.id in _SYMPY_NAMES:
@@ -446,6 +568,13 @@ def _not_an_expression(text: str) -> str | None:
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _SYMPY_NAMES:
             args = list(node.args)
+            if node.func.id in _POWERS:
+                # Pow(x, Integer(-1)) is how srepr writes a division; Pow(x, Rational(1, 2)) a square root.
+                if len(args) != 2 or not (_small_power(args[0], args[1], low=-_MAX_EXPONENT)
+                                          or node.func.id == "Pow" and _small_rational(args[1])
+                                          and not _is_power(args[0])):
+                    return refusal
+                args = args[:1]
             if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
                 pattern = {"Symbol": _SYMBOL_NAME, "Dummy": _SYMBOL_NAME, "Float": _FLOAT_TEXT}.get(node.func.id)
                 if pattern is None or not pattern.fullmatch(args[0].value):
@@ -460,6 +589,12 @@ def _not_an_expression(text: str) -> str | None:
     return None
 
 
+def _small_rational(node: ast.AST) -> bool:
+    """``Rational(p, q)`` of small integers: a root, as srepr writes ``sqrt``."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Rational"
+            and len(node.args) == 2 and not node.keywords and all(_small_int(a) for a in node.args))
+
+
 def _not_a_guard(text: str) -> bool:
     """Whether ``text`` is more than the guards torch writes: arithmetic and comparisons of numbers and of
     the sizes of inputs (``L['x'].size()[0]``), with the few functions its printer uses."""
@@ -469,6 +604,8 @@ def _not_a_guard(text: str) -> bool:
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
+        if _int_too_large(node):
+            return True
         if isinstance(node, ast.Constant) and (
             type(node.value) in (int, float, bool) or (type(node.value) is str and _PLAIN_TEXT.fullmatch(node.value))
         ):
