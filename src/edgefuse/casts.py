@@ -74,6 +74,20 @@ def dim_order_of(value: torch.Tensor) -> tuple[int, ...] | None:
         return None
 
 
+def _same_sizes_and_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two strided tensors have equal int sizes and strides: then they have one dim order, known
+    without computing it (``dim_order`` is the costly part of reading a cast, and a pure function of both)."""
+    if not a.layout == b.layout == torch.strided:
+        return False
+    sizes = (*a.shape, *a.stride(), *b.shape, *b.stride())  # compared only once known to be ints: no guards
+    return all(type(v) is int for v in sizes) and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride()
+
+
+def same_dim_order(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``dim_order_of`` gives two tensors one answer (both unknown counts as one)."""
+    return _same_sizes_and_strides(a, b) or dim_order_of(a) == dim_order_of(b)
+
+
 def is_cast(node: Node, table: OpTable) -> bool:
     """Whether the node is one of the dialect's casts."""
     return table.is_a(node, Role.CAST)
@@ -89,13 +103,17 @@ def cast_source(node: Node, table: OpTable) -> Node | None:
 def changes_only_dtype(node: Node, table: OpTable) -> bool:
     """Whether a cast keeps its input's shape, layout, device and dim order, changing at most the dtype."""
     source = cast_source(node, table)
+    if source is None:
+        return False
     src, out = tensor_meta(source), tensor_meta(node)
     if src is None or out is None:
         return False
     if not same_shape(src, out) or src.layout != out.layout or src.device != out.device:
         return False
-    src_order, out_order = dim_order_of(src), dim_order_of(out)
-    return src_order is not None and src_order == out_order
+    if _same_sizes_and_strides(src, out):
+        return True
+    src_order = dim_order_of(src)
+    return src_order is not None and src_order == dim_order_of(out)
 
 
 def is_exact_cast(node: Node, table: OpTable) -> bool:

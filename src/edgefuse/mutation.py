@@ -84,7 +84,16 @@ class Mutations:
     def __init__(self, graph: Graph):
         self.graph = graph
         self.order = {node: i for i, node in enumerate(graph.nodes)}
-        self.in_place = [node for node in graph.nodes if is_in_place(node)]
+        targets: dict[int, bool] = {}  # by target: reading an op's schema is costly, and few ops recur
+        self.in_place = []
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            key = id(node.target)
+            if key not in targets:
+                targets[key] = is_in_place(node)
+            if targets[key]:
+                self.in_place.append(node)
         self.written: set[Node] = set()
         for node in self.in_place:
             for target in _written_args(node):

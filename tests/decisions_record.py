@@ -1,0 +1,96 @@
+"""What the recomposition decides on the tiny models, as plain data, to hold a faster pass to the same answers.
+
+``python tests/decisions_record.py`` (with ``PYTHONPATH=src``) writes ``tests/data/decisions.json``: for
+each model, dtype and check, the casts ``RemoveRedundantCasts`` removed, every field of every decision, the
+metadata of each rebuilt node and a hash of the rewritten graph's code.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import sys
+
+import torch
+from torch.export import export
+
+import edgefuse
+from edgefuse.models import build_model
+from edgefuse.ops import Role, table_for
+from edgefuse.passes import RecomposeRmsNorm, RemoveRedundantCasts
+
+PATH = pathlib.Path(__file__).parent / "data" / "decisions.json"
+MODELS = ("tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2", "tiny-mamba2")
+DTYPES = ("float32", "bfloat16")
+#: (mode, backend, quantization_capture); edge programs in float32 only, where lowering is slowest.
+CHECKS = (("capture", "qnn", True), ("capture", "aten", False), ("edge", "qnn", False))
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, torch.dtype):
+        return str(value)
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _val(value: object) -> list | None:
+    """What a rebuilt node's fake tensor says: shape, strides, dtype, device, requires_grad, offset."""
+    if not isinstance(value, torch.Tensor):
+        return None
+    return [list(map(int, value.shape)), list(map(int, value.stride())), str(value.dtype), str(value.device),
+            value.requires_grad, int(value.storage_offset())]
+
+
+def rewrite(program, mode: str, backend: str, capture: bool) -> dict:
+    """Both passes on a fresh copy of ``program`` in ``mode``, and what they did."""
+    target = program.module() if mode == "capture" else program
+    removal, recompose = RemoveRedundantCasts(), RecomposeRmsNorm(backend=backend, quantization_capture=capture)
+    removal(target)
+    recompose(target)
+    gm = target if mode == "capture" else target.graph_module
+    table = table_for(gm.graph)
+    return {
+        "removed": removal.removed,
+        "decisions": [{k: _plain(v) for k, v in dataclasses.asdict(d).items()} for d in recompose.decisions],
+        "vals": [_val(n.meta.get("val")) for n in gm.graph.nodes if table.is_a(n, Role.RMS_NORM)],
+        "code": hashlib.sha256(gm.code.encode()).hexdigest(),
+    }
+
+
+def cases() -> list[tuple[str, str, tuple[str, str, bool]]]:
+    """(model, dtype, check) of every recorded case: edge programs in float32 only."""
+    return [(m, d, c) for m in MODELS for d in DTYPES for c in CHECKS if c[0] == "capture" or d == "float32"]
+
+
+def key(model: str, dtype: str, check: tuple[str, str, bool]) -> str:
+    mode, backend, capture = check
+    return f"{model}/{dtype}/{mode}/{backend}" + ("+quantization-capture" if capture else "")
+
+
+def record_model(model: str, dtype: str) -> dict[str, dict]:
+    """Every check of :data:`CHECKS` on one model in one dtype."""
+    module, inputs = build_model(model, getattr(torch, dtype))
+    program = export(module, inputs)
+    out = {}
+    edge = None
+    for _, _, check in (case for case in cases() if case[:2] == (model, dtype)):
+        if check[0] == "edge":
+            from executorch.exir import to_edge
+
+            edge = edge or to_edge(program, compile_config=edgefuse.edge_compile_config()).exported_program()
+            out[key(model, dtype, check)] = rewrite(edge, *check)
+        else:
+            out[key(model, dtype, check)] = rewrite(program, *check)
+    return out
+
+
+if __name__ == "__main__":
+    recorded = {}
+    for model in MODELS:
+        for dtype in DTYPES:
+            recorded.update(record_model(model, dtype))
+            print(model, dtype, file=sys.stderr)
+    PATH.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
