@@ -7,7 +7,7 @@ keyword arguments: ``to.dtype`` passes its memory format positionally, ``_to_cop
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from torch.fx import Node
@@ -64,7 +64,16 @@ def same_size(a: object, b: object) -> bool:
 
 def same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two fake tensors provably have one shape."""
-    return len(a.shape) == len(b.shape) and all(same_size(x, y) for x, y in zip(a.shape, b.shape))
+    if len(a.shape) != len(b.shape):
+        return False
+    if are_ints(a.shape) and are_ints(b.shape):
+        return tuple(a.shape) == tuple(b.shape)
+    return all(same_size(x, y) for x, y in zip(a.shape, b.shape))
+
+
+def are_ints(values: Iterable[object]) -> bool:
+    """Whether every value is a plain int (no SymInt, which comparing would guard on)."""
+    return set(map(type, values)) <= {int}
 
 
 def dim_order_of(value: torch.Tensor) -> tuple[int, ...] | None:
@@ -80,7 +89,7 @@ def _same_sizes_and_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
     if not a.layout == b.layout == torch.strided:
         return False
     sizes = (*a.shape, *a.stride(), *b.shape, *b.stride())  # compared only once known to be ints: no guards
-    return all(type(v) is int for v in sizes) and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride()
+    return are_ints(sizes) and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride()
 
 
 def same_dim_order(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -36,6 +36,7 @@ trailing dtype-only casts. The rules, each with its reason:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -243,12 +244,18 @@ def _eps_as_added(eps: float, dtype: torch.dtype | None) -> tuple[float, str | N
     """
     if dtype is None or not dtype.is_floating_point or eps == 0:
         return eps, None
-    added = torch.tensor(eps, dtype=torch.float64).to(dtype).item()
+    added = _rounded(eps, dtype)
     if not math.isfinite(added):
         return f"eps {eps!r} overflows {_dtype_name(dtype)}, the dtype the model adds it in"
     if added == 0:
         return 0.0, f"eps {eps!r} is 0 in {_dtype_name(dtype)}, where the model adds it: rebuilt with eps 0"
     return eps, None
+
+
+@functools.lru_cache(maxsize=1024)
+def _rounded(eps: float, dtype: torch.dtype) -> float:
+    """``eps`` rounded to ``dtype``; kept, as a model adds one eps in one dtype norm after norm."""
+    return torch.tensor(eps, dtype=torch.float64).to(dtype).item()
 
 
 def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core | Rejection:

@@ -11,7 +11,16 @@ from torch._guards import detect_fake_mode
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from edgefuse.casts import at_least, cast_source, dim_order_of, dtype_of, exact_ancestors, same_dim_order, tensor_meta
+from edgefuse.casts import (
+    are_ints,
+    at_least,
+    cast_source,
+    dim_order_of,
+    dtype_of,
+    exact_ancestors,
+    same_dim_order,
+    tensor_meta,
+)
 from edgefuse.constants import GraphConstants
 from edgefuse.match import NormMatch, Rejection, match_rms_norm
 from edgefuse.ops import OpTable, Role, table_for
@@ -300,8 +309,7 @@ def _properties(value: torch.Tensor) -> tuple | None:
     """What a fake tensor's metadata says of it, or None when some size or stride is symbolic."""
     if value.layout != torch.strided:
         return None
-    sizes = (*value.shape, *value.stride(), value.storage_offset())
-    if not all(type(v) is int for v in sizes):
+    if not are_ints((*value.shape, *value.stride(), value.storage_offset())):
         return None
     return (
         type(value), tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
