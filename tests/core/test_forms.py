@@ -10,7 +10,7 @@ from edgefuse.fuzz.generate import instance
 from edgefuse.fuzz.render import norm_module
 from edgefuse.ops import Role, table_for
 from edgefuse.verify import compare_elementwise
-from tests.forms import WRITTEN, FunctionalNorm
+from tests.forms import WRITTEN, FunctionalNorm, LlamaNorm
 from tests.harness import DTYPES, MODES, cast_path, rewrite, rms_norm_nodes
 
 #: Every form of the registry (edgefuse.forms.FORMS) that captured graphs hold decomposed:

@@ -1,6 +1,6 @@
 """Time edgefuse's recomposition beside ExecuTorch 1.5.1's QNN passes on tiny Qwen3 capture graphs.
 
-``python -m edgefuse.pass_time [--layers 28 56] [--runs 3] [--tokens 12]``
+``python -m edgefuse.cli.pass_time [--layers 28 56] [--runs 3] [--tokens 12]``
 
 For each layer count, a Qwen3 built from a ``Qwen3Config`` with random weights (hidden 64, 4 heads, 2 KV
 heads, head dim 16, vocabulary 256; nothing is downloaded) is exported once with ``torch.export``; each
@@ -45,7 +45,7 @@ class Timing:
 
 def capture_graph(layers: int, tokens: int):
     """The exported program of a tiny Qwen3 with ``layers`` layers reading ``tokens`` token ids."""
-    from edgefuse.models import build_model
+    from edgefuse.cli.models import build_model
 
     module, inputs = build_model("tiny-qwen3", layers=layers, seq_len=tokens, vocab_size=256)
     return export(module, inputs)
@@ -99,7 +99,7 @@ def measure(program, runs: int) -> dict[str, Timing]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m edgefuse.pass_time", description=__doc__.split("\n\n")[0],
+        prog="python -m edgefuse.cli.pass_time", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--layers", type=int, nargs="+", default=[28, 56], help="layer counts (default 28 56)")
@@ -113,9 +113,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 1 or args.tokens < 1 or any(n < 1 for n in args.layers):
         print("pass_time: --runs, --tokens and --layers take positive numbers", file=sys.stderr)
         return EXIT_USAGE
-    try:
+    try:  # imported before timing, so that no run pays for an import
         import executorch.backends.qualcomm._passes.recompose_rms_norm  # noqa: F401
+        import executorch.backends.qualcomm._passes.remove_redundancy  # noqa: F401
         import transformers  # noqa: F401
+
+        import edgefuse.passes  # noqa: F401
     except ImportError as error:
         print(f"pass_time: needs executorch's QNN passes and transformers: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE

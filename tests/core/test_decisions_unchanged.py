@@ -1,9 +1,9 @@
 """The passes decide on the tiny models exactly as recorded: a faster pass keeps every decision.
 
-``tests/data/decisions.json`` holds, for each model, dtype and check, what ``RemoveRedundantCasts`` and
+``tests/core/data/decisions.json`` holds, for each model, dtype and check, what ``RemoveRedundantCasts`` and
 ``RecomposeRmsNorm`` did (every field of every decision, the casts removed, the metadata of each rebuilt
-node and a hash of the rewritten graph's code), as the pass before its speed-ups decided. Regenerate it
-with ``PYTHONPATH=src python tests/decisions_record.py`` only for a change meant to change decisions.
+node and a hash of the nodes erased and added), as the pass before its speed-ups decided. Regenerate it
+with ``PYTHONPATH=src python -m tests.core.decisions_record`` only for a change meant to change decisions.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from decisions_record import DTYPES, MODELS, PATH, cases, key, record_model
+from tests.core.decisions_record import DTYPES, MODELS, PATH, cases, key, record_model
 
 RECORDED = json.loads(PATH.read_text())
 
@@ -27,7 +27,7 @@ def test_decisions_are_those_recorded(model, dtype):
         assert now["decisions"] == before["decisions"], name
         assert now["removed"] == before["removed"], name
         assert now["vals"] == before["vals"], name
-        assert now["code"] == before["code"], name
+        assert now["graph"] == before["graph"], name
 
 
 def test_every_recorded_case_is_checked():
