@@ -12,13 +12,14 @@ import json
 
 import pytest
 
-from tests.core.decisions_record import DTYPES, MODELS, PATH, cases, key, record_model
+from tests.core.decisions_record import (
+    CAPTURE_ATEN, CAPTURE_QNN, DTYPES, EDGE_QNN, PAIRS, PATH, cases, key, record_model,
+)
 
 RECORDED = json.loads(PATH.read_text())
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize(("model", "dtype"), PAIRS)
 def test_decisions_are_those_recorded(model, dtype):
     observed = record_model(model, dtype)
     assert observed, "no check ran"
@@ -32,3 +33,10 @@ def test_decisions_are_those_recorded(model, dtype):
 
 def test_every_recorded_case_is_checked():
     assert {key(*case) for case in cases()} == set(RECORDED)
+
+
+def test_the_checked_cases_cover_every_check_and_dtype():
+    """At least one QNN capture with quantization capture, one aten capture and one edge program for QNN,
+    and both dtypes."""
+    assert {check for _, _, check in cases()} == {CAPTURE_QNN, CAPTURE_ATEN, EDGE_QNN}
+    assert {dtype for _, dtype, _ in cases()} == set(DTYPES)
