@@ -280,3 +280,22 @@ class GroupedNorm(nn.Module):
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
         h = h.view(*lead, width)
         return self.weight * h.to(dtype)
+
+
+#: The hand-written modules of forms of the registry (``edgefuse.forms.FORMS``), by its names: the form
+#: tests build these as models write them, and the registry's other forms from the registry itself.
+WRITTEN = {
+    "llama": LlamaNorm,
+    "executorch-llama": ExecuTorchLlamaNorm,
+    "t5": T5Norm,
+    "olmo2": Olmo2Norm,
+    "gemma": GemmaNorm,
+    "gemma3n": Gemma3nNorm,
+    "scaleless": ScalelessNorm,
+    "div-sqrt": DivSqrtNorm,
+    "div-pow-sqrt": DivPowSqrtNorm,
+    "reciprocal-sqrt": ReciprocalSqrtNorm,
+    "reciprocal-pow-sqrt": ReciprocalPowSqrtNorm,
+    "rsqrt-left": RsqrtLeftNorm,
+    "functional": FunctionalNorm,
+}

@@ -7,7 +7,7 @@ keyword arguments: ``to.dtype`` passes its memory format positionally, ``_to_cop
 
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from torch.fx import Node
@@ -64,7 +64,16 @@ def same_size(a: object, b: object) -> bool:
 
 def same_shape(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two fake tensors provably have one shape."""
-    return len(a.shape) == len(b.shape) and all(same_size(x, y) for x, y in zip(a.shape, b.shape))
+    if len(a.shape) != len(b.shape):
+        return False
+    if are_ints(a.shape) and are_ints(b.shape):
+        return tuple(a.shape) == tuple(b.shape)
+    return all(same_size(x, y) for x, y in zip(a.shape, b.shape))
+
+
+def are_ints(values: Iterable[object]) -> bool:
+    """Whether every value is a plain int (no SymInt, which comparing would guard on)."""
+    return set(map(type, values)) <= {int}
 
 
 def dim_order_of(value: torch.Tensor) -> tuple[int, ...] | None:
@@ -72,6 +81,20 @@ def dim_order_of(value: torch.Tensor) -> tuple[int, ...] | None:
         return tuple(value.dim_order())
     except Exception:  # ambiguous strides (size-1 dims) or symbolic strides
         return None
+
+
+def _same_sizes_and_strides(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two strided tensors have equal int sizes and strides: then they have one dim order, known
+    without computing it (``dim_order`` is the costly part of reading a cast, and a pure function of both)."""
+    if not a.layout == b.layout == torch.strided:
+        return False
+    sizes = (*a.shape, *a.stride(), *b.shape, *b.stride())  # compared only once known to be ints: no guards
+    return are_ints(sizes) and tuple(a.shape) == tuple(b.shape) and a.stride() == b.stride()
+
+
+def same_dim_order(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``dim_order_of`` gives two tensors one answer (both unknown counts as one)."""
+    return _same_sizes_and_strides(a, b) or dim_order_of(a) == dim_order_of(b)
 
 
 def is_cast(node: Node, table: OpTable) -> bool:
@@ -89,13 +112,17 @@ def cast_source(node: Node, table: OpTable) -> Node | None:
 def changes_only_dtype(node: Node, table: OpTable) -> bool:
     """Whether a cast keeps its input's shape, layout, device and dim order, changing at most the dtype."""
     source = cast_source(node, table)
+    if source is None:
+        return False
     src, out = tensor_meta(source), tensor_meta(node)
     if src is None or out is None:
         return False
     if not same_shape(src, out) or src.layout != out.layout or src.device != out.device:
         return False
-    src_order, out_order = dim_order_of(src), dim_order_of(out)
-    return src_order is not None and src_order == out_order
+    if _same_sizes_and_strides(src, out):
+        return True
+    src_order = dim_order_of(src)
+    return src_order is not None and src_order == dim_order_of(out)
 
 
 def is_exact_cast(node: Node, table: OpTable) -> bool:

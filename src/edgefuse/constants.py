@@ -27,6 +27,8 @@ class GraphConstants:
         self.program = program
         self.mutations = Mutations(graph_module.graph)
         self._count = 0
+        self._fake_mode: object = None
+        self._fake_mode_found = False
 
     def is_constant(self, node: object) -> bool:
         """Whether the node is a tensor known when the program is built."""
@@ -108,6 +110,20 @@ class GraphConstants:
             return None
         return float(value.detach().reshape(()).item())
 
+    def _fake_like(self, reference: Node, data: torch.Tensor) -> torch.Tensor:
+        """A fake tensor for ``data`` in the fake mode of the graph's metadata, or ``data`` itself.
+
+        The mode is found once per graph: every tensor the graph's metadata holds, and every one the
+        passes add, belongs to it.
+        """
+        from torch._guards import detect_fake_mode
+
+        if not self._fake_mode_found:
+            vals = [n.meta.get("val") for n in reference.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
+            self._fake_mode, self._fake_mode_found = detect_fake_mode(vals), True
+        mode = self._fake_mode
+        return mode.from_tensor(data, static_shapes=True) if mode is not None else data
+
     def add(self, name: str, data: torch.Tensor, before: Node) -> Node:
         """A new constant node holding ``data``; a get_attr before ``before``, or a lifted constant.
 
@@ -125,7 +141,7 @@ class GraphConstants:
             self.graph_module.register_buffer(attr, data)
             with graph.inserting_before(before):
                 node = graph.get_attr(attr)
-            node.meta["val"] = _fake_like(before, data)
+            node.meta["val"] = self._fake_like(before, data)
             return node
         taken = {n.name for n in graph.nodes} | {n.meta.get("requested_name") for n in graph.nodes}
         taken |= set(self.program.constants) | set(self.program.state_dict)
@@ -136,12 +152,3 @@ class GraphConstants:
             return create_constant_placeholder(
                 self.program, graph, f"_edgefuse_{name}_{self._count}", InputKind.CONSTANT_TENSOR, data
             )
-
-
-def _fake_like(reference: Node, data: torch.Tensor) -> torch.Tensor:
-    """A fake tensor for ``data`` in the fake mode of the graph's metadata, or ``data`` itself."""
-    from torch._guards import detect_fake_mode
-
-    vals = [n.meta.get("val") for n in reference.graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)]
-    mode = detect_fake_mode(vals)
-    return mode.from_tensor(data, static_shapes=True) if mode is not None else data

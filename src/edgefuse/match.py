@@ -3,7 +3,8 @@
 A norm is found from its ``mean``: the mean of a square, plus eps, through ``rsqrt`` (or ``sqrt`` and a
 division or reciprocal; ``pow`` by -0.5 or 0.5 is the same root, and a cast that changes nothing may
 follow it), times the tensor that was squared, then optional dtype-only casts, an optional weight and
-trailing dtype-only casts. The rules, each with its reason:
+trailing dtype-only casts. A match's label (its ``form``) comes from :mod:`edgefuse.forms`, the registry
+the form tests and the fuzzer build their instances from. The rules, each with its reason:
 
 1. The mean keeps its reduced dims and reduces exactly the trailing dims: that is what ``rms_norm``'s
    ``normalized_shape`` means.
@@ -56,6 +57,7 @@ trailing dtype-only casts. The rules, each with its reason:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
@@ -77,6 +79,7 @@ from edgefuse.casts import (
     tensor_meta,
 )
 from edgefuse.constants import GraphConstants
+from edgefuse.forms import label, root_label
 from edgefuse.ops import OpTable, Role
 
 
@@ -260,12 +263,18 @@ def _eps_as_added(eps: float, dtype: torch.dtype | None) -> tuple[float, str | N
     """
     if dtype is None or not dtype.is_floating_point or eps == 0:
         return eps, None
-    added = torch.tensor(eps, dtype=torch.float64).to(dtype).item()
+    added = _rounded(eps, dtype)
     if not math.isfinite(added):
         return f"eps {eps!r} overflows {dtype_name(dtype)}, the dtype the model adds it in"
     if added == 0:
         return 0.0, f"eps {eps!r} is 0 in {dtype_name(dtype)}, where the model adds it: rebuilt with eps 0"
     return eps, None
+
+
+@functools.lru_cache(maxsize=1024)
+def _rounded(eps: float, dtype: torch.dtype) -> float:
+    """``eps`` rounded to ``dtype``; kept, as a model adds one eps in one dtype norm after norm."""
+    return torch.tensor(eps, dtype=torch.float64).to(dtype).item()
 
 
 def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core | Rejection:
@@ -325,18 +334,18 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
     return _Core(form, base, scaled, normalized, eps, shape, tuple(nodes), note)
 
 
-def _root(node: Node, table: OpTable) -> tuple[Role, str, str] | None:
-    """(RSQRT or SQRT, the form's name, the root as a reason names it) for ``rsqrt`` and ``sqrt``, and
-    for ``pow(m, -0.5)`` and ``pow(m, 0.5)`` (Gemma 3n and 4 write the root so): the same function,
-    rounded once to the same dtype."""
+def _root(node: Node, table: OpTable) -> tuple[Role, bool, str] | None:
+    """(RSQRT or SQRT, whether it is written as a pow, the root as a reason names it) for ``rsqrt`` and
+    ``sqrt``, and for ``pow(m, -0.5)`` and ``pow(m, 0.5)`` (Gemma 3n and 4 write the root so): the same
+    function, rounded once to the same dtype."""
     role = table.role(node)
     if role in (Role.RSQRT, Role.SQRT):
-        return role, role.value, role.value
+        return role, False, role.value
     if role is Role.POW:
         exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
         if isinstance(exponent, float) and exponent in (-0.5, 0.5):
             root = Role.RSQRT if exponent < 0 else Role.SQRT
-            return root, f"pow-{root.value}", f"{root.value} {node.name} (a pow by {exponent})"
+            return root, True, f"{root.value} {node.name} (a pow by {exponent})"
     return None
 
 
@@ -348,31 +357,32 @@ def _past_identity_casts(node: Node, table: OpTable) -> tuple[list[Node], Node |
 
 
 def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str:
-    """(form, nodes up to the normalization, scaled tensor) from the node after ``mean + eps``, or a reason."""
+    """(form, nodes up to the normalization, scaled tensor) from the node after ``mean + eps``, or a reason;
+    the form is the root's label in :data:`edgefuse.forms.ROOTS`."""
     root = _root(step, table)
     if root is None:
         return f"{step.name} follows the mean of squares, not rsqrt, sqrt, or pow by -0.5 or 0.5"
-    role, form, what = root
+    role, by_pow, what = root
     identities, user = _past_identity_casts(step, table)
     last = identities[-1] if identities else step
     if user is None:
         return f"the {last.name} is used by {len(last.users)} nodes: a rebuilt norm would hide it from the others"
     if role is Role.RSQRT:
         if table.is_a(user, Role.MUL) and last in user.args[:2]:
-            return form, [step, *identities, user], _other_operand(user, last)
+            return root_label(role.value, by_pow, "mul"), [step, *identities, user], _other_operand(user, last)
         if table.is_a(user, Role.CAST):
             return (
                 f"the {what} is cast ({user.name}) before it scales a tensor; edgefuse takes an rsqrt that "
                 "scales one"
             )
         return f"the {what} does not scale a tensor"
-    sqrt_form = form.removesuffix("sqrt")  # "" or "pow-"
     if table.is_a(user, Role.DIV) and len(user.args) == 2 and user.args[1] is last:
-        return f"div-{sqrt_form}sqrt", [step, *identities, user], user.args[0]
+        return root_label(role.value, by_pow, "div"), [step, *identities, user], user.args[0]
     if table.is_a(user, Role.RECIPROCAL):
         mul = _single_user(user, table)
         if mul is not None and table.is_a(mul, Role.MUL) and user in mul.args[:2]:
-            return f"reciprocal-{sqrt_form}sqrt", [step, *identities, user, mul], _other_operand(mul, user)
+            form = root_label(role.value, by_pow, "reciprocal")
+            return form, [step, *identities, user, mul], _other_operand(mul, user)
     return f"the {what} does not divide a tensor"
 
 
@@ -584,7 +594,7 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
             continue
         matches.append(
             NormMatch(
-                form=("grouped-" if grouped else "") + core.form + ("+weight" if weight is not None else ""),
+                form=label(core.form, grouped, weight is not None),
                 mean=mean,
                 input=source,
                 output=end,
@@ -601,7 +611,7 @@ def match_rms_norm(mean: Node, table: OpTable, constants: GraphConstants) -> lis
     return Rejection(
         mean,
         reasons[0],
-        ("grouped-" if grouped else "") + core.form,
+        label(core.form, grouped, False),
         tuple(dict.fromkeys([*body, *ends])),
         input=None,
         weight=weight.node if weight is not None else None,

@@ -83,8 +83,17 @@ class Mutations:
 
     def __init__(self, graph: Graph):
         self.graph = graph
-        self.order = {node: i for i, node in enumerate(graph.nodes)}
-        self.in_place = [node for node in graph.nodes if is_in_place(node)]
+        self._order: dict[Node, int] | None = None
+        targets: dict[int, bool] = {}  # by target: reading an op's schema is costly, and few ops recur
+        self.in_place = []
+        for node in graph.nodes:
+            if node.op != "call_function":
+                continue
+            key = id(node.target)
+            if key not in targets:
+                targets[key] = is_in_place(node)
+            if targets[key]:
+                self.in_place.append(node)
         self.written: set[Node] = set()
         for node in self.in_place:
             for target in _written_args(node):
@@ -120,8 +129,10 @@ class Mutations:
         if not self.in_place:
             return None
         reads = list(reads)
-        if any(node not in self.order for node in [*reads, last]):  # nodes added since: number the graph again
-            self.order = {node: i for i, node in enumerate(self.graph.nodes)}
-        first = min(self.order[node] for node in reads)
-        end = self.order[last]
-        return next((node for node in self.in_place if first < self.order[node] < end), None)
+        if self._order is None or any(node not in self._order for node in [*reads, last]):
+            # first asked, or nodes added since: number the graph (again)
+            self._order = {node: i for i, node in enumerate(self.graph.nodes)}
+        order = self._order
+        first = min(order[node] for node in reads)
+        end = order[last]
+        return next((node for node in self.in_place if first < order[node] < end), None)

@@ -56,11 +56,16 @@ class OpTable:
     roles: Mapping[Any, Role]
     rms_norm: Any
 
+    def __post_init__(self) -> None:
+        # By identity: an op's ``__hash__`` is Python code, and the passes ask for the role of every node,
+        # many times. Ops compare by identity, and ``roles`` keeps each keyed op alive, so ids are exact.
+        object.__setattr__(self, "_by_id", {id(target): role for target, role in self.roles.items()})
+
     def role(self, node: Node) -> Role | None:
         """The role of a ``call_function`` node, or None for anything else."""
         if node.op != "call_function":
             return None
-        return self.roles.get(node.target)
+        return self._by_id.get(id(node.target))
 
     def is_a(self, node: Node, *roles: Role) -> bool:
         """Whether the node plays one of ``roles``."""

@@ -13,7 +13,16 @@ from torch.fx import GraphModule, Node
 
 from edgefuse._fx import dtype_name, module_path
 from edgefuse.casts import (
-    at_least, cast_source, dim_order_of, dtype_of, exact_ancestors, same_shape, same_size, tensor_meta,
+    are_ints,
+    at_least,
+    cast_source,
+    dim_order_of,
+    dtype_of,
+    exact_ancestors,
+    same_dim_order,
+    same_shape,
+    same_size,
+    tensor_meta,
 )
 from edgefuse.constants import GraphConstants
 from edgefuse.match import NormMatch, Permuted, Rejection, match_rms_norm, permuted_input
@@ -120,6 +129,8 @@ class _Rewriter:
         #: The name, before the rewrite, of the norm output each new ``rms_norm`` replaced: a later norm
         #: that reads a rebuilt one (``n(n(x))``) names its input as the graph had it.
         self.replaced: dict[str, str] = {}
+        #: The fake values of the norms rebuilt so far, by what they depend on (see ``_rms_norm_meta``).
+        self.made: dict[tuple, torch.Tensor] = {}
 
     def run(self) -> list[Decision]:
         means = [n for n in self.gm.graph.nodes if self.table.is_a(n, Role.MEAN)]
@@ -130,11 +141,13 @@ class _Rewriter:
                 continue
             decision = self._decide(mean)
             modified |= decision.rebuilt
-            decisions.append(replace(
-                decision,
-                input=self.replaced.get(decision.input, decision.input),
-                weight=self.replaced.get(decision.weight, decision.weight),
-            ))
+            if decision.input in self.replaced or decision.weight in self.replaced:
+                decision = replace(
+                    decision,
+                    input=self.replaced.get(decision.input, decision.input),
+                    weight=self.replaced.get(decision.weight, decision.weight),
+                )
+            decisions.append(decision)
         if modified:
             self.gm.graph.lint()
             self.gm.recompile()
@@ -153,7 +166,7 @@ class _Rewriter:
                 reason = self.profile.shape_reason(match.normalized_shape)
                 weight = self._weight_for(match) if reason is None else None
                 reason = reason or (weight if isinstance(weight, str) else self._profile_reason(match))
-                value = _rms_norm_meta(match, weight) if reason is None else None
+                value = _rms_norm_meta(match, weight, self.made) if reason is None else None
             except Exception as error:
                 reason = f"{UNREADABLE}: {error!r}"
             outcome = self._rewrite(match, weight, value) if reason is None else reason
@@ -216,7 +229,7 @@ class _Rewriter:
         if value is None:
             return "edgefuse could not compute the rebuilt node's metadata (no fake tensor mode in meta['val'])"
         permuted = None
-        if value.dtype != expected.dtype or dim_order_of(value) != dim_order_of(expected):
+        if value.dtype != expected.dtype or not same_dim_order(value, expected):
             layout = (
                 f"a rebuilt rms_norm would produce {dtype_name(value.dtype)} in dim order {dim_order_of(value)} where the "
                 f"norm produced {dtype_name(expected.dtype)} in dim order {dim_order_of(expected)}"
@@ -301,17 +314,53 @@ def _reads(match: NormMatch, table: OpTable) -> set[Node]:
     return reads
 
 
-def _rms_norm_meta(match: NormMatch, weight: Node | torch.Tensor | None) -> torch.Tensor | None:
-    """The fake tensor ``aten.rms_norm`` produces for the match's input and weight."""
+def _rms_norm_meta(match: NormMatch, weight: Node | torch.Tensor | None, made: dict) -> torch.Tensor | None:
+    """The fake tensor ``aten.rms_norm`` produces for the match's input and weight.
+
+    ``made`` holds, for one pass, the value computed for each kind of input and weight: a norm of the same
+    kind as an earlier one gets a clone of that value (one fake op, where ``rms_norm`` takes about ten)
+    when the clone has every property the value has (shape, strides, dtype, device, requires_grad; only
+    its autograd node is a clone's); otherwise ``rms_norm`` is run again.
+    """
     x = tensor_meta(match.input)
     mode = detect_fake_mode([x]) if x is not None else None
     if mode is None:
         return None
     w = tensor_meta(weight) if isinstance(weight, Node) else weight
+    key = _meta_key(mode, x, w, match)
+    earlier = made.get(key) if key is not None else None
     with mode:
+        if earlier is not None:
+            value = earlier.clone()
+            if _properties(value) == _properties(earlier):
+                return value
         if isinstance(w, torch.Tensor) and not isinstance(w, torch._subclasses.FakeTensor):
             w = mode.from_tensor(w, static_shapes=True)
-        return torch.ops.aten.rms_norm.default(x, list(match.normalized_shape), w, match.eps)
+        value = torch.ops.aten.rms_norm.default(x, list(match.normalized_shape), w, match.eps)
+    if key is not None:
+        made[key] = value
+    return value
+
+
+def _properties(value: torch.Tensor) -> tuple | None:
+    """What a fake tensor's metadata says of it, or None when some size or stride is symbolic."""
+    if value.layout != torch.strided:
+        return None
+    if not are_ints((*value.shape, *value.stride(), value.storage_offset())):
+        return None
+    return (
+        type(value), tuple(value.shape), value.stride(), value.storage_offset(), value.dtype, value.device,
+        value.requires_grad, value.is_leaf,
+    )
+
+
+def _meta_key(mode: object, x: torch.Tensor, w: torch.Tensor | None, match: NormMatch) -> tuple | None:
+    """What ``aten.rms_norm``'s fake output depends on; None when it cannot be told (symbolic sizes)."""
+    x_properties = _properties(x)
+    w_properties = _properties(w) if isinstance(w, torch.Tensor) else ()
+    if x_properties is None or w_properties is None or w is not None and not isinstance(w, torch.Tensor):
+        return None
+    return (id(mode), x_properties, w_properties, tuple(match.normalized_shape), match.eps, torch.is_grad_enabled())
 
 
 def _permuted_meta(found: Permuted, value: torch.Tensor) -> torch.Tensor | None:

@@ -39,6 +39,8 @@ def remove_redundant_casts(graph_module: GraphModule | ExportedProgram) -> list[
     removed = []
     in_place = bool(Mutations(graph_module.graph))
     for node in list(graph_module.graph.nodes):
+        if not table.is_a(node, Role.CAST):  # what is_noop_cast asks first, without its other questions
+            continue
         if not is_noop_cast(node, table) or _would_return_an_input(node, table):
             continue
         if not returns_an_alias(node) and (in_place or reaches_an_output(node)):

@@ -5,38 +5,26 @@ from __future__ import annotations
 import pytest
 import torch
 
+from edgefuse import forms as registry
+from edgefuse.fuzz.generate import instance
+from edgefuse.fuzz.render import norm_module
+from edgefuse.ops import Role, table_for
 from edgefuse.verify import compare_elementwise
-from tests.forms import (
-    DivPowSqrtNorm,
-    DivSqrtNorm,
-    ExecuTorchLlamaNorm,
-    FunctionalNorm,
-    Gemma3nNorm,
-    GemmaNorm,
-    LlamaNorm,
-    Olmo2Norm,
-    ReciprocalPowSqrtNorm,
-    ReciprocalSqrtNorm,
-    RsqrtLeftNorm,
-    ScalelessNorm,
-    T5Norm,
-)
+from tests.forms import WRITTEN, FunctionalNorm, LlamaNorm
 from tests.harness import DTYPES, MODES, cast_path, rewrite, rms_norm_nodes
 
-FORMS = {
-    "llama": LlamaNorm,
-    "executorch-llama": ExecuTorchLlamaNorm,
-    "t5": T5Norm,
-    "olmo2": Olmo2Norm,
-    "gemma": GemmaNorm,
-    "gemma3n": Gemma3nNorm,
-    "no-weight": ScalelessNorm,
-    "div-sqrt": DivSqrtNorm,
-    "div-pow-sqrt": DivPowSqrtNorm,
-    "reciprocal-sqrt": ReciprocalSqrtNorm,
-    "reciprocal-pow-sqrt": ReciprocalPowSqrtNorm,
-    "rsqrt-left": RsqrtLeftNorm,
-}
+#: Every form of the registry (edgefuse.forms.FORMS) that captured graphs hold decomposed:
+#: ``F.rms_norm`` stays one node there, and edge graphs decompose it (its own test below).
+FORMS = [name for name, form in registry.FORMS.items() if not form.functional]
+SHAPE = (4096, 4, 16)
+
+
+def build(form: str, dtype: torch.dtype) -> torch.nn.Module:
+    """The hand-written module of ``form`` (tests/forms.py) if there is one, else the registry's form
+    written out by the fuzzer's renderer, its weight in ``dtype``."""
+    if form in WRITTEN:
+        return WRITTEN[form]().to(dtype)
+    return norm_module(instance(form, str(dtype).removeprefix("torch.")), SHAPE)
 
 
 #: How far, per element, a rebuilt norm may lie from eager, in units of D's epsilon times the element
@@ -56,12 +44,13 @@ ONE_ROUNDING_MORE, OWN_ORDER = 1.5, 4.0
 
 
 def allowed_units(form: str, dtype: torch.dtype) -> float:
-    sqrt_form = form in ("div-sqrt", "div-pow-sqrt", "reciprocal-sqrt", "reciprocal-pow-sqrt")
-    computed_in_half = dtype != torch.float32 and (sqrt_form or form == "rsqrt-left")
+    entry = registry.FORMS[form]
+    sqrt_form = entry.root.applied != "mul"  # divides by the root, or multiplies by its reciprocal
+    computed_in_half = dtype != torch.float32 and (sqrt_form or entry.computes_in_input_dtype)
     return OWN_ORDER if sqrt_form or computed_in_half else ONE_ROUNDING_MORE
 
 
-def _inputs(dtype, shape=(4096, 4, 16)):
+def _inputs(dtype, shape=SHAPE):
     """Many rows (262144 values at the default shape), so that the rarer worst roundings occur."""
     return (torch.randn(*shape, generator=torch.Generator().manual_seed(0)).mul(3).to(dtype),)
 
@@ -79,21 +68,36 @@ def assert_matches_eager(module, inputs, rewritten, units=ONE_ROUNDING_MORE):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("form", FORMS)
 def test_every_form_is_rebuilt_on_its_input(form, dtype, mode):
-    module = FORMS[form]().to(dtype)
+    entry = registry.FORMS[form]
+    module = build(form, dtype)
     inputs = _inputs(dtype)
     rewritten = rewrite(module, inputs, mode)
     [decision] = rewritten.result.decisions
     assert decision.rebuilt, decision.reason
+    assert decision.form == entry.label
     [node] = rms_norm_nodes(rewritten.graph_module)
-    # The new node reads the model's input itself, in the model's dtype: no cast before it.
-    assert cast_path(node.args[0]) == ("x", ())
-    assert node.args[1] == [16]
+    if entry.groups > 1:
+        # rule 8: rebuilt over one group, on the split tensor, in the dtype the model computes in
+        assert table_for(node.graph).is_a(node.args[0], Role.RESHAPE) and node.args[1] == [16 // entry.groups]
+    else:
+        # The new node reads the model's input itself, in the model's dtype: no cast before it.
+        assert cast_path(node.args[0]) == ("x", ())
+        assert node.args[1] == [16]
+        assert node.meta["val"].dtype == dtype
     # eps as the graph adds it: a Python float, a float32 constant, or one cast to the norm's dtype.
     assert node.args[3] in {float(torch.tensor(1e-6, dtype=d)) for d in (torch.float64, torch.float32, dtype)}
-    assert node.meta["val"].dtype == dtype
-    has_weight = form != "no-weight"
+    has_weight = entry.weight is not None and entry.groups == 1  # a grouped norm's weight follows the merge
     assert (node.args[2] is not None) == has_weight
     assert_matches_eager(module, inputs, rewritten, allowed_units(form, dtype))
+
+
+def test_the_form_tests_cover_every_root_the_matcher_labels():
+    """The matcher labels a norm by its root (edgefuse.forms.ROOTS), grouped or not, with a weight or not:
+    each of those is a form this file rebuilds, so a root the matcher accepts is never untested."""
+    tested = [registry.FORMS[name] for name in FORMS]
+    missing = {root.label for root in registry.ROOTS} - {form.root.label for form in tested}
+    assert not missing, f"the matcher labels {sorted(missing)}, which no form test builds"
+    assert any(form.groups > 1 for form in tested) and any(form.weight is None for form in tested)
 
 
 @pytest.mark.parametrize("mode", ("edge", "edge-no-dim-order"))

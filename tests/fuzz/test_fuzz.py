@@ -18,19 +18,31 @@ import edgefuse.runtime
 import edgefuse.xnnpack
 from edgefuse.fuzz import cli
 from edgefuse.fuzz.check import CHECKS, Finding
-from edgefuse.fuzz.generate import features, generate
+from edgefuse import forms as registry
+from edgefuse.fuzz.generate import features, generate, instance
 from edgefuse.fuzz.hostile import run_hostile
 from edgefuse.fuzz.malformed import check_malformed, malformed_graphs
 from edgefuse.fuzz.edge_programs import cached_cia_ops, to_edge_program
-from edgefuse.fuzz.render import build, source
+from edgefuse.fuzz.render import build, norm_module, source
 from edgefuse.fuzz.reproducer import read_specs, reproducer_text
 from edgefuse.fuzz.runner import Options, run
-from edgefuse.fuzz.spec import CAST_KINDS, FORMS, NEAR_MISSES, Cast, CaseSpec, NormSpec, Tail, WeightSpec
+from edgefuse.fuzz.spec import (
+    CAST_KINDS,
+    FORMS,
+    INVERSES,
+    NEAR_MISSES,
+    SQUARES,
+    Cast,
+    CaseSpec,
+    NormSpec,
+    Tail,
+    WeightSpec,
+)
 from edgefuse.fuzz.summary import FAILING, format_summary
 from edgefuse.fuzz.units import run_unit
 from edgefuse.fuzz.xnnpack import run_xnnpack
 from edgefuse.verify import compare
-from tests.harness import rms_norm_nodes
+from tests.harness import rewrite, rms_norm_nodes
 
 SEED = 4
 CAPTURE = [c for c in CHECKS if c[0] == "capture"]
@@ -146,11 +158,64 @@ def test_the_generator_makes_every_form_near_miss_cast_and_neighbour(population)
     ]
     wanted += ["channels-last", "normalized-dims:2", "input:zero-row", "weight:none", "weight:input", "weight:buffer",
                "weight:offset", "weight:row-shape", "eps:left", "eps:const", "eps:none"]
-    wanted += [f"square:{s}" for s in ("pow2", "pow2f", "square", "mul")]
-    wanted += [f"inverse:{i}" for i in ("rsqrt", "rsqrt-method", "div-sqrt", "reciprocal-sqrt", "one-over-sqrt", "pow-neg-half")]
+    wanted += [f"square:{s}" for s in SQUARES]
+    wanted += [f"inverse:{i}" for i in INVERSES]
     wanted += [f"dims:{d}" for d in ("neg", "pos", "list-neg", "list-pos")]
     missing = [w for w in wanted if seen[w] < 3]
     assert not missing, missing
+
+
+def test_the_generator_makes_every_root_the_matcher_labels(population):
+    """Every root the matcher labels (edgefuse.forms.ROOTS), in a case that is no near miss, and every
+    form of the registry: a form the matcher accepts is never one the fuzzer cannot write."""
+    roots, forms = set(), set()
+    for spec in population:
+        if spec.near_miss is None:
+            forms.add(spec.norm.form)
+            spelling = registry.SPELLINGS.get(spec.norm.inverse)
+            if spelling is not None and not registry.FORMS[spec.norm.form].functional:
+                roots.add(spelling.root)
+    missing = {root.label for root in registry.ROOTS} - roots
+    assert not missing, f"the matcher labels {sorted(missing)}, which the fuzzer never generates"
+    assert set(registry.FORMS) <= forms, sorted(set(registry.FORMS) - forms)
+
+
+@pytest.mark.parametrize("form", registry.FORMS)
+def test_the_matcher_labels_each_form_the_fuzzer_writes_as_the_registry_says(form):
+    """The fuzzer's instance of each registry form is rebuilt, under the registry's label (F.rms_norm in
+    an edge graph, which decomposes it)."""
+    entry = registry.FORMS[form]
+    module = norm_module(instance(form, "float32", seed=1), (3, 16))
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    [decision] = rewrite(module, (x,), "edge" if entry.functional else "capture").result.decisions
+    assert decision.rebuilt, decision.reason
+    assert decision.form == entry.label
+
+
+@pytest.mark.parametrize("spelling", registry.SPELLINGS)
+def test_each_root_the_fuzzer_writes_gets_its_label(spelling):
+    """Each spelling of a root, in a Llama norm, is rebuilt under its root's label."""
+    norm = dataclasses.replace(instance("llama", "float32", seed=1), inverse=spelling)
+    x = torch.randn(3, 16, generator=torch.Generator().manual_seed(0))
+    [decision] = rewrite(norm_module(norm, (3, 16)), (x,), "capture").result.decisions
+    assert decision.rebuilt, decision.reason
+    assert decision.form == registry.label(registry.SPELLINGS[spelling].root, False, True)
+
+
+def test_the_renderer_writes_each_registry_spelling_and_square_as_the_registry_does():
+    """The renderer's snippets are keyed by name: every spelling and square the spec accepts has one,
+    and a registry name is written with the registry's own text (a table zipped by position would
+    give a new spelling another's)."""
+    from edgefuse.fuzz import render
+    from edgefuse.fuzz.spec import NEAR_MISS_SQUARES
+
+    assert set(render.INVERSE_SOURCE) == set(INVERSES)
+    assert set(render.SQUARE_SOURCE) == set(SQUARES) | set(NEAR_MISS_SQUARES)
+    for name, spelling in registry.SPELLINGS.items():
+        assert render.INVERSE_SOURCE[name] == spelling.source.format(a="a")
+        assert (name in render.DIVIDES) == spelling.divides
+    for name, text in registry.SQUARES.items():
+        assert render.SQUARE_SOURCE[name] == text.format(v="v")
 
 
 def test_the_generator_draws_many_eps_values(population):

@@ -146,17 +146,18 @@ def build_model(
     seed: int = 0,
     seq_len: int = 8,
     layers: int | None = None,
+    vocab_size: int | None = None,
 ) -> tuple[torch.nn.Module, tuple]:
     """Build a tiny model by name and example inputs for it.
 
     Returns ``(module, inputs)``: ``module(*inputs)`` gives logits of shape
-    ``(1, seq_len, 128)``. Inputs are int64 token ids ``(1, seq_len)``; T5 also
+    ``(1, seq_len, vocabulary)``. Inputs are int64 token ids ``(1, seq_len)``; T5 also
     takes decoder token ids of the same shape. Weights are the default HF
     random init under ``torch.manual_seed(seed)``, the module is in eval mode
     and converted with ``.to(dtype)``, so each norm keeps its own casts. Norm
     weights are the HF init plus N(0, 0.1) noise (see ``_jitter_norm_weights``).
     ``layers`` replaces the config's number of layers (2; for T5, in the
-    encoder and in the decoder).
+    encoder and in the decoder), ``vocab_size`` its vocabulary (128).
     """
     spec = _SPECS.get(name)
     if spec is None:
@@ -164,6 +165,8 @@ def build_model(
     import transformers
 
     values = spec.config if layers is None else _with_layers(spec.config, layers)
+    if vocab_size is not None:
+        values = {**values, "vocab_size": vocab_size}
     config = getattr(transformers, spec.config_cls)(**values)
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model_cls)(config)

@@ -13,12 +13,14 @@ from typing import Sequence
 
 import torch
 
+from edgefuse import forms as registry
 from edgefuse.casts import is_exact
 from edgefuse.fuzz.spec import (
     DIMS_STYLES,
     DTYPES,
     FORMS,
     HEADS_VIEWS,
+    INVERSES,
     NEAR_MISSES,
     SQUARES,
     TAIL_KINDS,
@@ -51,8 +53,9 @@ MAX_NORMALIZED_DIMS = 2
 #: How many ops may follow a norm (and how often), and the scalars they multiply by.
 TAIL_COUNTS = {0: 60, 1: 30, 2: 10}
 TAIL_VALUES = (2.0, 0.5, -1.5, 3.0)
-#: Where a ``1 + w`` weight's values are centred (``WeightSpec.around``; others keep its default, 1).
-OFFSET_AROUND = 0.0
+#: Where a weight's values are centred (``WeightSpec.around``): each the registry's forms use (0 for
+#: a ``1 + w`` weight, else 1).
+AROUNDS = tuple(sorted({w.around for w in (f.weight for f in registry.FORMS.values()) if w is not None}))
 #: Seeds of weights and tails are drawn below SEEDS, of inputs below INPUT_SEEDS.
 SEEDS = 1 << 16
 INPUT_SEEDS = 1 << 20
@@ -93,49 +96,48 @@ def _weight(rng: random.Random, dtype: str, **overrides) -> WeightSpec:
     return WeightSpec(**fields)
 
 
+def instance(
+    form: str, dtype: str, compute: str = "float32", weight_dtype: str | None = None, seed: int = 0, weighted: bool = True
+) -> NormSpec:
+    """The registry's ``form`` (:data:`edgefuse.forms.FORMS`) for an input of ``dtype``, computing in
+    ``compute`` (a dtype or "input"), with a weight of ``weight_dtype`` (the input's by default) drawn
+    from ``seed``; ``weighted=False`` leaves out a weight the form may go without."""
+    entry = registry.FORMS[form]
+    wdtype = weight_dtype or dtype
+
+    def cast(c: registry.Cast) -> Cast:
+        target = {"compute": compute, "input": "input", "weight": wdtype, "half-weight": wdtype}[c.dtype]
+        return Cast("to" if c.kind == "method" and target == "input" else c.kind, target)
+
+    def casts(chain: tuple[registry.Cast, ...]) -> tuple[Cast, ...]:
+        return tuple(cast(c) for c in chain if c.dtype != "half-weight" or wdtype in HALF)
+
+    weight = None
+    if entry.weight is not None and (weighted or not entry.weight.optional):
+        w = entry.weight
+        weight = WeightSpec(
+            dtype=dtype if w.dtype == "input" else wdtype, offset=w.offset, cast=cast(w.cast) if w.cast else None,
+            left=w.left, around=w.around, seed=seed,
+        )
+    return NormSpec(
+        form, pre=casts(entry.pre), var_pre=casts(entry.var_pre), square=entry.square,
+        eps_how="left" if entry.eps_left else "right", inverse=entry.spelling, scale_left=entry.scale_left,
+        mid=casts(entry.mid), weight=weight, post=casts(entry.post), groups=entry.groups,
+    )
+
+
 def template(form: str, rng: random.Random, dtype: str) -> NormSpec:
     """The norm ``form`` as real models write it, for an input of ``dtype``, computing in a random dtype."""
     up = _upcast(rng)
     wdtype = dtype if rng.random() < 0.7 else _dtype(rng)
-    if form == "llama":
-        return NormSpec(form, pre=(Cast("to", up),), mid=(Cast("to", "input"),), weight=_weight(rng, wdtype))
-    if form == "executorch-llama":
-        kind = "method" if up != "input" else "to"
-        return NormSpec(
-            form, pre=(Cast(kind, up),), square="mul", mid=(Cast("type_as", "input"),), weight=_weight(rng, wdtype, left=False)
-        )
-    if form == "t5":
-        mid = (Cast("to", wdtype),) if wdtype in HALF else ()
-        return NormSpec(form, var_pre=(Cast("to", up),), mid=mid, weight=_weight(rng, wdtype))
-    if form == "olmo2":
-        return NormSpec(form, pre=(Cast("to", up),), weight=_weight(rng, wdtype), post=(Cast("to", "input"),))
-    if form == "gemma":
-        kind = "method" if up != "input" else "to"
-        weight = _weight(rng, wdtype, offset=True, cast=Cast(kind, up), left=False, around=OFFSET_AROUND)
-        return NormSpec(form, pre=(Cast(kind, up),), weight=weight, post=(Cast("type_as", "input"),))
-    if form == "scaleless":
-        kind = "method" if up != "input" else "to"
-        return NormSpec(form, pre=(Cast(kind, up),), post=(Cast("type_as", "input"),))
-    if form == "unit-offset":
-        kind = "method" if up != "input" else "to"
-        weight = _weight(rng, dtype, offset=True, left=False, around=OFFSET_AROUND)
-        return NormSpec(form, pre=(Cast(kind, up),), mid=(Cast("type_as", "input"),), weight=weight)
-    if form == "div-sqrt":
-        return NormSpec(form, square="pow2f", inverse="div-sqrt", weight=_weight(rng, wdtype))
-    if form == "reciprocal-sqrt":
-        return NormSpec(form, square="square", inverse="reciprocal-sqrt", weight=_weight(rng, wdtype, left=False))
-    if form == "rsqrt-method":
-        return NormSpec(form, inverse="rsqrt-method", weight=_weight(rng, wdtype, left=False))
-    if form == "rsqrt-left":
-        return NormSpec(form, eps_how="left", scale_left=True, weight=_weight(rng, wdtype, left=False))
-    if form == "functional":
-        weight = _weight(rng, dtype) if rng.random() < 0.8 else None
-        return NormSpec(form, weight=weight)
-    if form == "grouped":
-        return NormSpec(form, pre=(Cast("to", up),), mid=(Cast("to", "input"),), weight=_weight(rng, wdtype), groups=2)
     if form == "coreml":
         return NormSpec(form, weight=_weight(rng, wdtype, left=False))
-    raise ValueError(f"unknown form {form!r}")
+    entry = registry.FORMS.get(form)
+    if entry is None:
+        raise ValueError(f"unknown form {form!r}")
+    weighted = entry.weight is not None and (not entry.weight.optional or rng.random() < 0.8)
+    seed = rng.randrange(SEEDS) if weighted else 0
+    return instance(form, dtype, up, wdtype, seed, weighted)
 
 
 def _perturb_casts(rng: random.Random, casts: tuple[Cast, ...], rank: int) -> tuple[Cast, ...]:
@@ -165,9 +167,7 @@ def _perturb(rng: random.Random, norm: NormSpec, dtype: str, shape: tuple[int, .
         if rng.random() < 0.25:
             changes["square"] = rng.choice(SQUARES)
         if rng.random() < 0.2:
-            changes["inverse"] = rng.choice(
-                ("rsqrt", "rsqrt-method", "div-sqrt", "reciprocal-sqrt", "rsqrt", "div-sqrt", "one-over-sqrt", "pow-neg-half")
-            )
+            changes["inverse"] = rng.choice((*INVERSES, "rsqrt", "div-sqrt"))  # the two most written, twice
         if rng.random() < 0.2:
             changes["dims_style"] = rng.choice(DIMS_STYLES[1:])  # not the default, "neg"
         if rng.random() < 0.2:
@@ -344,7 +344,7 @@ def generate(seed: int, index: int, near_miss_rate: float = 0.3) -> CaseSpec:
 
     feed = None
     if rng.random() < 0.12:
-        feed_form = rng.choice([f for f in FORMS if f not in ("grouped", "coreml")])
+        feed_form = rng.choice([f for f in registry.FORMS if registry.FORMS[f].groups == 1])
         feed = template(feed_form, rng, dtype)
         if feed.weight is not None:
             feed = dataclasses.replace(feed, weight=dataclasses.replace(feed.weight, dtype=dtype))

@@ -17,14 +17,12 @@ from typing import Sequence
 
 import torch
 
+from edgefuse import forms as registry
 from edgefuse.fuzz import spec as _spec
 from edgefuse.fuzz.spec import (
     DTYPES,
     HEADS_VIEWS,
-    INVERSES,
-    NEAR_MISS_SQUARES,
     SCALED,
-    SQUARES,
     Cast,
     CaseSpec,
     NormSpec,
@@ -46,14 +44,21 @@ def _rand(shape, seed, scale=1.0, around=0.0, dtype=torch.float32):
 
 _METHODS = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "float64": "double"}
 _DTYPES = {name: f"torch.{name}" for name in DTYPES}
-#: The source of each way to square ``v``, to invert the root of ``a``, and of each tensor that is scaled.
-SQUARE_SOURCE = dict(zip(SQUARES + NEAR_MISS_SQUARES, (
-    "v.pow(2)", "v.pow(2.0)", "torch.square(v)", "v * v", "v.pow(3)", "v * v * v", "v * yv",
-)))
-INVERSE_SOURCE = dict(zip(INVERSES, (
-    "torch.rsqrt(a)", "a.rsqrt()", "torch.sqrt(a)", "torch.reciprocal(torch.sqrt(a))", "1.0 / torch.sqrt(a)",
-    "a.pow(-0.5)",
-)))
+#: The source of each way to square ``v`` (the registry's, then the near misses'), to apply the root of
+#: ``a`` (the registry's spellings, then a reciprocal by ``1.0 /``, which stays decomposed), and of each
+#: tensor that is scaled. Keyed by name, never zipped by position, so a new spelling maps to its own text.
+SQUARE_SOURCE = {
+    **{name: text.format(v="v") for name, text in registry.SQUARES.items()},
+    "pow3": "v.pow(3)",
+    "mul3": "v * v * v",
+    "product": "v * yv",
+}
+INVERSE_SOURCE = {
+    **{name: spelling.source.format(a="a") for name, spelling in registry.SPELLINGS.items()},
+    "one-over-sqrt": "1.0 / torch.sqrt(a)",
+}
+#: The spellings that divide the scaled tensor by the root (``h / source``) rather than multiply it.
+DIVIDES = frozenset(name for name, spelling in registry.SPELLINGS.items() if spelling.divides)
 SCALED_SOURCE = dict(zip(SCALED, ("h", "y", "h.to({via}).to(h.dtype)")))
 VIEW_SOURCE = {name: name for name in HEADS_VIEWS}  # the Tensor methods of the same names
 
@@ -248,7 +253,7 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
                 ]
                 body.append(f"a = {addend} + m" if norm.eps_how == "left" else f"a = m + {addend}")
             inverse = _pick(INVERSE_SOURCE, norm.inverse, "inverse")
-            if norm.inverse == "div-sqrt":
+            if norm.inverse in DIVIDES:
                 body.append(f"n = {scaled} / {inverse}")
             else:
                 body.append(f"r = {inverse}")
@@ -277,6 +282,14 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
     out.append(f"    def forward(self, {args}):")
     out.extend(f"        {line}" for line in body)
     return "\n".join(out) + "\n"
+
+
+def norm_module(norm: NormSpec, input_shape: tuple[int, ...]) -> torch.nn.Module:
+    """The module of one norm reading a tensor of ``input_shape``, built from its source (the form tests
+    build each registry form so)."""
+    namespace: dict = {"__name__": "edgefuse_fuzz_generated"}
+    exec(compile(HEADER + "\n\n" + _render_norm("Norm", norm, input_shape), "<edgefuse-fuzz>", "exec"), namespace)
+    return namespace["Norm"]().eval()
 
 
 @dataclass(frozen=True)

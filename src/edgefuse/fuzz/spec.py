@@ -2,7 +2,8 @@
 
 Nothing here refers to edgefuse's matcher: a spec says what the model computes (which tensor is cast to
 what, what is squared, averaged, scaled and multiplied), and :mod:`edgefuse.fuzz.render` turns it into
-source code. Every field is a str, int, float, bool, None or a tuple of them, so a spec round-trips
+source code. The names of forms, squares and roots come from the registry of norm forms,
+:mod:`edgefuse.forms`. Every field is a str, int, float, bool, None or a tuple of them, so a spec round-trips
 through :func:`to_dict` / :func:`from_dict` (and ``repr``) and can be embedded in a reproducer.
 """
 
@@ -12,26 +13,14 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from edgefuse import forms as registry
+
 #: dtype names a spec may use; "input" means the dtype of the tensor the norm reads (``x.dtype``).
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
-#: Norm forms of real models (transformers 5.23, ExecuTorch's examples) and hand-written code, as tests/forms.py writes them.
-FORMS = (
-    "llama",  # HF Llama / Qwen / Mistral / Phi-3 / SmolLM: upcast, normalize, cast back, w * h
-    "executorch-llama",  # x * x, .float(), .type_as(x), * weight
-    "t5",  # variance from a float32 copy scales the original x; half weights cast it back
-    "olmo2",  # (w * h).to(input_dtype): weight applied in float32, cast after it
-    "gemma",  # h * (1.0 + w.float()), cast at the end
-    "scaleless",  # ExecuTorch ScalelessRMSNorm: no weight, type_as
-    "unit-offset",  # ExecuTorch RMSNorm(add_unit_offset=True): norm(x.float()).type_as(x) * (1 + w)
-    "div-sqrt",  # x / sqrt(mean + eps)
-    "reciprocal-sqrt",  # x * reciprocal(sqrt(square(x).mean + eps))
-    "rsqrt-method",  # x * (mean + eps).rsqrt()
-    "rsqrt-left",  # rsqrt(eps + mean) * x, weight on the right
-    "functional",  # torch.nn.functional.rms_norm (edge graphs decompose it)
-    "grouped",  # Mamba2 gated norm: groups normalized, merged back, full-width weight
-    "coreml",  # ExecuTorch RMSNormCoreML: x * sqrt(D) / clamp_min(vector_norm(x), floor): not rms_norm
-)
+#: Norm forms: those of the registry (:data:`edgefuse.forms.FORMS`: real models and hand-written code),
+#: and ExecuTorch's RMSNormCoreML, x * sqrt(D) / clamp_min(vector_norm(x), floor), which is not rms_norm.
+FORMS = (*registry.FORMS, "coreml")
 
 #: Near misses: each computes something that is not rms_norm of one tensor, so it must never be rebuilt.
 NEAR_MISSES = (
@@ -58,16 +47,18 @@ CAST_KINDS = ("to", "method", "type_as", "to-contiguous", "to-channels-last")
 #: A cast's dtype may also be this: the dtype of the tensor the norm reads.
 INPUT_DTYPE = "input"
 
-#: How the norm squares (``NormSpec.square``); the near misses raise to the third power or multiply two tensors.
-SQUARES = ("pow2", "pow2f", "square", "mul")
+#: How the norm squares (``NormSpec.square``): the registry's squares of one tensor.
+SQUARES = tuple(registry.SQUARES)
+#: The near misses' squares: raise to the third power or multiply two tensors.
 NEAR_MISS_SQUARES = ("pow3", "mul3", "product")
 #: How eps is added (``NormSpec.eps_how``): a Python float right or left of the mean, or a constant
 #: 1-element tensor; the near misses add a run-time tensor, a per-row tensor, a vector, or add eps outside
 #: the root.
 EPS_HOWS = ("right", "left", "const")
 NEAR_MISS_EPS_HOWS = ("input", "row", "vector", "outside")
-#: How the root is inverted (``NormSpec.inverse``).
-INVERSES = ("rsqrt", "rsqrt-method", "div-sqrt", "reciprocal-sqrt", "one-over-sqrt", "pow-neg-half")
+#: How the root is applied (``NormSpec.inverse``): the registry's spellings, and ``1.0 / torch.sqrt(a)``,
+#: a reciprocal the graph multiplies by 1.0 before it scales the tensor (so the norm stays decomposed).
+INVERSES = (*registry.SPELLINGS, "one-over-sqrt")
 #: How the mean's dims are written (``NormSpec.dims_style``): -1, 2, [-1], [2].
 DIMS_STYLES = ("neg", "pos", "list-neg", "list-pos")
 #: The tensor the norm scales (``NormSpec.scaled``): the squared one, or (near misses) another or a rounded copy.

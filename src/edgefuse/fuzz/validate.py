@@ -156,7 +156,7 @@ _FIELDS: dict[type, dict[str, Check]] = {
         "offset": boolean,
         "cast": optional(nested(sp.Cast)),
         "left": boolean,
-        "around": number_in(lambda: (sp.WeightSpec.around, gen.OFFSET_AROUND)),
+        "around": number_in(lambda: gen.AROUNDS),
         "seed": integer(lambda: 0, _seeds),
     },
     sp.NormSpec: {
