@@ -281,7 +281,7 @@ class _Rewriter:
         how = f"rebuilt on {found.base.name} and permuted by {found.permute.name}"
         note = f"{how} after it, as the model's input was, so the output keeps the model's layout"
         rebuilt = replace(match, input=found.base, note=f"{match.note}; {note}" if match.note else note)
-        value = _rms_norm_meta(rebuilt, weight)
+        value = _rms_norm_meta(rebuilt, weight, self.made)
         out = _permuted_meta(found, value) if value is not None else None
         if out is None:
             return f"edgefuse could not compute the metadata of the norm {how}"
