@@ -138,3 +138,69 @@ def test_the_demo_writes_nothing_through_a_planted_folder_or_symlink(planted):
     assert os.path.dirname(os.path.dirname(path)) == str(shared) and not path.startswith(str(folder) + os.sep)
     assert os.path.isfile(path) and not os.path.islink(path)
     assert victim.read_text() == "the victim's file\n" and sorted(os.listdir(folder)) == [MAP_NAME]
+
+
+def _foreign(path, mode: int) -> None:
+    """Make ``path`` a folder of uid 65534 ('nobody') with ``mode``: planted by another user."""
+    try:
+        os.chown(path, 65534, 65534)
+    except PermissionError:
+        pytest.skip("planting a folder of another user needs chown: run as root, e.g. "
+                    "`sudo PYTHONPATH=$PWD/src python -m pytest -n 0 tests/cli/test_private_paths.py`")
+    os.chmod(path, mode)
+
+
+def test_a_symlinked_parent_into_another_users_writable_folder_is_refused(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    _foreign(theirs, 0o777)
+    (tmp_path / "link").symlink_to(theirs)
+    with pytest.raises(UnsafeFolder, match="theirs belongs to another user"):
+        own_folder(tmp_path / "link" / "out")
+    with pytest.raises(UnsafeFolder, match="link is a symlink"):
+        write_text(tmp_path / "link" / "out.svg", "written")
+    assert list(theirs.iterdir()) == []  # nothing made or written in it
+
+
+def test_a_folder_inside_another_users_folder_is_refused(tmp_path):
+    # Its owner could swap the folder for a symlink once it is checked.
+    other = tmp_path / "other"
+    (other / "f2").mkdir(parents=True)
+    _foreign(other, 0o755)
+    with pytest.raises(UnsafeFolder, match="other belongs to another user"):
+        own_folder(other / "f2")
+
+
+def test_a_folder_swapped_for_a_symlink_after_the_check_is_not_written_through(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    folder = tmp_path / "mine" / "f2"
+    own_folder(folder)
+    os.rmdir(folder)
+    folder.symlink_to(victim)  # swapped between the check and the write
+    with pytest.raises(UnsafeFolder, match="is a symlink"):
+        write_text(folder / "case.py", "written")
+    assert list(victim.iterdir()) == []
+
+
+def test_a_group_writable_folder_is_refused(tmp_path):
+    path = tmp_path / "out"
+    path.mkdir()
+    os.chmod(path, 0o770)
+    with pytest.raises(UnsafeFolder, match="can be written by other users"):
+        own_folder(path)
+    with pytest.raises(UnsafeFolder, match="can be written by other users"):
+        write_text(path / "case.py", "written")
+    assert list(path.iterdir()) == []
+
+
+def test_a_parent_others_can_write_without_the_sticky_bit_is_refused(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    with pytest.raises(UnsafeFolder, match="shared can be written by other users, who could swap"):
+        own_folder(shared / "mine")
+    sticky = tmp_path / "sticky"
+    sticky.mkdir()
+    os.chmod(sticky, 0o1777)  # as /tmp: others cannot rename what is not theirs
+    assert own_folder(sticky / "mine") == str(sticky / "mine")
