@@ -8,12 +8,14 @@ import io
 import json
 import logging
 import os
+import struct
 import zipfile
 
 import pytest
 import torch
 
 from edgefuse import cli
+from edgefuse.cli import pt2
 from edgefuse.cli.errors import USAGE
 from edgefuse.fuzz import trust
 from edgefuse.cli.modelspec import resolve
@@ -209,3 +211,62 @@ def test_mutated_archives_are_refused_or_loaded_never_a_traceback_or_code(saved)
     assert counts.files == 40 and counts.refused + counts.accepted == 40
     assert counts.tracebacks == [] and counts.markers == []
     assert counts.refused > 0 and counts.accepted > 0  # both outcomes are exercised
+
+
+def test_an_archive_two_zip_readers_read_differently_runs_no_code(saved, tmp_path, capsys):
+    # zipfile reads a clean archive from the file, torch's reader the hostile one beside it.
+    marker = str(tmp_path / "MARKER")
+    data = trust.confused_archive(saved["constant-dynamic"], marker)
+    with pytest.raises(pt2.ArchiveError, match="torch's zip reader and Python's would read two different archives"):
+        pt2.check(data)
+    code, out, err = _report(_write(tmp_path, data, "confused.pt2"), capsys)
+    assert code == USAGE and out == "" and not os.path.exists(marker)
+    assert "the directory lies at byte" in err and "two different archives" in err and "Traceback" not in err
+
+
+def test_an_archive_torch_reads_otherwise_than_zipfile_is_refused_by_comparing_every_entry(saved, tmp_path,
+                                                                                          monkeypatch):
+    # The second defence alone: every entry read by torch's own reader must be the bytes that were checked.
+    monkeypatch.setattr(pt2, "_one_directory", lambda *args: None)
+    data = trust.confused_archive(saved["constant-dynamic"], str(tmp_path / "MARKER"))
+    with pytest.raises(pt2.ArchiveError, match="holds other bytes for torch's zip reader than for Python's"):
+        pt2.check(data)
+
+
+def _end_record_edited(data: bytes, edit) -> bytes:
+    end = bytearray(data[-22:])
+    edit(end)
+    return data[:-22] + bytes(end)
+
+
+@pytest.mark.parametrize("case", ["prepended", "comment", "count", "offset", "local name"])
+def test_a_zip_whose_structure_torch_export_save_does_not_write_is_refused(case, saved):
+    base = saved["constant-dynamic"]
+    clean = trust.zipped(trust.records(base))
+    if case == "prepended":
+        data, reason = b"#!/bin/sh\n" + clean, "torch's zip reader and Python's would read two different archives"
+    elif case == "comment":
+        data = _end_record_edited(clean, lambda e: e.__setitem__(slice(20, 22), b"\x04\x00")) + b"note"
+        reason = "end record is not the file's last bytes"
+    elif case == "count":
+        data = _end_record_edited(clean, lambda e: e.__setitem__(slice(8, 12), struct.pack("<HH", 3, 3)))
+        reason = "its end record counts 3 entries"
+    elif case == "offset":
+        data = _end_record_edited(clean, lambda e: e.__setitem__(slice(16, 20), struct.pack(
+            "<I", struct.unpack("<I", e[16:20])[0] - 46)))
+        reason = "two different archives"
+    else:  # a payload's local header names another file than the central directory does
+        name = b"archive/data/weights/weight_0"
+        at = clean.index(name)  # the first time the name appears: in its local header
+        data = clean[:at] + b"archive/data/weights/weightX0" + clean[at + len(name):]
+        reason = "differ"
+    with pytest.raises(pt2.ArchiveError, match=reason):
+        pt2.check(data)
+
+
+def test_a_file_torch_cannot_deserialize_is_refused_naming_what_failed(saved, tmp_path, capsys):
+    data = _edited(saved["constant-dynamic"], "models/model.json",
+                   lambda p: p["graph_module"]["graph"]["nodes"][0].__setitem__("target", "torch.ops.aten.nope.default"))
+    code, out, err = _report(_write(tmp_path, data), capsys)
+    assert code == USAGE and "We ran into an error" not in err
+    assert "nope" in err, err

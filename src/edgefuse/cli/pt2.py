@@ -87,12 +87,23 @@ def load(path: str, trust_code: bool = False) -> ExportedProgram:
     """
     with open(path, "rb") as f:
         data = f.read()
-    if not trust_code:
-        entries = check(data)
-        if entries:
-            raise CodeInArchive(entries)
-    # The bytes that were checked, not the file again: it may have changed since.
-    return torch.export.load(io.BytesIO(data))
+    if trust_code:
+        return torch.export.load(io.BytesIO(data))  # which also reads the format before torch 2.7
+    entries = check(data)
+    if entries:
+        raise CodeInArchive(entries)
+    # The bytes that were checked, not the file again: it may have changed since. torch.export.load would
+    # log what failed and raise a message that names nothing; its reader raises what failed.
+    from torch.export.pt2_archive._package import load_pt2
+
+    try:
+        contents = load_pt2(io.BytesIO(data))
+    except RuntimeError as error:
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        raise ArchiveError(f"torch could not deserialize it ({(lines[0] if lines else type(error).__name__)[:300]})") from None
+    if "model" not in contents.exported_programs:
+        raise ArchiveError(f"it holds no program named 'model' ({layout.MODELS_FILENAME_FORMAT.format('model')})")
+    return contents.exported_programs["model"]
 
 
 def check(data: bytes) -> list[CodeEntry]:
@@ -148,6 +159,7 @@ def _records(data: bytes) -> dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]] 
         raise ArchiveError(f"not a zip archive ({error})") from None
     if not infos:
         raise ArchiveError("an empty zip archive")
+    _one_directory(data, infos)
     if set(_LEGACY) <= {info.filename for info in infos}:
         return None
     # torch's reader takes the folder of the first entry as the archive's root and looks every record up
@@ -170,7 +182,62 @@ def _records(data: bytes) -> dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]] 
         if info.header_offset + info.file_size > len(data):
             raise ArchiveError(f"entry {info.filename!r} says it holds {info.file_size} bytes, past the file's end")
         records[name] = (archive, info)
+    _same_for_torch(data, records)
     return records
+
+
+def _one_directory(data: bytes, infos: list[zipfile.ZipInfo]) -> None:
+    """Refuse a zip that two readers may read as two archives.
+
+    Python's zipfile takes the central directory to end where the end record begins and shifts every
+    entry's offset by any difference from the offset the end record gives; torch's reader (miniz) reads
+    the directory at that offset. A file whose end record points elsewhere than where the directory lies
+    (bytes prepended, a second directory), that counts other entries than the directory holds, that
+    carries a comment (so the end record need not be the last bytes) or has bytes before its first
+    entry is not one ``torch.export.save`` writes.
+    """
+    end = zipfile._EndRecData(io.BytesIO(data))  # what ZipFile itself reads (zip64 fields folded in)
+    if end is None:
+        raise ArchiveError("not a zip archive (no end record)")
+    if end[zipfile._ECD_COMMENT] or end[zipfile._ECD_LOCATION] != len(data) - zipfile.sizeEndCentDir:
+        raise ArchiveError("its end record is not the file's last bytes (it carries a comment, or bytes follow it)")
+    directory_end = end[zipfile._ECD_LOCATION]
+    if end[zipfile._ECD_SIGNATURE] == zipfile.stringEndArchive64:
+        directory_end -= zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator
+    offset, size = end[zipfile._ECD_OFFSET], end[zipfile._ECD_SIZE]
+    if offset + size != directory_end:
+        raise ArchiveError(
+            f"its end record puts the central directory at byte {offset}, but the directory lies at byte "
+            f"{directory_end - size}: torch's zip reader and Python's would read two different archives"
+        )
+    if end[zipfile._ECD_ENTRIES_TOTAL] != len(infos) or end[zipfile._ECD_ENTRIES_THIS_DISK] != len(infos):
+        raise ArchiveError(f"its end record counts {end[zipfile._ECD_ENTRIES_TOTAL]} entries, but its central "
+                           f"directory holds {len(infos)}")
+    first = min(info.header_offset for info in infos)
+    if first != 0:
+        raise ArchiveError(f"{first} bytes come before its first entry")
+
+
+def _same_for_torch(data: bytes, records: dict[str, tuple[zipfile.ZipFile, zipfile.ZipInfo]]) -> None:
+    """Refuse an archive whose entries torch's own zip reader (the one ``torch.export.load`` uses) sees
+    otherwise than Python's zipfile, which the checks read: other names, or other bytes under a name.
+    Reading every entry with zipfile also checks its local header names what the directory names."""
+    try:
+        reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+        names = reader.get_all_records()
+    except RuntimeError as error:
+        raise ArchiveError(f"torch's zip reader cannot read it ({str(error).splitlines()[0][:200]})") from None
+    if sorted(names) != sorted(records):
+        raise ArchiveError("torch's zip reader finds other entries in it than Python's zipfile: "
+                           f"{sorted(set(names) ^ set(records))[:5]}")
+    for name in records:
+        ours = _read(records, name)
+        try:
+            theirs = reader.get_record(name)
+        except RuntimeError as error:
+            raise ArchiveError(f"{name} cannot be read by torch's zip reader ({str(error).splitlines()[0][:200]})") from None
+        if theirs != ours:
+            raise ArchiveError(f"{name} holds other bytes for torch's zip reader than for Python's zipfile")
 
 
 def _read(records, name: str) -> bytes:

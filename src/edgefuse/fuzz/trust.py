@@ -22,6 +22,7 @@ import pickle
 import pprint
 import random
 import shutil
+import struct
 import sys
 import tempfile
 import traceback
@@ -232,6 +233,40 @@ def hostile_archive(kind: str, base: bytes, marker: str) -> bytes:
     return zipped(build(records(base), marker))
 
 
+def _split_zip(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """A zip without a comment as (its entries, its central directory, its end record)."""
+    end = data[-22:]
+    assert end[:4] == b"PK\x05\x06", "no end record where a zip without a comment has it"
+    size, offset = struct.unpack("<II", end[12:20])
+    return data[:offset], data[offset : offset + size], end
+
+
+def confused_archive(base: bytes, marker: str) -> bytes:
+    """One file that holds two archives: the hostile "pickled-weight" one for torch's reader and ``base``
+    for Python's zipfile. Its end record points at the hostile central directory, while its size makes
+    zipfile read the clean directory that lies just before the end record (zipfile takes the directory
+    to end where the end record begins, and shifts every entry's offset by the difference).
+
+    Layout: hostile entries, clean entries, hostile directory, clean directory (offsets written so that
+    zipfile's shift lands on the clean entries), end record.
+    """
+    hostile_entries, hostile_directory, _ = _split_zip(hostile_archive("pickled-weight", base, marker))
+    clean_entries, clean_directory, clean_end = _split_zip(zipped(records(base)))
+    assert len(hostile_directory) == len(clean_directory)  # the same names: torch reads as many bytes
+    shift = len(hostile_entries) - len(hostile_directory)  # where the clean entries lie, less zipfile's shift
+    directory = bytearray(clean_directory)
+    i = 0
+    while i < len(directory):
+        assert directory[i : i + 4] == b"PK\x01\x02"
+        name, extra, comment = struct.unpack("<HHH", directory[i + 28 : i + 34])
+        (offset,) = struct.unpack("<I", directory[i + 42 : i + 46])
+        directory[i + 42 : i + 46] = struct.pack("<I", offset + shift)
+        i += 46 + name + extra + comment
+    end = bytearray(clean_end)
+    end[16:20] = struct.pack("<I", len(hostile_entries) + len(clean_entries))  # torch reads the directory here
+    return hostile_entries + clean_entries + hostile_directory + bytes(directory) + bytes(end)
+
+
 def saved_programs() -> dict[str, bytes]:
     """Small saved programs to start from: a one-layer built-in model, and a module with a tensor constant
     and a dynamic dim (a constants config and symbolic sizes)."""
@@ -400,9 +435,11 @@ def _json_set(value, path: tuple, new):
 def mutate_archive(rng: random.Random, base: bytes, marker: str) -> bytes:
     """One mutation of a saved program: byte flips, a JSON edit, a record changed, or a hostile payload."""
     entries = records(base)
-    how = rng.choice(("flip", "flip", "json", "json", "json", "record", "hostile"))
+    how = rng.choice(("flip", "flip", "json", "json", "json", "record", "hostile", "zip"))
     if how == "flip":
         return _flip(rng, base)
+    if how == "zip":
+        return _mutate_zip(rng, base, marker)
     if how == "hostile":
         return hostile_archive(rng.choice(list(HOSTILE_ARCHIVES)), base, marker)
     names = list(entries)
@@ -431,6 +468,27 @@ def mutate_archive(rng: random.Random, base: bytes, marker: str) -> bytes:
         paths = _paths(value)
     entries[name] = json.dumps(value).encode()
     return zipped(entries)
+
+
+def _mutate_zip(rng: random.Random, base: bytes, marker: str) -> bytes:
+    """A change of the zip's structure: bytes prepended, a second central directory (two readers, two
+    archives), or the end record's directory offset or entry count changed."""
+    data = zipped(records(base))
+    entries, directory, end = _split_zip(data)
+    change = rng.choice(("prepend", "second-directory", "offset", "count"))
+    if change == "prepend":
+        return rng.choice((b"#!/bin/sh\n", bytes(rng.randrange(1, 512)), rng.randbytes(64))) + data
+    if change == "second-directory":
+        return confused_archive(base, marker)
+    end = bytearray(end)
+    if change == "offset":
+        (offset,) = struct.unpack("<I", end[16:20])
+        end[16:20] = struct.pack("<I", max(0, offset + rng.choice((-46, -1, 1, 46, -offset))))
+    else:
+        (count,) = struct.unpack("<H", end[10:12])
+        new = max(0, count + rng.choice((-1, 1, 5)))
+        end[8:12] = struct.pack("<HH", new, new)
+    return entries + directory + bytes(end)
 
 
 def mutate_reproducer(rng: random.Random, text: str, marker: str) -> str:
