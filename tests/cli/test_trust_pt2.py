@@ -270,3 +270,42 @@ def test_a_file_torch_cannot_deserialize_is_refused_naming_what_failed(saved, tm
     code, out, err = _report(_write(tmp_path, data), capsys)
     assert code == USAGE and "We ran into an error" not in err
     assert "nope" in err, err
+
+
+def _symbolic(program: dict, expression: str) -> None:
+    meta = next(iter(program["graph_module"]["graph"]["tensor_values"].values()))
+    meta["sizes"][0] = {"as_expr": {"expr_str": expression, "hint": {"as_int": 2}}}
+
+
+@pytest.mark.parametrize("case", ["range-constraint", "size-power", "size-pow-call", "size-power-of-power",
+                                  "size-integer", "guard-power", "guard-string-times"])
+def test_a_file_that_would_never_finish_loading_is_refused_by_the_check(case, saved):
+    # Each would hang torch.export.load or the guards; the check refuses it without loading anything.
+    edit, reason = {
+        "range-constraint": (lambda p: p["range_constraints"].__setitem__("u1000000000000", {"min_val": 0,
+                                                                                              "max_val": 4}),
+                             "range_constraints names 'u1000000000000'"),
+        "size-power": (lambda p: _symbolic(p, "9**9**9**9"), "is not a plain sympy expression"),
+        "size-pow-call": (lambda p: _symbolic(p, "Pow(Integer(9), Integer(999999999))"), "not a plain sympy"),
+        "size-power-of-power": (lambda p: _symbolic(p, "Pow(Pow(Integer(9), Integer(64)), Integer(64))"),
+                                "not a plain sympy"),
+        "size-integer": (lambda p: _symbolic(p, "Integer(" + "9" * 40 + ")"), "not a plain sympy"),
+        "guard-power": (lambda p: p.__setitem__("guards_code", ["L['x'].size()[0] == 9**9**9**9"]), "guards_code"),
+        "guard-string-times": (lambda p: p.__setitem__("guards_code", ["'x' * 10**12 == 'x'"]), "guards_code"),
+    }[case]
+    data = _edited(saved["constant-dynamic"], "models/model.json", edit)
+    try:
+        entries = pt2.check(data)
+    except pt2.ArchiveError as error:
+        assert reason in str(error)
+    else:
+        assert any(reason in str(entry) for entry in entries), entries
+
+
+@pytest.mark.parametrize("expression", ["Pow(Symbol('s77', positive=True, integer=True), Integer(2))",
+                                        "Mul(Symbol('s0', integer=True), Pow(Symbol('s1', integer=True), Integer(-1)))",
+                                        "Pow(Symbol('s0', integer=True), Rational(1, 2))", "Symbol('s0', integer=True)**2 + 1",
+                                        "PowByNatural(Symbol('s0', integer=True), Integer(3))"])
+def test_small_powers_as_torch_writes_them_are_still_accepted(expression, saved):
+    data = _edited(saved["constant-dynamic"], "models/model.json", lambda p: _symbolic(p, expression))
+    assert pt2.check(data) == []

@@ -39,7 +39,15 @@ from torch.export.pt2_archive import constants as layout
 #: Characters a payload's file name may hold: torch writes ``weight_0``, ``tensor_3``.
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")
 #: A sympy symbol's name in ``Symbol('s77', ...)`` and a ``Float('1.5', ...)`` literal.
-_SYMBOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: Its number at the end is at most 6 digits: torch's reader counts up to the number of an unbacked
+#: symbol (``u12``, ``zuf3``) one step at a time, so ``u1000000000000`` would never finish loading.
+_SYMBOL_NAME = re.compile(r"[A-Za-z_](?:[A-Za-z0-9_]*[A-Za-z_])?[0-9]{0,6}")
+#: The largest integer a symbolic size or a guard may hold (a size is an int64), and the largest power:
+#: sympy and the guards compute powers of constants, and ``9**9**9**9`` would never finish.
+_MAX_INT = 1 << 63
+_MAX_EXPONENT = 64
+#: sympy and torch functions that raise their first argument to the power of the second (or shift by it).
+_POWERS = {"Pow", "PowByNatural", "FloatPow", "LShift", "RShift"}
 _FLOAT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|[-+]?(inf|nan)")
 _MAX_EXPRESSION = 10_000  # characters of one symbolic size or guard; torch writes a few dozen
 #: A string graph input that torch may paste between quotes into a guard: no quote, backslash or line end.
@@ -406,6 +414,13 @@ def _program(records, name: str) -> list[CodeEntry]:
         if isinstance(text, str) and not _PLAIN_TEXT.fullmatch(text):
             found.append(CodeEntry(name, f"a string input {text[:80]!r}, which ExportedProgram.module() pastes "
                                          "into Python it executes (its guards)"))
+    constraints = program.get("range_constraints", {})
+    if not isinstance(constraints, dict):
+        raise ArchiveError(f"{name}: range_constraints is not a JSON object")
+    for symbol in constraints:
+        if not _SYMBOL_NAME.fullmatch(symbol):
+            raise ArchiveError(f"{name}: range_constraints names {symbol[:40]!r}, not a symbol torch writes "
+                               "(a letter or two and a number of at most 6 digits)")
     seen: set[tuple[str, str]] = set()
     stack: list = [program]
     while stack:
@@ -482,13 +497,46 @@ def _expression(text: str) -> ast.AST | None:
 
 
 def _arithmetic(node: ast.AST) -> list[ast.AST] | None:
-    """The operands of a sign or of ``+ - * / // % **``; None for any other node."""
+    """The operands of a sign or of ``+ - * / // % **``; None for any other node, for arithmetic on a
+    string, and for a power whose exponent is not a small constant (:func:`_small_power`)."""
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
-        return [node.operand]
-    if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
-                                                             ast.Mod, ast.Pow)):
-        return [node.left, node.right]
-    return None
+        operands = [node.operand]
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+        return [node.left] if _small_power(node.left, node.right) else None
+    elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.FloorDiv,
+                                                               ast.Mod)):
+        operands = [node.left, node.right]
+    else:
+        return None
+    if any(isinstance(o, ast.Constant) and not isinstance(o.value, (int, float)) for o in operands):
+        return None  # 'x' * 10**12
+    return operands
+
+
+def _small_int(node: ast.AST, low: int = -_MAX_EXPONENT) -> bool:
+    """Whether ``node`` is an integer from ``low`` to the largest exponent: ``n``, ``-n`` or ``Integer(n)``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Integer" \
+            and len(node.args) == 1 and not node.keywords:
+        node = node.args[0]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        value = node.operand.value
+        return type(value) is int and low <= -value <= _MAX_EXPONENT
+    return isinstance(node, ast.Constant) and type(node.value) is int and low <= node.value <= _MAX_EXPONENT
+
+
+def _is_power(node: ast.AST) -> bool:
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow)) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _POWERS)
+
+
+def _small_power(base: ast.AST, exponent: ast.AST, low: int = 0) -> bool:
+    """Whether ``base ** exponent`` is bounded: the exponent a small integer constant (from ``low``), the
+    base not itself a power (``9**9**9**9`` and ``(9**64)**64`` are not)."""
+    return _small_int(exponent, low) and not _is_power(base)
+
+
+def _int_too_large(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and type(node.value) is int and abs(node.value) > _MAX_INT
 
 
 def _not_an_expression(text: str) -> str | None:
@@ -503,6 +551,8 @@ def _not_an_expression(text: str) -> str | None:
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
+        if _int_too_large(node):
+            return refusal
         if isinstance(node, ast.Constant) and type(node.value) in (int, float, bool):
             continue
         if isinstance(node, ast.Name) and node.id in _SYMPY_NAMES:
@@ -513,6 +563,13 @@ def _not_an_expression(text: str) -> str | None:
             continue
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _SYMPY_NAMES:
             args = list(node.args)
+            if node.func.id in _POWERS:
+                # Pow(x, Integer(-1)) is how srepr writes a division; Pow(x, Rational(1, 2)) a square root.
+                if len(args) != 2 or not (_small_power(args[0], args[1], low=-_MAX_EXPONENT)
+                                          or node.func.id == "Pow" and _small_rational(args[1])
+                                          and not _is_power(args[0])):
+                    return refusal
+                args = args[:1]
             if args and isinstance(args[0], ast.Constant) and isinstance(args[0].value, str):
                 pattern = {"Symbol": _SYMBOL_NAME, "Dummy": _SYMBOL_NAME, "Float": _FLOAT_TEXT}.get(node.func.id)
                 if pattern is None or not pattern.fullmatch(args[0].value):
@@ -527,6 +584,12 @@ def _not_an_expression(text: str) -> str | None:
     return None
 
 
+def _small_rational(node: ast.AST) -> bool:
+    """``Rational(p, q)`` of small integers: a root, as srepr writes ``sqrt``."""
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Rational"
+            and len(node.args) == 2 and not node.keywords and all(_small_int(a) for a in node.args))
+
+
 def _not_a_guard(text: str) -> bool:
     """Whether ``text`` is more than the guards torch writes: arithmetic and comparisons of numbers and of
     the sizes of inputs (``L['x'].size()[0]``), with the few functions its printer uses."""
@@ -536,6 +599,8 @@ def _not_a_guard(text: str) -> bool:
     stack: list[ast.AST] = [tree]
     while stack:
         node = stack.pop()
+        if _int_too_large(node):
+            return True
         if isinstance(node, ast.Constant) and (
             type(node.value) in (int, float, bool) or (type(node.value) is str and _PLAIN_TEXT.fullmatch(node.value))
         ):
