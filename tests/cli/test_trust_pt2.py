@@ -277,7 +277,7 @@ def _symbolic(program: dict, expression: str) -> None:
     meta["sizes"][0] = {"as_expr": {"expr_str": expression, "hint": {"as_int": 2}}}
 
 
-@pytest.mark.parametrize("case", ["range-constraint", "size-power", "size-pow-call", "size-power-of-power",
+@pytest.mark.parametrize("case", ["range-constraint", "range-constraint-underscores", "size-power", "size-pow-call", "size-power-of-power",
                                   "size-integer", "guard-power", "guard-string-times"])
 def test_a_file_that_would_never_finish_loading_is_refused_by_the_check(case, saved):
     # Each would hang torch.export.load or the guards; the check refuses it without loading anything.
@@ -285,6 +285,9 @@ def test_a_file_that_would_never_finish_loading_is_refused_by_the_check(case, sa
         "range-constraint": (lambda p: p["range_constraints"].__setitem__("u1000000000000", {"min_val": 0,
                                                                                               "max_val": 4}),
                              "range_constraints names 'u1000000000000'"),
+        "range-constraint-underscores": (
+            lambda p: p["range_constraints"].__setitem__("zuf1_000_000_000", {"min_val": 0, "max_val": 4}),
+            "range_constraints names 'zuf1_000_000_000'"),
         "size-power": (lambda p: _symbolic(p, "9**9**9**9"), "is not a plain sympy expression"),
         "size-pow-call": (lambda p: _symbolic(p, "Pow(Integer(9), Integer(999999999))"), "not a plain sympy"),
         "size-power-of-power": (lambda p: _symbolic(p, "Pow(Pow(Integer(9), Integer(64)), Integer(64))"),

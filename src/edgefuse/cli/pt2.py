@@ -417,10 +417,15 @@ def _program(records, name: str) -> list[CodeEntry]:
     constraints = program.get("range_constraints", {})
     if not isinstance(constraints, dict):
         raise ArchiveError(f"{name}: range_constraints is not a JSON object")
+    from torch.utils._sympy.symbol import SymT, prefix_str
+
+    unbacked = (prefix_str[SymT.UNBACKED_INT], prefix_str[SymT.UNBACKED_FLOAT])
     for symbol in constraints:
-        if not _SYMBOL_NAME.fullmatch(symbol):
-            raise ArchiveError(f"{name}: range_constraints names {symbol[:40]!r}, not a symbol torch writes "
-                               "(a letter or two and a number of at most 6 digits)")
+        # torch counts up to an unbacked symbol's number (int() of the rest: "1_000_000_000_000" too).
+        prefix = next((p for p in unbacked if symbol.startswith(p)), None)
+        if prefix is not None and not re.fullmatch(r"[0-9]{1,6}", symbol[len(prefix):]):
+            raise ArchiveError(f"{name}: range_constraints names {symbol[:40]!r}, not an unbacked symbol torch "
+                               "writes (its prefix and a number of at most 6 digits)")
     seen: set[tuple[str, str]] = set()
     stack: list = [program]
     while stack:
