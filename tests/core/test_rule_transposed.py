@@ -206,12 +206,14 @@ class TransposedLastDim(nn.Module):
         return self.norm(self.view(x))
 
 
-@pytest.mark.parametrize("view, reason", [
-    (lambda x: x.transpose(-1, -2), "transpose puts dim 2 of x at dim 3, which the norm normalizes"),
-    (lambda x: x.permute(0, 2, 3, 1), "permute puts dim 1 of x at dim 3, which the norm normalizes"),
-], ids=["transpose(-1, -2)", "permute(0, 2, 3, 1)"])
-def test_rule_a_permutation_that_moves_the_normalized_dim_stays(view, reason):
-    shape = (2, 8, 16, 5) if "transpose" in reason else (2, 16, 8, 5)
+@pytest.mark.parametrize("view, reason, shape", [
+    (lambda x: x.transpose(-1, -2), "transpose puts dim 2 of x at dim 3, which the norm normalizes", (2, 8, 16, 5)),
+    (lambda x: x.permute(0, 2, 3, 1), "permute puts dim 1 of x at dim 3, which the norm normalizes", (2, 16, 8, 5)),
+    # Square in its last two dims: a norm rebuilt on x would have x's shape and pass the strides check,
+    # and normalize the wrong dim; only the permutation check leaves it.
+    (lambda x: x.transpose(-1, -2), "transpose puts dim 2 of x at dim 3, which the norm normalizes", (2, 4, 16, 16)),
+], ids=["transpose(-1, -2)", "permute(0, 2, 3, 1)", "transpose(-1, -2) of a square"])
+def test_rule_a_permutation_that_moves_the_normalized_dim_stays(view, reason, shape):
     module, inputs = TransposedLastDim(view), (_x(shape=shape),)
     assert_left(rewrite(module, inputs, "capture"), "dim order", reason)
 
