@@ -151,7 +151,7 @@ class NormForm:
 _UP, _BACK = Cast("to", "compute"), Cast("to", "input")
 _FLOAT = Cast("method", "compute")
 
-#: The forms of real models and hand-written code (DESIGN.md), by name.
+#: The forms of real models (transformers 5.23, ExecuTorch's examples) and hand-written code, by name.
 FORMS = {
     f.name: f
     for f in (
