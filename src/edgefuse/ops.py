@@ -49,11 +49,13 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True)
 class OpTable:
-    """Targets of one dialect, by role; ``rms_norm`` is the target a rebuilt norm gets."""
+    """Targets of one dialect, by role; ``rms_norm`` is the target a rebuilt norm gets, ``view`` the one
+    that views its input in another shape when a backend needs that (a :class:`~edgefuse.profiles.ShapeLimit`)."""
 
     dialect: str
     roles: Mapping[Any, Role]
     rms_norm: Any
+    view: Any
 
     def role(self, node: Node) -> Role | None:
         """The role of a ``call_function`` node, or None for anything else."""
@@ -112,6 +114,7 @@ CAPTURE = OpTable(
         aten.add.Tensor: Role.ADD,
         aten.add.Scalar: Role.ADD,
         aten.pow.Tensor_Scalar: Role.POW,
+        aten.pow.Tensor_Tensor: Role.POW,
         aten.square.default: Role.SQUARE,
         aten.rsqrt.default: Role.RSQRT,
         aten.sqrt.default: Role.SQRT,
@@ -126,6 +129,7 @@ CAPTURE = OpTable(
         **_quantization_ops(torch.ops),
     },
     rms_norm=aten.rms_norm.default,
+    view=aten.view.default,
 )
 
 EDGE = OpTable(
@@ -140,6 +144,7 @@ EDGE = OpTable(
         edge.aten.add.Tensor: Role.ADD,
         edge.aten.add.Scalar: Role.ADD,
         edge.aten.pow.Tensor_Scalar: Role.POW,
+        edge.aten.pow.Tensor_Tensor: Role.POW,
         edge.aten.square.default: Role.SQUARE,
         edge.aten.rsqrt.default: Role.RSQRT,
         edge.aten.sqrt.default: Role.SQRT,
@@ -149,6 +154,7 @@ EDGE = OpTable(
         **_quantization_ops(edge),
     },
     rms_norm=edge.aten.rms_norm.default,
+    view=edge.aten.view_copy.default,
 )
 
 TABLES = (CAPTURE, EDGE)

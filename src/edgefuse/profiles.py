@@ -2,11 +2,46 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+#: The precisions a :class:`ShapeLimit` may hold for: a norm in a graph about to be quantized, and any other.
+QUANTIZED = "quantized"
+FLOAT = "float"
+#: What edgefuse does with a norm a :class:`ShapeLimit` covers: rebuild it on a ``[1, rows, D]`` view of
+#: its input (then view the result back), or leave it decomposed.
+REMEDIES = ("rows", "leave")
+
+
+@dataclass(frozen=True)
+class ShapeLimit:
+    """Input shapes for which a backend's ``rms_norm`` computes wrong values, as measured on the backend.
+
+    It covers an input whose rank is in ``ranks``, whose last dim is in ``last_dims`` and whose rows
+    (the product of the other dims) number at least ``min_rows``, when the backend computes the norm in
+    one of ``precisions`` (:data:`FLOAT`, :data:`QUANTIZED`). ``remedy`` says what edgefuse does then
+    (one of :data:`REMEDIES`);
+    ``measured`` says what was seen, for the decision's reason or note.
+    """
+
+    name: str
+    ranks: frozenset[int]
+    last_dims: frozenset[int]
+    min_rows: int
+    precisions: frozenset[str]
+    remedy: str
+    measured: str
+
+    def covers(self, shape: tuple[int | None, ...]) -> bool:
+        """Whether an input of ``shape`` may be one this limit is about (a dim not known when the program
+        is built, None, may be any size)."""
+        if len(shape) not in self.ranks or shape[-1] not in self.last_dims | {None}:
+            return False
+        return None in shape[:-1] or math.prod(shape[:-1]) >= self.min_rows
 
 
 @dataclass(frozen=True)
@@ -16,7 +51,8 @@ class BackendProfile:
     ``dtypes`` are the norm dtypes it runs outside quantization capture and ``capture_dtypes`` those it
     takes while a captured graph is about to be quantized; ``one_dtype`` asks the weight to share the
     norm's dtype; ``constant_weight`` asks for a weight known when the program is built;
-    ``last_dim_only`` says it normalizes over the last dim alone, never over several trailing dims.
+    ``last_dim_only`` says it normalizes over the last dim alone, never over several trailing dims;
+    ``limits`` are the input shapes it computes wrong (:class:`ShapeLimit`).
     """
 
     name: str
@@ -25,6 +61,13 @@ class BackendProfile:
     one_dtype: bool
     constant_weight: bool
     last_dim_only: bool = False
+    limits: tuple[ShapeLimit, ...] = ()
+
+    def limit_for(self, shape: tuple[int | None, ...], quantization_capture: bool) -> ShapeLimit | None:
+        """The limit that covers a norm over an input of ``shape``, or None; a graph about to be quantized
+        computes its norms in :data:`QUANTIZED`, any other in :data:`FLOAT`."""
+        precision = QUANTIZED if quantization_capture else FLOAT
+        return next((l for l in self.limits if precision in l.precisions and l.covers(shape)), None)
 
     def dtype_reason(self, dtype: torch.dtype, quantization_capture: bool) -> str | None:
         """Why this backend cannot take a norm in ``dtype``, or None when it can."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import dataclass, field, replace
 from typing import Iterable
@@ -147,22 +148,26 @@ class _Rewriter:
             return _rejected(found, path)
         reasons = []
         for match in found:
+            view = None
             try:  # everything before the graph is changed; a malformed graph must leave the norm alone
                 reason = self.profile.shape_reason(match.normalized_shape)
                 weight = self._weight_for(match) if reason is None else None
                 reason = reason or (weight if isinstance(weight, str) else self._profile_reason(match))
-                value = _rms_norm_meta(match, weight) if reason is None else None
+                view = self._view_for(match) if reason is None else None
+                reason = reason or (view if isinstance(view, str) else None)
+                value = _rms_norm_meta(match, weight, view) if reason is None else None
             except Exception as error:
                 reason = f"{UNREADABLE}: {error!r}"
-            outcome = self._rewrite(match, weight, value) if reason is None else reason
+            outcome = self._rewrite(match, weight, value, view) if reason is None else reason
             if isinstance(outcome, str):
                 reasons.append(outcome)
                 continue
             node, weight_node = outcome
+            note = "; ".join(n for n in (match.note, view.note if view is not None else None) if n) or None
             return Decision(
                 mean.name, path, match.form, True, "rebuilt", match.input.name,
                 weight_node.name if weight_node is not None else None,
-                match.eps, match.dtype, match.normalized_shape, node.name, match.note,
+                match.eps, match.dtype, match.normalized_shape, node.name, note,
             )
         longest = found[0]
         return Decision(
@@ -172,6 +177,27 @@ class _Rewriter:
 
     def _profile_reason(self, match: NormMatch) -> str | None:
         return self.profile.dtype_reason(match.dtype, self.capture)
+
+    def _view_for(self, match: NormMatch) -> _RowsView | str | None:
+        """How a profile's :class:`~edgefuse.profiles.ShapeLimit` has the norm rebuilt: None when none covers
+        its input, a view of the input to normalize instead, or the reason it stays decomposed."""
+        x = tensor_meta(match.input)
+        shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
+        limit = self.profile.limit_for(shape, self.capture)
+        if limit is None:
+            return None
+        wrong = (
+            f"{self.profile.name} computes rms_norm wrong for an input of shape {list(x.shape)} "
+            f"({limit.name}: {limit.measured})"
+        )
+        if limit.remedy == "leave":
+            return wrong
+        if None in shape:
+            return f"{wrong}, and the rows of this one are not known when the program is built"
+        if not x.is_contiguous():
+            return f"{wrong}, and this input is not contiguous, so it has no [1, rows, D] view"
+        rows = (1, math.prod(shape[:-1]), shape[-1])
+        return _RowsView(rows, shape, f"rebuilt on a {list(rows)} view of its input: {wrong}")
 
     def _weight_for(self, match: NormMatch) -> Node | torch.Tensor | None | str:
         """The weight the new node reads: a node, a tensor to add as a constant, None, or why there is none."""
@@ -213,9 +239,13 @@ class _Rewriter:
         return folded if wanted is None else folded.to(wanted)
 
     def _rewrite(
-        self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor | None
+        self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor | None,
+        view: _RowsView | None = None,
     ) -> tuple[Node, Node | None] | str:
-        """Replace the matched nodes with one ``rms_norm`` reading ``weight`` and producing ``value``, or say why not."""
+        """Replace the matched nodes with one ``rms_norm`` reading ``weight`` and producing ``value``, or say why not.
+
+        With ``view``, the ``rms_norm`` normalizes a view of the input in ``view.rows`` and its result is
+        viewed back in the input's shape; ``value`` is then what the view back produces."""
         expected = tensor_meta(match.output)
         if value is None:
             return "edgefuse could not compute the rebuilt node's metadata (no fake tensor mode in meta['val'])"
@@ -233,12 +263,23 @@ class _Rewriter:
         if isinstance(weight, torch.Tensor):
             weight = self.constants.add("rms_norm_weight", weight, before=match.output)
         graph = self.gm.graph
+        kept = {k: v for k, v in match.output.meta.items() if k in ("nn_module_stack", "stack_trace")}
         with graph.inserting_before(match.output):
-            node = graph.call_function(self.table.rms_norm, (match.input, list(match.normalized_shape), weight, match.eps))
-        node.meta.update({k: v for k, v in match.output.meta.items() if k in ("nn_module_stack", "stack_trace")})
-        node.meta["val"] = value
-        self.replaced[node.name] = self.replaced.get(match.output.name, match.output.name)
-        match.output.replace_all_uses_with(node)
+            source = match.input
+            if view is not None:
+                source = graph.call_function(self.table.view, (match.input, list(view.rows)))
+                source.meta.update(kept)
+                source.meta["val"] = _viewed(tensor_meta(match.input), view.rows)
+            node = graph.call_function(self.table.rms_norm, (source, list(match.normalized_shape), weight, match.eps))
+            node.meta.update(kept)
+            output = node
+            if view is not None:
+                node.meta["val"] = _rms_norm_value(source.meta["val"], match, weight)
+                output = graph.call_function(self.table.view, (node, list(view.shape)))
+                output.meta.update(kept)
+        output.meta["val"] = value
+        self.replaced[output.name] = self.replaced.get(match.output.name, match.output.name)
+        match.output.replace_all_uses_with(output)
         _erase_dead(match.nodes, self.table)
         return node, weight
 
@@ -264,17 +305,41 @@ def _reads(match: NormMatch, table: OpTable) -> set[Node]:
     return reads
 
 
-def _rms_norm_meta(match: NormMatch, weight: Node | torch.Tensor | None) -> torch.Tensor | None:
-    """The fake tensor ``aten.rms_norm`` produces for the match's input and weight."""
+@dataclass(frozen=True)
+class _RowsView:
+    """A norm rebuilt on its input viewed as ``rows`` (``[1, rows, D]``), its result viewed back in ``shape``."""
+
+    rows: tuple[int, ...]
+    shape: tuple[int, ...]
+    note: str
+
+
+def _rms_norm_meta(
+    match: NormMatch, weight: Node | torch.Tensor | None, view: _RowsView | None = None
+) -> torch.Tensor | None:
+    """The fake tensor the rebuilt norm produces for the match's input and weight (through ``view`` and back)."""
     x = tensor_meta(match.input)
-    mode = detect_fake_mode([x]) if x is not None else None
-    if mode is None:
+    if x is None or detect_fake_mode([x]) is None:
         return None
+    if view is None:
+        return _rms_norm_value(x, match, weight)
+    return _viewed(_rms_norm_value(_viewed(x, view.rows), match, weight), view.shape)
+
+
+def _rms_norm_value(x: torch.Tensor, match: NormMatch, weight: Node | torch.Tensor | None) -> torch.Tensor:
+    """The fake tensor ``aten.rms_norm`` produces for the fake input ``x`` and the match's weight."""
+    mode = detect_fake_mode([x])
     w = tensor_meta(weight) if isinstance(weight, Node) else weight
     with mode:
         if isinstance(w, torch.Tensor) and not isinstance(w, torch._subclasses.FakeTensor):
             w = mode.from_tensor(w, static_shapes=True)
         return torch.ops.aten.rms_norm.default(x, list(match.normalized_shape), w, match.eps)
+
+
+def _viewed(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The fake tensor a view of the fake tensor ``x`` in ``shape`` produces."""
+    with detect_fake_mode([x]):
+        return torch.ops.aten.view_copy.default(x, list(shape))
 
 
 def _erase_dead(nodes: Iterable[Node], table: OpTable) -> None:
