@@ -26,7 +26,7 @@ from tests.forms import (
     WrongDim,
     EPS,
 )
-from tests.harness import MODES, cast_path, exported, rewrite, rms_norm_nodes
+from tests.harness import MODES, cast_path, exported, norm_input, rewrite, rms_norm_nodes
 from torch import nn
 
 
@@ -141,7 +141,7 @@ def test_rule_a_square_of_two_casts_of_one_tensor_is_rebuilt_and_of_two_tensors_
     module = SquareOfTwoCasts(dtype)
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", (dtype,)) and node.meta["val"].dtype == dtype  # reads x cast to D
+    assert cast_path(norm_input(node)) == ("x", (dtype,)) and node.meta["val"].dtype == dtype  # reads x cast to D
     # A float32 norm rounds once more than rms_norm (1.5 units); one computed step by step in float16
     # is held to 4, as tests/core/test_forms.py derives for such forms.
     assert_matches_eager(module, inputs, rewritten, ulps=1.5 if dtype == torch.float32 else 4.0)
@@ -239,7 +239,7 @@ def test_rule_no_eps_is_eps_zero(mode):
     rewritten = rewrite(module, (_x(),), mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[3] == 0.0
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, (_x(),), rewritten)
 
 
@@ -256,7 +256,7 @@ def test_rule_an_eps_that_underflows_where_it_is_added_is_eps_zero(mode):
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[3] == 0.0
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     [decision] = rewritten.result.decisions
     if mode == "capture":  # edge graphs lift eps into a float16 constant, already 0
         assert "1e-12 is 0 in float16" in decision.note
@@ -272,7 +272,7 @@ def test_rule_an_eps_that_fits_keeps_its_value_and_has_no_note(mode):
     written = 1e-12 if mode == "capture" else torch.tensor(1e-12).item()  # edge lifts it into a float32 constant
     assert node.args[3] == written
     assert rewritten.result.decisions[0].note is None
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -313,7 +313,7 @@ def test_a_cast_factor_that_changes_nothing_is_walked_past(mode):
     inputs = (_x(),)
     rewritten = rewrite(CastFactor(), inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ()) and node.args[2] is None
+    assert cast_path(norm_input(node)) == ("x", ()) and node.args[2] is None
     assert_matches_eager(rewritten.module, inputs, rewritten, ulps=1.5)  # float32: one rounding more
 
 
@@ -350,7 +350,7 @@ def test_rule_a_scalar_after_the_norm_is_never_the_weight(scale, mode, dtype):
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2] is None  # the scale stays a multiply after the norm
     assert [u.name for u in node.users] and all("mul" in u.name for u in node.users)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -361,7 +361,7 @@ def test_rule_a_weight_of_another_shape_is_not_the_weight(mode):
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2] is None
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -374,7 +374,7 @@ def test_rule_a_tensor_multiply_after_the_norm_stays_outside(mode, dtype):
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2].name.endswith("weight")  # the norm's own weight, not the scale
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten, dtype=dtype)  # a float32 multiply follows the norm
 
 
@@ -395,7 +395,7 @@ def test_rule_rounding_before_the_norm_is_kept(mode):
     inputs = (_x(),)
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", (torch.float16, torch.float32))  # the rounded tensor
+    assert cast_path(norm_input(node)) == ("x", (torch.float16, torch.float32))  # the rounded tensor
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -435,7 +435,7 @@ def test_channels_last_input_with_a_cast_that_keeps_its_dim_order(mode, dtype):
     [decision] = rewritten.result.decisions
     assert decision.rebuilt, decision.reason
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert node.meta["val"].dim_order() == inputs[0].dim_order()
     assert_matches_eager(module, inputs, rewritten)
 
@@ -463,7 +463,7 @@ def test_rule_a_cast_that_changes_the_layout_never_joins_the_weight(mode, dtype)
     assert decision.rebuilt and decision.weight is None and decision.dtype == torch.float32
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2] is None
-    assert cast_path(node.args[0]) == ("x", () if dtype == torch.float32 else (torch.float32,))
+    assert cast_path(norm_input(node)) == ("x", () if dtype == torch.float32 else (torch.float32,))
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -490,7 +490,7 @@ def test_qnn_never_rounds_a_float32_weight_into_a_half_norm(mode):
     assert decision.rebuilt and decision.dtype == torch.float32
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.meta["val"].dtype == node.args[2].meta["val"].dtype == torch.float32
-    assert cast_path(node.args[0]) == ("x", (torch.float32,))
+    assert cast_path(norm_input(node)) == ("x", (torch.float32,))
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -565,7 +565,7 @@ def test_rule_rounding_to_the_other_half_dtype_inside_the_norm_stays(mode, dtype
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)  # only the float32 norm before the rounding is rebuilt
     assert node.meta["val"].dtype == torch.float32
-    assert cast_path(node.args[0]) == ("x", (torch.float32,))
+    assert cast_path(norm_input(node)) == ("x", (torch.float32,))
     assert not any(d.rebuilt and d.dtype == dtype for d in rewritten.result.decisions)
     assert_matches_eager(module, inputs, rewritten, dtype=dtype)
 
@@ -585,7 +585,7 @@ def test_rule_the_walk_back_never_passes_a_cast_between_half_dtypes(mode):
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)  # rebuilt in float32, on the float16-rounded copy
     assert node.meta["val"].dtype == torch.float32
-    assert cast_path(node.args[0]) == ("x", (torch.float16, torch.float32))
+    assert cast_path(norm_input(node)) == ("x", (torch.float16, torch.float32))
     assert_matches_eager(module, inputs, rewritten, dtype=torch.bfloat16)
 
 
@@ -608,7 +608,7 @@ def test_qnn_folds_a_narrower_weight_that_the_multiply_widens(mode):
     inputs = (_x(),)
     rewritten = rewrite(module, inputs, mode, backend="qnn")
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ()) and node.meta["val"].dtype == torch.float32
+    assert cast_path(norm_input(node)) == ("x", ()) and node.meta["val"].dtype == torch.float32
     assert node.args[2].meta["val"].dtype == torch.float32 and "rms_norm_weight" in node.args[2].name
     assert_matches_eager(module, inputs, rewritten, ulps=1.5)
 
@@ -762,7 +762,7 @@ def test_qnn_takes_a_norm_over_the_last_dim_only(mode):
     assert_left(rewrite(module, inputs, mode, backend="qnn"), "qnn's rms_norm normalizes over the last dim only")
     rewritten = rewrite(module, inputs, mode, backend="aten")
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert node.args[1] == [5, 16] and cast_path(node.args[0]) == ("x", ())  # reads x itself
+    assert node.args[1] == [5, 16] and cast_path(norm_input(node)) == ("x", ())  # reads x itself
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -787,7 +787,7 @@ def test_qnn_takes_bfloat16_in_quantization_capture(form):
     inputs = (_x(torch.bfloat16),)
     rewritten = rewrite(module, inputs, "capture", backend="qnn", quantization_capture=True)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ()) and node.args[2].op == "get_attr"
+    assert cast_path(norm_input(node)) == ("x", ()) and node.args[2].op == "get_attr"
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -796,7 +796,7 @@ def test_quantization_capture_counts_type_as_as_a_cast():
     inputs = (_x(torch.bfloat16),)
     rewritten = rewrite(module, inputs, "capture", backend="qnn", quantization_capture=True)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -808,7 +808,7 @@ def test_qnn_folds_gemmas_one_plus_w_into_a_constant(mode):
     [node] = rms_norm_nodes(rewritten.graph_module)
     weight = node.args[2]
     assert weight.op in ("get_attr", "placeholder") and "rms_norm_weight" in weight.name
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -822,7 +822,7 @@ def test_qnn_rebuilds_a_half_gemma_norm_in_float32_before_its_cast(mode):
     [decision] = rewritten.result.decisions
     assert decision.rebuilt and decision.dtype == torch.float32
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", (torch.float32,))
+    assert cast_path(norm_input(node)) == ("x", (torch.float32,))
     assert node.args[2].meta["val"].dtype == torch.float32 and "rms_norm_weight" in node.args[2].name
     assert_matches_eager(module, inputs, rewritten)
 
@@ -834,7 +834,7 @@ def test_qnn_takes_the_weight_in_the_norm_dtype_behind_a_cast(mode):
     rewritten = rewrite(module, inputs, mode, backend="qnn")
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2].meta["val"].dtype == torch.float16
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -859,7 +859,7 @@ def test_qnn_folds_a_weight_cast_with_type_as(mode):
     [decision] = rewritten.result.decisions
     assert decision.rebuilt, decision.reason
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert node.meta["val"].dtype == torch.float16 and cast_path(node.args[0]) == ("x", ())
+    assert node.meta["val"].dtype == torch.float16 and cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
     # The folded weight is a constant outside autograd: one that required grad, as the parameter it was
     # cast from does, made torch warn on every call of the program.

@@ -147,8 +147,8 @@ def lower(
     if recompose not in RECOMPOSE:
         raise UsageError(f"unknown recompose {recompose!r}: choose one of {', '.join(RECOMPOSE)}")
     example_inputs = tuple(example_inputs)
-    require_libraries()
     specs = compiler_specs(soc, precision)
+    require_libraries()
     swap = patched() if recompose == "edgefuse" else contextlib.nullcontext(None)
     with swap as patch, recording_compiled_graphs() as compiled:
         calibrated: list[tuple] = []
