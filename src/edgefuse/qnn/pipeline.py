@@ -19,7 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from edgefuse.errors import Unavailable, UsageError
+from edgefuse.qnn.sdk import QnnSdkUnavailable, ensure_in_process
 from edgefuse.qnn.graphs import QnnGraphs, qnn_graphs, recording_compiled_graphs
 from edgefuse.qnn.passes import PassRun, patched
 from edgefuse.recompose import Decision
@@ -29,17 +29,16 @@ PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w")
 _QUANT_DTYPES = {"16a8w": "use_16a8w", "16a16w": "use_16a16w", "8a8w": "use_8a8w"}
 #: Whose passes run in QNN's pipelines: edgefuse's, or the released ones untouched.
 RECOMPOSE = ("edgefuse", "stock")
-#: What a user runs to set the QNN libraries up.
-SETUP_COMMAND = "edgefuse qnn setup"
 _EDGEFUSE = str(Path(__file__).resolve().parents[1])
 
 
-class QnnLoweringFailed(UsageError):
-    """QNN could not lower the model; the message carries QNN's reason (exit 2: the model is the input)."""
+class QnnLoweringFailed(RuntimeError):
+    """QNN could not lower the model; the message carries QNN's reason (the command line exits 2: the
+    model is the input)."""
 
 
-class QnnLibrariesMissing(Unavailable):
-    """The QNN libraries are not set up in this process; the message names the command that sets them up."""
+#: The QNN libraries are not set up in this process; the message names ``edgefuse qnn setup`` (exit 3).
+QnnLibrariesMissing = QnnSdkUnavailable
 
 
 @dataclass
@@ -88,25 +87,8 @@ def executorch_config():
 
 
 def require_libraries() -> None:
-    """Make this process use the QNN libraries, or raise :class:`QnnLibrariesMissing` naming the set-up."""
-    try:
-        from edgefuse.qnn import sdk
-    except ImportError:
-        sdk = None
-    if sdk is not None:
-        try:
-            sdk.ensure_in_process()
-        except sdk.QnnSdkUnavailable as error:
-            raise QnnLibrariesMissing(str(error)) from error
-        return
-    import os
-
-    root = os.environ.get("QNN_SDK_ROOT")
-    if not root or not (Path(root) / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").is_file():
-        raise QnnLibrariesMissing(
-            f"no QNN libraries in this process (QNN_SDK_ROOT={root or 'unset'}): run `{SETUP_COMMAND}`, "
-            "or set QNN_SDK_ROOT to a QNN SDK"
-        )
+    """Make this process use the QNN libraries, or raise :data:`QnnLibrariesMissing` naming the set-up."""
+    ensure_in_process()
 
 
 def compiler_specs(soc: str, precision: str) -> list:
@@ -120,7 +102,7 @@ def compiler_specs(soc: str, precision: str) -> list:
     chipset = getattr(QcomChipset, soc, None)
     if not isinstance(chipset, QcomChipset):
         known = ", ".join(c.name for c in QcomChipset)
-        raise UsageError(f"unknown SoC {soc!r}: QNN knows {known}")
+        raise ValueError(f"unknown SoC {soc!r}: QNN knows {known}")
     return generate_qnn_executorch_compiler_spec(
         soc_model=chipset, backend_options=generate_htp_compiler_spec(use_fp16=precision == "fp16")
     )
@@ -139,13 +121,13 @@ def lower(
 
     ``calibration`` holds the input tuples a quantized precision is calibrated on (default: the example
     inputs alone). Raises :class:`QnnLoweringFailed` with QNN's reason when QNN cannot lower the model,
-    :class:`QnnLibrariesMissing` when the QNN libraries are not set up, ``UsageError`` for an unknown
+    :class:`QnnLibrariesMissing` when the QNN libraries are not set up, ``ValueError`` for an unknown
     precision, SoC or recompose.
     """
     if precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+        raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     if recompose not in RECOMPOSE:
-        raise UsageError(f"unknown recompose {recompose!r}: choose one of {', '.join(RECOMPOSE)}")
+        raise ValueError(f"unknown recompose {recompose!r}: choose one of {', '.join(RECOMPOSE)}")
     example_inputs = tuple(example_inputs)
     specs = compiler_specs(soc, precision)
     require_libraries()
@@ -197,8 +179,10 @@ def _qnn_reason(soc: str, precision: str):
     raised inside edgefuse's own code passes unchanged (it is edgefuse's bug, not the model's)."""
     try:
         yield
-    except (UsageError, Unavailable):
-        raise
+    except (ValueError, QnnSdkUnavailable) as error:
+        if isinstance(error, QnnSdkUnavailable) or _raised_in_edgefuse(error):
+            raise
+        raise QnnLoweringFailed(f"QNN could not lower the model for {soc} at {precision}: {_reason(error)}") from error
     except Exception as error:
         if _raised_in_edgefuse(error):
             raise
