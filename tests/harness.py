@@ -53,6 +53,16 @@ def rms_norm_nodes(gm: GraphModule) -> list[Node]:
     return [n for n in gm.graph.nodes if table.is_a(n, Role.RMS_NORM)]
 
 
+def norm_input(node: Node) -> Node:
+    """The tensor an ``rms_norm`` node normalizes: its input, or, when the rebuild viewed that input as
+    ``[1, rows, D]`` for a backend's shape limit, the tensor viewed."""
+    source = node.args[0]
+    table = table_for(node.graph)
+    if table.is_a(source, Role.RESHAPE) and list(source.args[1])[:1] == [1] and len(source.args[1]) == 3:
+        return source.args[0]
+    return source
+
+
 def cast_path(node: Node) -> tuple[str, tuple[torch.dtype, ...]]:
     """The graph input a tensor comes from and the dtypes of the value-changing casts on the way.
 

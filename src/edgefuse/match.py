@@ -184,8 +184,8 @@ def _square_base(node: Node, table: OpTable, constants: GraphConstants) -> Node 
     if role is Role.SQUARE:
         return node.args[0]
     if role is Role.POW:
-        exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
-        if isinstance(exponent, (int, float)) and not isinstance(exponent, bool) and exponent == 2:
+        exponent = _exponent(node, table, constants)
+        if exponent == 2:
             return node.args[0]
         return f"the mean averages pow(x, {exponent!r}), not a square"
     if role is Role.MUL and len(node.args) == 2:
@@ -315,7 +315,7 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
         used = f"the mean of squares plus eps ({nodes[-1].name})" if len(nodes) > 2 else "the mean of squares"
         return Rejection(mean, f"{used} is used by more than one node or by none", nodes=tuple(nodes))
 
-    inverse = _inverse(step, table)
+    inverse = _inverse(step, table, constants)
     if isinstance(inverse, str):
         return Rejection(mean, inverse, nodes=tuple(nodes), eps=eps)
     form, inverse_nodes, scaled = inverse
@@ -334,7 +334,21 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
     return _Core(form, base, scaled, normalized, eps, shape, tuple(nodes), note)
 
 
-def _root(node: Node, table: OpTable) -> tuple[Role, bool, str] | None:
+def _exponent(node: Node, table: OpTable, constants: GraphConstants) -> object:
+    """The exponent of a ``pow``: a Python number, or the value of a 0-dim constant tensor (QNN's export
+    passes lift scalar operands into constants, so ``pow(x, 2)`` reaches an edge graph as
+    ``pow.Tensor_Tensor`` of a lifted 2); anything else by the name of the node that holds it."""
+    exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
+    if isinstance(exponent, bool):
+        return exponent
+    if isinstance(exponent, Node):  # only a 0-dim tensor broadcasts and promotes as a Python number does
+        held = tensor_meta(exponent)
+        value = constants.scalar(exponent, table) if held is not None and held.dim() == 0 else None
+        return exponent.name if value is None else value
+    return exponent
+
+
+def _root(node: Node, table: OpTable, constants: GraphConstants) -> tuple[Role, bool, str] | None:
     """(RSQRT or SQRT, whether it is written as a pow, the root as a reason names it) for ``rsqrt`` and
     ``sqrt``, and for ``pow(m, -0.5)`` and ``pow(m, 0.5)`` (Gemma 3n and 4 write the root so): the same
     function, rounded once to the same dtype."""
@@ -342,7 +356,7 @@ def _root(node: Node, table: OpTable) -> tuple[Role, bool, str] | None:
     if role in (Role.RSQRT, Role.SQRT):
         return role, False, role.value
     if role is Role.POW:
-        exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
+        exponent = _exponent(node, table, constants)
         if isinstance(exponent, float) and exponent in (-0.5, 0.5):
             root = Role.RSQRT if exponent < 0 else Role.SQRT
             return root, True, f"{root.value} {node.name} (a pow by {exponent})"
@@ -356,10 +370,10 @@ def _past_identity_casts(node: Node, table: OpTable) -> tuple[list[Node], Node |
     return skipped, _single_user(skipped[-1] if skipped else node, table)
 
 
-def _inverse(step: Node, table: OpTable) -> tuple[str, list[Node], object] | str:
+def _inverse(step: Node, table: OpTable, constants: GraphConstants) -> tuple[str, list[Node], object] | str:
     """(form, nodes up to the normalization, scaled tensor) from the node after ``mean + eps``, or a reason;
     the form is the root's label in :data:`edgefuse.forms.ROOTS`."""
-    root = _root(step, table)
+    root = _root(step, table, constants)
     if root is None:
         return f"{step.name} follows the mean of squares, not rsqrt, sqrt, or pow by -0.5 or 0.5"
     role, by_pow, what = root

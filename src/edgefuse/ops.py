@@ -50,11 +50,13 @@ class Role(enum.Enum):
 
 @dataclass(frozen=True)
 class OpTable:
-    """Targets of one dialect, by role; ``rms_norm`` is the target a rebuilt norm gets."""
+    """Targets of one dialect, by role; ``rms_norm`` is the target a rebuilt norm gets, ``view`` the one
+    that views its input in another shape when a backend needs that (a :class:`~edgefuse.profiles.ShapeLimit`)."""
 
     dialect: str
     roles: Mapping[Any, Role]
     rms_norm: Any
+    view: Any
 
     def __post_init__(self) -> None:
         # By identity: an op's ``__hash__`` is Python code, and the passes ask for the role of every node,
@@ -118,6 +120,7 @@ CAPTURE = OpTable(
         aten.add.Tensor: Role.ADD,
         aten.add.Scalar: Role.ADD,
         aten.pow.Tensor_Scalar: Role.POW,
+        aten.pow.Tensor_Tensor: Role.POW,
         aten.square.default: Role.SQUARE,
         aten.rsqrt.default: Role.RSQRT,
         aten.sqrt.default: Role.SQRT,
@@ -139,6 +142,7 @@ CAPTURE = OpTable(
         **_quantization_ops(torch.ops),
     },
     rms_norm=aten.rms_norm.default,
+    view=aten.view.default,
 )
 
 EDGE = OpTable(
@@ -153,6 +157,7 @@ EDGE = OpTable(
         edge.aten.add.Tensor: Role.ADD,
         edge.aten.add.Scalar: Role.ADD,
         edge.aten.pow.Tensor_Scalar: Role.POW,
+        edge.aten.pow.Tensor_Tensor: Role.POW,
         edge.aten.square.default: Role.SQUARE,
         edge.aten.rsqrt.default: Role.RSQRT,
         edge.aten.sqrt.default: Role.SQRT,
@@ -162,6 +167,7 @@ EDGE = OpTable(
         **_quantization_ops(edge),
     },
     rms_norm=edge.aten.rms_norm.default,
+    view=edge.aten.view_copy.default,
 )
 
 TABLES = (CAPTURE, EDGE)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,42 @@ import torch
 from edgefuse._fx import dtype_name
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+#: The precisions a :class:`ShapeLimit` may hold for: a norm in a graph about to be quantized, and any other.
+QUANTIZED = "quantized"
+FLOAT = "float"
+#: What edgefuse does with a norm a :class:`ShapeLimit` covers: rebuild it on a ``[1, rows, D]`` view of
+#: its input (then view the result back; such a view has no dims before the last two but a 1, so a limit
+#: with ``min_outer`` above 1 never covers it), or leave it decomposed.
+REMEDIES = ("rows", "leave")
+
+
+@dataclass(frozen=True)
+class ShapeLimit:
+    """Input shapes for which a backend's ``rms_norm`` computes wrong values, as measured on the backend.
+
+    It covers an input whose rank is in ``ranks``, whose last dim is at most ``max_last_dim`` (None: any), and whose
+    dims before the last two multiply to at least ``min_outer``, when the backend computes the norm in one
+    of ``precisions`` (:data:`FLOAT`, :data:`QUANTIZED`). ``remedy`` says what edgefuse does then (one of
+    :data:`REMEDIES`); ``measured`` says what was seen, for the decision's reason or note.
+    """
+
+    name: str
+    ranks: frozenset[int]
+    max_last_dim: int | None
+    min_outer: int
+    precisions: frozenset[str]
+    remedy: str
+    measured: str
+
+    def covers(self, shape: tuple[int | None, ...]) -> bool:
+        """Whether an input of ``shape`` may be one this limit is about (a dim not known when the program
+        is built, None, may be any size)."""
+        last, most = shape[-1] if shape else None, self.max_last_dim
+        if len(shape) not in self.ranks or (last is not None and most is not None and last > most):
+            return False
+        outer = shape[:-2]
+        return None in outer or math.prod(outer) >= self.min_outer
 
 
 @dataclass(frozen=True)
@@ -18,7 +55,8 @@ class BackendProfile:
     ``dtypes`` are the norm dtypes it runs outside quantization capture and ``capture_dtypes`` those it
     takes while a captured graph is about to be quantized; ``one_dtype`` asks the weight to share the
     norm's dtype; ``constant_weight`` asks for a weight known when the program is built;
-    ``last_dim_only`` says it normalizes over the last dim alone, never over several trailing dims.
+    ``last_dim_only`` says it normalizes over the last dim alone, never over several trailing dims;
+    ``limits`` are the input shapes it computes wrong (:class:`ShapeLimit`).
     """
 
     name: str
@@ -27,6 +65,13 @@ class BackendProfile:
     one_dtype: bool
     constant_weight: bool
     last_dim_only: bool = False
+    limits: tuple[ShapeLimit, ...] = ()
+
+    def limit_for(self, shape: tuple[int | None, ...], quantization_capture: bool) -> ShapeLimit | None:
+        """The limit that covers a norm over an input of ``shape``, or None; a graph about to be quantized
+        computes its norms in :data:`QUANTIZED`, any other in :data:`FLOAT`."""
+        precision = QUANTIZED if quantization_capture else FLOAT
+        return next((l for l in self.limits if precision in l.precisions and l.covers(shape)), None)
 
     def dtype_reason(self, dtype: torch.dtype, quantization_capture: bool) -> str | None:
         """Why this backend cannot take a norm in ``dtype``, or None when it can."""
@@ -47,6 +92,34 @@ class BackendProfile:
         return None
 
 
+#: What QNN's HTP computes wrong or rejects, measured on QNN 2.51's x86 HTP emulator (SM8650) through
+#: ExecuTorch 1.5.1's QNN flow; ``tests/qnn/test_limits.py`` holds each to that emulator, so a QNN that
+#: fixes one fails a test there.
+QNN_LIMITS = (
+    ShapeLimit(
+        name="htp-fp16-rms-norm-layout",
+        ranks=frozenset({3, 4}),
+        max_last_dim=32,
+        min_outer=2,
+        precisions=frozenset({FLOAT}),
+        remedy="rows",
+        measured=(
+            "in float16 the HTP returns wrong values for some inputs of rank 3 or 4 with a last dim of 32 "
+            "or less whose dims before the last two are not all 1 (as [1, 16, 4, 32], [2, 16, 32]), and "
+            "right ones for every [1, rows, D] measured"
+        ),
+    ),
+    ShapeLimit(
+        name="htp-rms-norm-rank",
+        ranks=frozenset(range(5, 9)),
+        max_last_dim=None,
+        min_outer=1,
+        precisions=frozenset({FLOAT, QUANTIZED}),
+        remedy="rows",
+        measured="the HTP takes no rms_norm of rank above 4, and a program that holds one does not lower",
+    ),
+)
+
 PROFILES: dict[str, BackendProfile] = {
     "aten": BackendProfile(
         name="aten",
@@ -66,6 +139,7 @@ PROFILES: dict[str, BackendProfile] = {
         one_dtype=True,
         constant_weight=True,
         last_dim_only=True,
+        limits=QNN_LIMITS,
     ),
 }
 

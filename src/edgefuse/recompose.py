@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import types
 from dataclasses import dataclass, field, replace
 from typing import Iterable
@@ -166,7 +167,7 @@ class _Rewriter:
                 reason = self.profile.shape_reason(match.normalized_shape)
                 weight = self._weight_for(match) if reason is None else None
                 reason = reason or (weight if isinstance(weight, str) else self._profile_reason(match))
-                value = _rms_norm_meta(match, weight, self.made) if reason is None else None
+                value = _rms_norm_meta(tensor_meta(match.input), match, weight, self.made) if reason is None else None
             except Exception as error:
                 reason = f"{UNREADABLE}: {error!r}"
             outcome = self._rewrite(match, weight, value) if reason is None else reason
@@ -243,6 +244,14 @@ class _Rewriter:
             if isinstance(found, str):
                 return f"{layout}, and {found}"
             match, value, permuted = found
+        try:  # a backend's shape limit, on the input the rebuilt norm reads (after rule 9's swap)
+            rows = self._rows_for(match, weight, value)
+        except Exception as error:
+            rows = f"{UNREADABLE}: {error!r}"
+        if isinstance(rows, str):
+            return rows
+        if rows is not None:
+            match = replace(match, note=f"{match.note}; {rows.note}" if match.note else rows.note)
         blocker = self.constants.mutations.between(_reads(match, self.table), match.output)
         if blocker is not None:
             return (
@@ -252,21 +261,27 @@ class _Rewriter:
         if isinstance(weight, torch.Tensor):
             weight = self.constants.add("rms_norm_weight", weight, before=match.output)
         graph = self.gm.graph
+        copied = {k: v for k, v in match.output.meta.items() if k in ("nn_module_stack", "stack_trace")}
+
+        def add(target, args: tuple, val: torch.Tensor, kwargs: dict | None = None) -> Node:
+            new = graph.call_function(target, args, kwargs or {})
+            new.meta.update(copied)
+            new.meta["val"] = val
+            return new
+
         with graph.inserting_before(match.output):
-            node = graph.call_function(self.table.rms_norm, (match.input, list(match.normalized_shape), weight, match.eps))
-            out = node
+            source = match.input if rows is None else add(self.table.view, (match.input, list(rows.rows)), rows.viewed)
+            node = add(self.table.rms_norm, (source, list(match.normalized_shape), weight, match.eps),
+                       value if rows is None else rows.value)
+            made = [node]
+            if rows is not None:  # the backend's limit: the rebuilt output viewed back in the input's shape
+                made.append(add(self.table.view, (node, list(rows.shape)), value))
             if permuted is not None:  # rule 9: the model's permutation, now of the rebuilt output
                 view, out_value = permuted
-                out = graph.call_function(view.target, (node, *view.args[1:]), dict(view.kwargs))
-        copied = {k: v for k, v in match.output.meta.items() if k in ("nn_module_stack", "stack_trace")}
-        node.meta.update(copied)
-        node.meta["val"] = value
-        if out is not node:
-            out.meta.update(copied)
-            out.meta["val"] = out_value
-        for new in dict.fromkeys((node, out)):
+                made.append(add(view.target, (made[-1], *view.args[1:]), out_value, dict(view.kwargs)))
+        for new in made:
             self.replaced[new.name] = self.replaced.get(match.output.name, match.output.name)
-        match.output.replace_all_uses_with(out)
+        match.output.replace_all_uses_with(made[-1])
         _erase_dead(match.nodes, self.table)
         return node, weight, match
 
@@ -281,7 +296,7 @@ class _Rewriter:
         how = f"rebuilt on {found.base.name} and permuted by {found.permute.name}"
         note = f"{how} after it, as the model's input was, so the output keeps the model's layout"
         rebuilt = replace(match, input=found.base, note=f"{match.note}; {note}" if match.note else note)
-        value = _rms_norm_meta(rebuilt, weight, self.made)
+        value = _rms_norm_meta(tensor_meta(rebuilt.input), rebuilt, weight, self.made)
         out = _permuted_meta(found, value) if value is not None else None
         if out is None:
             return f"edgefuse could not compute the metadata of the norm {how}"
@@ -291,6 +306,49 @@ class _Rewriter:
                 f"produced {list(expected.shape)} and {list(expected.stride())}"
             )
         return rebuilt, value, (found.permute, out)
+
+
+    def _rows_for(
+        self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor
+    ) -> _Rows | str | None:
+        """How a :class:`~edgefuse.profiles.ShapeLimit` of the profile has the norm rebuilt: None when no
+        limit covers the input the rebuilt node reads, a ``[1, rows, D]`` view of it to normalize instead
+        (``value``, the rebuilt norm's metadata, is what the view back must produce), or why it stays."""
+        x = tensor_meta(match.input)
+        shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
+        limit = self.profile.limit_for(shape, self.capture)
+        if limit is None:
+            return None
+        wrong = (
+            f"{self.profile.name} computes rms_norm wrong for an input of shape {list(x.shape)} "
+            f"({limit.name}: {limit.measured})"
+        )
+        if limit.remedy == "leave":
+            return wrong
+        if None in shape:
+            return f"{wrong}, and the rows of this one are not known when the program is built"
+        if not x.is_contiguous():
+            return f"{wrong}, and this input is not contiguous, so it has no [1, rows, D] view"
+        rows = (1, math.prod(shape[:-1]), shape[-1])
+        viewed = _viewed(x, rows)
+        normalized = _rms_norm_meta(viewed, match, weight, self.made)
+        back = _viewed(normalized, shape) if normalized is not None else None
+        mine, theirs = _properties(back) if back is not None else None, _properties(value)
+        if mine is None or theirs is None or mine[1:5] != theirs[1:5]:  # shape, strides, offset, dtype
+            return f"{wrong}, and edgefuse could not show that a norm of its [1, rows, D] view keeps its layout"
+        return _Rows(rows, shape, viewed, normalized, f"rebuilt on a {list(rows)} view of its input: {wrong}")
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """A norm rebuilt on its input viewed as ``rows`` (``[1, rows, D]``, metadata ``viewed``), whose
+    ``rms_norm`` produces ``value`` and is viewed back in ``shape``; ``note`` says why."""
+
+    rows: tuple[int, ...]
+    shape: tuple[int, ...]
+    viewed: torch.Tensor
+    value: torch.Tensor
+    note: str
 
 
 def _traced_not_captured(node: Node) -> bool:
@@ -314,15 +372,17 @@ def _reads(match: NormMatch, table: OpTable) -> set[Node]:
     return reads
 
 
-def _rms_norm_meta(match: NormMatch, weight: Node | torch.Tensor | None, made: dict) -> torch.Tensor | None:
-    """The fake tensor ``aten.rms_norm`` produces for the match's input and weight.
+def _rms_norm_meta(
+    x: torch.Tensor | None, match: NormMatch, weight: Node | torch.Tensor | None, made: dict
+) -> torch.Tensor | None:
+    """The fake tensor ``aten.rms_norm`` produces for the fake input ``x`` (the match's input, or a view
+    of it) and the match's weight.
 
     ``made`` holds, for one pass, the value computed for each kind of input and weight: a norm of the same
     kind as an earlier one gets a clone of that value (one fake op, where ``rms_norm`` takes about ten)
     when the clone has every property the value has (shape, strides, dtype, device, requires_grad; only
     its autograd node is a clone's); otherwise ``rms_norm`` is run again.
     """
-    x = tensor_meta(match.input)
     mode = detect_fake_mode([x]) if x is not None else None
     if mode is None:
         return None
@@ -361,6 +421,12 @@ def _meta_key(mode: object, x: torch.Tensor, w: torch.Tensor | None, match: Norm
     if x_properties is None or w_properties is None or w is not None and not isinstance(w, torch.Tensor):
         return None
     return (id(mode), x_properties, w_properties, tuple(match.normalized_shape), match.eps, torch.is_grad_enabled())
+
+
+def _viewed(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The fake tensor a view of the fake tensor ``x`` in ``shape`` produces."""
+    with detect_fake_mode([x]):
+        return torch.ops.aten.view_copy.default(x, list(shape))
 
 
 def _permuted_meta(found: Permuted, value: torch.Tensor) -> torch.Tensor | None:

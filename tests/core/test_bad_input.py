@@ -10,7 +10,7 @@ from torch.export import Dim, export
 import edgefuse
 from edgefuse.verify import compare
 from tests.forms import LlamaNorm
-from tests.harness import MODES, cast_path, exported, rewrite, rms_norm_nodes
+from tests.harness import MODES, cast_path, norm_input, exported, rewrite, rms_norm_nodes
 
 
 def _x(dtype=torch.float16, shape=(2, 5, 16)):
@@ -47,7 +47,7 @@ def test_symbolic_leading_dims_are_rebuilt_and_match_eager_at_several_sizes(mode
     rows = Dim("rows", min=1, max=64)
     rewritten = rewrite(module, (_x(),), mode, dynamic_shapes=({1: rows},))
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())  # the float16 input itself
+    assert cast_path(norm_input(node)) == ("x", ())  # the float16 input itself
     for size in (1, 7, 64):
         x = _x(shape=(2, size, 16))
         comparison = compare(module(x), rewritten.run(x))
@@ -138,5 +138,5 @@ def test_qnn_on_the_same_program_reads_its_parameters():
     [decision] = result.decisions
     assert decision.rebuilt and decision.weight == "p_weight"
     [node] = rms_norm_nodes(program.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())  # the float16 input itself
+    assert cast_path(norm_input(node)) == ("x", ())  # the float16 input itself
     assert compare(module(_x()), program.module()(_x())).ok

@@ -11,7 +11,7 @@ from edgefuse.fuzz.render import norm_module
 from edgefuse.ops import Role, table_for
 from edgefuse.verify import compare_elementwise
 from tests.forms import WRITTEN, FunctionalNorm, LlamaNorm
-from tests.harness import DTYPES, MODES, cast_path, rewrite, rms_norm_nodes
+from tests.harness import DTYPES, MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 #: Every form of the registry (edgefuse.forms.FORMS) that captured graphs hold decomposed:
 #: ``F.rms_norm`` stays one node there, and edge graphs decompose it (its own test below).
@@ -81,7 +81,7 @@ def test_every_form_is_rebuilt_on_its_input(form, dtype, mode):
         assert table_for(node.graph).is_a(node.args[0], Role.RESHAPE) and node.args[1] == [16 // entry.groups]
     else:
         # The new node reads the model's input itself, in the model's dtype: no cast before it.
-        assert cast_path(node.args[0]) == ("x", ())
+        assert cast_path(norm_input(node)) == ("x", ())
         assert node.args[1] == [16]
         assert node.meta["val"].dtype == dtype
     # eps as the graph adds it: a Python float, a float32 constant, or one cast to the norm's dtype.
@@ -108,7 +108,7 @@ def test_functional_rms_norm_decomposed_by_edge_is_rebuilt(dtype, mode):
     rewritten = rewrite(module, inputs, mode)
     assert [d.rebuilt for d in rewritten.result.decisions] == [True]
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -119,5 +119,5 @@ def test_qk_norm_on_four_dims_is_rebuilt_over_the_head_dim(dtype, mode):
     inputs = _inputs(dtype, (1024, 3, 4, 16))
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ()) and node.args[1] == [16]
+    assert cast_path(norm_input(node)) == ("x", ()) and node.args[1] == [16]
     assert_matches_eager(module, inputs, rewritten)

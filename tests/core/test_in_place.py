@@ -9,7 +9,7 @@ from torch.export import export
 
 import edgefuse
 from edgefuse.verify import compare
-from tests.harness import cast_path, rms_norm_nodes
+from tests.harness import cast_path, norm_input, rms_norm_nodes
 
 
 def _x(shape=(2, 5, 16), seed=0, dtype=torch.float32):
@@ -92,7 +92,7 @@ def test_an_in_place_op_before_the_norm_does_not_stop_it():
     module, inputs = WriteBeforeNorm(), (_x(),)
     graph, result = _capture(module, inputs)
     [node] = rms_norm_nodes(graph)
-    assert cast_path(node.args[0]) == ("mul_", ())  # the written tensor, read after the write as the model does
+    assert cast_path(norm_input(node)) == ("mul_", ())  # the written tensor, read after the write as the model does
     assert compare(module(*inputs), graph(*inputs)).ok
 
 

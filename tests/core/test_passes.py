@@ -13,7 +13,7 @@ import edgefuse
 from edgefuse.passes import RecomposeRmsNorm, RemoveRedundantCasts
 from edgefuse.verify import compare
 from tests.forms import LlamaNorm
-from tests.harness import cast_path, rms_norm_nodes
+from tests.harness import cast_path, norm_input, rms_norm_nodes
 
 
 def _x(dtype=torch.float16, shape=(2, 5, 16)):
@@ -28,7 +28,7 @@ def test_transform_rebuilds_norms_in_an_edge_program():
     edge = edge.transform([RemoveRedundantCasts(), recompose], compile_config=config)
     program = edge.exported_program()
     [node] = rms_norm_nodes(program.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert [d.rebuilt for d in recompose.decisions] == [True]
     assert compare(module(_x()), program.module()(_x())).ok
 
@@ -45,7 +45,7 @@ def test_the_pass_runs_on_a_module_graph_and_returns_a_pass_result():
     result = RecomposeRmsNorm(backend="qnn", quantization_capture=True)(graph)
     assert result.modified and result.graph_module is graph
     [node] = rms_norm_nodes(graph)
-    assert cast_path(node.args[0]) == ("x", ())  # the bfloat16 input itself
+    assert cast_path(norm_input(node)) == ("x", ())  # the bfloat16 input itself
     assert compare(module(_x(torch.bfloat16)), graph(_x(torch.bfloat16))).ok
 
 
@@ -81,7 +81,7 @@ def test_weights_folded_in_two_runs_over_one_program_keep_their_own_constants():
     edge = edge.transform([RecomposeRmsNorm(backend="qnn")], compile_config=edgefuse.edge_compile_config())
     program = edge.exported_program()
     nodes = rms_norm_nodes(program.graph_module)
-    assert [cast_path(n.args[0]) for n in nodes] == [("x", ()), ("y", ())]
+    assert [cast_path(norm_input(n)) for n in nodes] == [("x", ()), ("y", ())]
     weights = [n.args[2].name for n in nodes]
     assert len(weights) == 2 and len(set(weights)) == 2
     for expected, actual in zip(module(*inputs), program.module()(*inputs)):

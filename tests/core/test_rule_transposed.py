@@ -20,7 +20,7 @@ from edgefuse.verify import compare
 from tests.core.test_forms import FORMS, ONE_ROUNDING_MORE, allowed_units, assert_matches_eager, build
 from tests.core.rule_checks import assert_left
 from tests.forms import EPS, GemmaNorm, LlamaNorm
-from tests.harness import DTYPES, cast_path, exported, rewrite, rms_norm_nodes
+from tests.harness import DTYPES, cast_path, norm_input, exported, rewrite, rms_norm_nodes
 
 #: How the model reorders [B, T, H, D] into [B, H, T, D] before its norm, as models write it.
 VIEWS = {
@@ -93,7 +93,7 @@ def test_rule_a_norm_over_a_transposed_view_is_rebuilt_before_it_and_keeps_the_l
         assert decision.input == "x" and "permuted by transpose" in decision.note
         node = assert_keeps_the_layout(rewritten, inputs, torch.ops.aten.transpose.int)
         # the new node reads the model's input itself, before the transpose, in the model's dtype
-        assert cast_path(node.args[0]) == ("x", ()) and node.args[0].op == "placeholder"
+        assert cast_path(norm_input(node)) == ("x", ()) and node.args[0].op == "placeholder"
     assert node.args[1] == [16] and node.meta["val"].dtype == dtype
     assert_matches_eager(module, inputs, rewritten, allowed_units(form, dtype))
 
@@ -116,7 +116,7 @@ def test_rule_every_op_that_reorders_the_other_dims_is_taken(view):
     assert decision.rebuilt, decision.reason
     target, args = CAPTURED[view]
     node = assert_keeps_the_layout(rewritten, inputs, target)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     # the model's own view, with its own arguments, of the rebuilt output; nothing of the old view is left
     assert _permute_after(node).args[1:] == args
     assert len([n for n in rewritten.graph_module.graph.nodes if n.target == target]) == 1
@@ -131,7 +131,7 @@ def test_rule_the_qnn_profile_rebuilds_a_transposed_norm_in_quantization_capture
     [decision] = rewritten.result.decisions
     assert decision.rebuilt, decision.reason
     node = assert_keeps_the_layout(rewritten, inputs, torch.ops.aten.transpose.int)
-    assert cast_path(node.args[0]) == ("x", ()) and node.args[2].op == "get_attr"
+    assert cast_path(norm_input(node)) == ("x", ()) and node.args[2].op == "get_attr"
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -166,7 +166,7 @@ def test_rule_a_dynamic_sequence_length_keeps_the_symbolic_layout():
     [decision] = rewritten.result.decisions
     assert decision.rebuilt, decision.reason
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     model = exported(QKNorm(GemmaNorm()), (_x(),), "capture", dynamic_shapes=({1: seq},))
     [model_output] = [n for n in model.graph.nodes if n.op == "output"][0].args[0]
     strides = _permute_after(node).meta["val"].stride()
@@ -320,7 +320,7 @@ def test_rule_a_transposed_view_with_another_reader_is_kept_for_it():
     module, inputs = TransposedAlsoUsed(), (_x(),)
     rewritten = rewrite(module, inputs, "capture")
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     transposes = [n for n in rewritten.graph_module.graph.nodes if n.target == torch.ops.aten.transpose.int]
     assert len(transposes) == 2 and _permute_after(node) in transposes  # the model's, and the rebuilt norm's
     expected, actual = module(*inputs), rewritten.run(*inputs)

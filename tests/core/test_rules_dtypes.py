@@ -9,7 +9,7 @@ from torch import nn
 import edgefuse
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import EPS, LlamaNorm, RoundInsideNorm
-from tests.harness import MODES, cast_path, exported, rewrite, rms_norm_nodes
+from tests.harness import MODES, cast_path, norm_input, exported, rewrite, rms_norm_nodes
 
 
 # Rule 7: input and output share a dtype D, and everything the norm computes is D or wider, and no wider
@@ -83,7 +83,7 @@ def test_rule_rounding_to_the_other_half_dtype_inside_the_norm_stays(mode, dtype
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)  # only the float32 norm before the rounding is rebuilt
     assert node.meta["val"].dtype == torch.float32
-    assert cast_path(node.args[0]) == ("x", (torch.float32,))
+    assert cast_path(norm_input(node)) == ("x", (torch.float32,))
     assert not any(d.rebuilt and d.dtype == dtype for d in rewritten.result.decisions)
     assert_matches_eager(module, inputs, rewritten, dtype=dtype)
 
@@ -103,7 +103,7 @@ def test_rule_the_walk_back_never_passes_a_cast_between_half_dtypes(mode):
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)  # rebuilt in float32, on the float16-rounded copy
     assert node.meta["val"].dtype == torch.float32
-    assert cast_path(node.args[0]) == ("x", (torch.float16, torch.float32))
+    assert cast_path(norm_input(node)) == ("x", (torch.float16, torch.float32))
     assert_matches_eager(module, inputs, rewritten, dtype=torch.bfloat16)
 
 
@@ -126,7 +126,7 @@ def test_qnn_folds_a_narrower_weight_that_the_multiply_widens(mode):
     inputs = (sample(),)
     rewritten = rewrite(module, inputs, mode, backend="qnn")
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ()) and node.meta["val"].dtype == torch.float32
+    assert cast_path(norm_input(node)) == ("x", ()) and node.meta["val"].dtype == torch.float32
     assert node.args[2].meta["val"].dtype == torch.float32 and "rms_norm_weight" in node.args[2].name
     assert_matches_eager(module, inputs, rewritten, ulps=1.5)
 

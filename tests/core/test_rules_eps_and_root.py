@@ -8,7 +8,7 @@ from torch import nn
 
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import EPS
-from tests.harness import MODES, cast_path, rewrite, rms_norm_nodes
+from tests.harness import MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 
 # Rule 4: eps is a finite, non-negative constant.
@@ -47,7 +47,7 @@ def test_rule_no_eps_is_eps_zero(mode):
     rewritten = rewrite(module, (sample(),), mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[3] == 0.0
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, (sample(),), rewritten)
 
 
@@ -64,7 +64,7 @@ def test_rule_an_eps_that_underflows_where_it_is_added_is_eps_zero(mode):
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[3] == 0.0
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     [decision] = rewritten.result.decisions
     if mode == "capture":  # edge graphs lift eps into a float16 constant, already 0
         assert "1e-12 is 0 in float16" in decision.note
@@ -80,7 +80,7 @@ def test_rule_an_eps_that_fits_keeps_its_value_and_has_no_note(mode):
     written = 1e-12 if mode == "capture" else torch.tensor(1e-12).item()  # edge lifts it into a float32 constant
     assert node.args[3] == written
     assert rewritten.result.decisions[0].note is None
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -121,7 +121,7 @@ def test_a_cast_factor_that_changes_nothing_is_walked_past(mode):
     inputs = (sample(),)
     rewritten = rewrite(CastFactor(), inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ()) and node.args[2] is None
+    assert cast_path(norm_input(node)) == ("x", ()) and node.args[2] is None
     assert_matches_eager(rewritten.module, inputs, rewritten, ulps=1.5)  # float32: one rounding more
 
 

@@ -8,7 +8,7 @@ from torch import nn
 
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import EPS, ContiguousUpcastNorm, LlamaNorm, RoundThenNorm
-from tests.harness import MODES, cast_path, rewrite, rms_norm_nodes
+from tests.harness import MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 
 # Rule 6: the input is the nearest tensor of the output dtype, reached only past value-keeping casts.
@@ -20,7 +20,7 @@ def test_rule_rounding_before_the_norm_is_kept(mode):
     inputs = (sample(),)
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", (torch.float16, torch.float32))  # the rounded tensor
+    assert cast_path(norm_input(node)) == ("x", (torch.float16, torch.float32))  # the rounded tensor
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -60,7 +60,7 @@ def test_channels_last_input_with_a_cast_that_keeps_its_dim_order(mode, dtype):
     [decision] = rewritten.result.decisions
     assert decision.rebuilt, decision.reason
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert node.meta["val"].dim_order() == inputs[0].dim_order()
     assert_matches_eager(module, inputs, rewritten)
 
@@ -88,7 +88,7 @@ def test_rule_a_cast_that_changes_the_layout_never_joins_the_weight(mode, dtype)
     assert decision.rebuilt and decision.weight is None and decision.dtype == torch.float32
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2] is None
-    assert cast_path(node.args[0]) == ("x", () if dtype == torch.float32 else (torch.float32,))
+    assert cast_path(norm_input(node)) == ("x", () if dtype == torch.float32 else (torch.float32,))
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -115,5 +115,5 @@ def test_qnn_never_rounds_a_float32_weight_into_a_half_norm(mode):
     assert decision.rebuilt and decision.dtype == torch.float32
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.meta["val"].dtype == node.args[2].meta["val"].dtype == torch.float32
-    assert cast_path(node.args[0]) == ("x", (torch.float32,))
+    assert cast_path(norm_input(node)) == ("x", (torch.float32,))
     assert_matches_eager(module, inputs, rewritten)

@@ -8,7 +8,7 @@ from torch import nn
 
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import EPS, Cube, DifferentScaled, NoKeepdim, ProductOfTwo, WrongDim
-from tests.harness import MODES, cast_path, rewrite, rms_norm_nodes
+from tests.harness import MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 
 # Rule 1: the mean keeps its dims and reduces exactly the trailing dims.
@@ -95,7 +95,7 @@ def test_rule_a_square_of_two_casts_of_one_tensor_is_rebuilt_and_of_two_tensors_
     module = SquareOfTwoCasts(dtype)
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", (dtype,)) and node.meta["val"].dtype == dtype  # reads x cast to D
+    assert cast_path(norm_input(node)) == ("x", (dtype,)) and node.meta["val"].dtype == dtype  # reads x cast to D
     # A float32 norm rounds once more than rms_norm (1.5 units); one computed step by step in float16
     # is held to 4, as tests/core/test_forms.py derives for such forms.
     assert_matches_eager(module, inputs, rewritten, ulps=1.5 if dtype == torch.float32 else 4.0)

@@ -10,7 +10,7 @@ from torch import nn
 
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import EPS, GemmaNorm, LlamaNorm
-from tests.harness import MODES, cast_path, rewrite, rms_norm_nodes
+from tests.harness import MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 
 # Backend profiles.
@@ -35,7 +35,7 @@ def test_qnn_takes_a_norm_over_the_last_dim_only(mode):
     assert_left(rewrite(module, inputs, mode, backend="qnn"), "qnn's rms_norm normalizes over the last dim only")
     rewritten = rewrite(module, inputs, mode, backend="aten")
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert node.args[1] == [5, 16] and cast_path(node.args[0]) == ("x", ())  # reads x itself
+    assert node.args[1] == [5, 16] and cast_path(norm_input(node)) == ("x", ())  # reads x itself
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -60,7 +60,7 @@ def test_qnn_takes_bfloat16_in_quantization_capture(form):
     inputs = (sample(torch.bfloat16),)
     rewritten = rewrite(module, inputs, "capture", backend="qnn", quantization_capture=True)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ()) and node.args[2].op == "get_attr"
+    assert cast_path(norm_input(node)) == ("x", ()) and node.args[2].op == "get_attr"
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -69,7 +69,7 @@ def test_quantization_capture_counts_type_as_as_a_cast():
     inputs = (sample(torch.bfloat16),)
     rewritten = rewrite(module, inputs, "capture", backend="qnn", quantization_capture=True)
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -81,7 +81,7 @@ def test_qnn_folds_gemmas_one_plus_w_into_a_constant(mode):
     [node] = rms_norm_nodes(rewritten.graph_module)
     weight = node.args[2]
     assert weight.op in ("get_attr", "placeholder") and "rms_norm_weight" in weight.name
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -95,7 +95,7 @@ def test_qnn_rebuilds_a_half_gemma_norm_in_float32_before_its_cast(mode):
     [decision] = rewritten.result.decisions
     assert decision.rebuilt and decision.dtype == torch.float32
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert cast_path(node.args[0]) == ("x", (torch.float32,))
+    assert cast_path(norm_input(node)) == ("x", (torch.float32,))
     assert node.args[2].meta["val"].dtype == torch.float32 and "rms_norm_weight" in node.args[2].name
     assert_matches_eager(module, inputs, rewritten)
 
@@ -107,7 +107,7 @@ def test_qnn_takes_the_weight_in_the_norm_dtype_behind_a_cast(mode):
     rewritten = rewrite(module, inputs, mode, backend="qnn")
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2].meta["val"].dtype == torch.float16
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -132,7 +132,7 @@ def test_qnn_folds_a_weight_cast_with_type_as(mode):
     [decision] = rewritten.result.decisions
     assert decision.rebuilt, decision.reason
     [node] = rms_norm_nodes(rewritten.graph_module)
-    assert node.meta["val"].dtype == torch.float16 and cast_path(node.args[0]) == ("x", ())
+    assert node.meta["val"].dtype == torch.float16 and cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
     # The folded weight is a constant outside autograd: one that required grad, as the parameter it was
     # cast from does, made torch warn on every call of the program.

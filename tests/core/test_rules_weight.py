@@ -7,7 +7,7 @@ import torch
 
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import LaterMul, NormThenScale
-from tests.harness import MODES, cast_path, rewrite, rms_norm_nodes
+from tests.harness import MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 
 # Rule 5: only dtype-only casts between normalization and weight; the weight has the normalized shape.
@@ -23,7 +23,7 @@ def test_rule_a_scalar_after_the_norm_is_never_the_weight(scale, mode, dtype):
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2] is None  # the scale stays a multiply after the norm
     assert [u.name for u in node.users] and all("mul" in u.name for u in node.users)
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -34,7 +34,7 @@ def test_rule_a_weight_of_another_shape_is_not_the_weight(mode):
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2] is None
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten)
 
 
@@ -47,7 +47,7 @@ def test_rule_a_tensor_multiply_after_the_norm_stays_outside(mode, dtype):
     rewritten = rewrite(module, inputs, mode)
     [node] = rms_norm_nodes(rewritten.graph_module)
     assert node.args[2].name.endswith("weight")  # the norm's own weight, not the scale
-    assert cast_path(node.args[0]) == ("x", ())
+    assert cast_path(norm_input(node)) == ("x", ())
     assert_matches_eager(module, inputs, rewritten, dtype=dtype)  # a float32 multiply follows the norm
 
 

@@ -1,0 +1,189 @@
+"""What QNN built for a lowered program: the ops of each delegate's QNN graph, and where each norm went.
+
+ExecuTorch's ``QnnBackend.preprocess`` turns each partition into QNN op configs (one or more per edge
+node: an op builder may also build none, and drop the node without an error) and hands them to
+``QnnManager.Compile``, whose context binary becomes the delegate's ``processed_bytes``. The ops are read
+there, where QNN receives them: :func:`recording_compiled_graphs` records every compiled graph while a
+lowering runs, and :func:`qnn_graphs` ties each to its delegate by those bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterator
+
+from edgefuse.recompose import Decision
+
+#: The QNN op type a rebuilt norm becomes.
+RMS_NORM = "RmsNorm"
+_RECORDING = threading.Lock()
+
+
+@dataclass(frozen=True)
+class QnnOp:
+    """One op of a QNN graph: its name (the edge node's, for most builders), type and package, the shape
+    and QNN data type of each input, and ``sources``: the names the edge node had in the graphs it was
+    exported from (its ``from_node`` provenance), so a norm rebuilt in a captured graph can be found."""
+
+    name: str
+    type: str
+    package: str
+    inputs: tuple[tuple[tuple[int, ...], str], ...] = ()
+    sources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class QnnGraph:
+    """The QNN graph of one delegate: ``delegate`` is its lowered module's name in the program."""
+
+    delegate: str
+    ops: tuple[QnnOp, ...]
+
+    @property
+    def rms_norms(self) -> int:
+        return sum(1 for op in self.ops if op.type == RMS_NORM)
+
+    def op_types(self) -> dict[str, int]:
+        """How many ops of each type the graph holds."""
+        counts: dict[str, int] = {}
+        for op in self.ops:
+            counts[op.type] = counts.get(op.type, 0) + 1
+        return counts
+
+
+@dataclass(frozen=True)
+class NormPlace:
+    """Where one norm edgefuse decided on went: ``qnn_op`` is the QNN op its ``rms_norm`` became (with
+    the ``delegate`` holding it), or None; ``outside`` names its nodes left outside every delegate."""
+
+    mean: str
+    module_path: str | None
+    rebuilt: bool
+    qnn_op: str | None = None
+    delegate: str | None = None
+    outside: tuple[str, ...] = ()
+
+
+@dataclass
+class QnnGraphs:
+    """Every QNN graph of a lowered program, the ops left outside the delegates, and each norm's place.
+
+    ``outside`` holds ``(node name, op)`` of each call outside a delegate (getitem aside);
+    ``norms`` one :class:`NormPlace` per norm decision.
+    """
+
+    delegates: list[QnnGraph] = field(default_factory=list)
+    outside: list[tuple[str, str]] = field(default_factory=list)
+    norms: list[NormPlace] = field(default_factory=list)
+
+    @property
+    def rms_norms(self) -> int:
+        """How many QNN ``RmsNorm`` ops the program's graphs hold."""
+        return sum(g.rms_norms for g in self.delegates)
+
+    def find(self, name: str) -> tuple[QnnGraph, QnnOp] | None:
+        """The graph and op named ``name``, else the one whose edge node came from a node so named; None."""
+        for match in (lambda op: op.name == name, lambda op: name in op.sources):
+            for graph in self.delegates:
+                for op in graph.ops:
+                    if match(op):
+                        return graph, op
+        return None
+
+
+@dataclass
+class _Compiled:
+    """The op lists of each graph QNN compiled, and the context binary it returned."""
+
+    graphs: list[tuple[list[QnnOp], bytes]] = field(default_factory=list)
+
+
+def _describe(op_wrapper: Any, adaptor: Any) -> QnnOp:
+    inputs = []
+    for tensor in op_wrapper.GetInputTensors():
+        wrapped = adaptor.PyQnnTensorWrapper(tensor)
+        inputs.append((tuple(int(d) for d in wrapped.GetDims()), str(wrapped.GetDataType()).rsplit(".", 1)[-1]))
+    return QnnOp(op_wrapper.GetName(), op_wrapper.GetOpType(), op_wrapper.GetPackageName(), tuple(inputs))
+
+
+@contextlib.contextmanager
+def recording_compiled_graphs() -> Iterator[_Compiled]:
+    """Within the block, record every graph ExecuTorch's QNN backend hands to ``QnnManager.Compile``."""
+    import executorch.backends.qualcomm.python.PyQnnManagerAdaptor as adaptor
+
+    compiled = _Compiled()
+    with _RECORDING:
+        stock = adaptor.QnnManager.Compile
+
+        def compile_and_record(manager, graph_names, op_wrappers, *args, **kwargs):
+            binary = stock(manager, graph_names, op_wrappers, *args, **kwargs)
+            processed = bytes(binary)
+            for ops in op_wrappers:
+                compiled.graphs.append(([_describe(op, adaptor) for op in ops], processed))
+            return binary
+
+        adaptor.QnnManager.Compile = compile_and_record
+        try:
+            yield compiled
+        finally:
+            adaptor.QnnManager.Compile = stock
+
+
+def _lowered_modules(edge) -> list[tuple[str, Any]]:
+    """``(name, LoweredBackendModule)`` of every QNN delegate of every method of ``edge``."""
+    found = []
+    for method in edge.methods:
+        gm = edge.exported_program(method).graph_module
+        for name, module in gm.named_children():
+            if type(module).__name__ == "LoweredBackendModule" and getattr(module, "backend_id", "") == "QnnBackend":
+                found.append((name if len(edge.methods) == 1 else f"{method}.{name}", module))
+    return found
+
+
+def _outside(edge) -> list[tuple[str, str]]:
+    found = []
+    for method in edge.methods:
+        for node in edge.exported_program(method).graph_module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            op = getattr(node.target, "__name__", str(node.target))
+            if op in ("executorch_call_delegate", "getitem"):
+                continue
+            found.append((node.name, op))
+    return found
+
+
+def _sources(node) -> tuple[str, ...]:
+    """The names of the nodes ``node`` was made from, through every export and pass that recorded it."""
+    names: list[str] = []
+    work = list(node.meta.get("from_node") or ())
+    while work and len(names) < 256:
+        source = work.pop()
+        if source.name not in names:
+            names.append(source.name)
+        work.extend(source.from_node or ())
+    return tuple(names)
+
+
+def qnn_graphs(edge, compiled: _Compiled, decisions: list[Decision] = ()) -> QnnGraphs:
+    """What QNN built for the lowered ``edge``, from the graphs :func:`recording_compiled_graphs` recorded
+    while it was lowered, and where each of ``decisions``' norms went."""
+    by_bytes = {processed: ops for ops, processed in compiled.graphs}
+    delegates = []
+    for name, module in _lowered_modules(edge):
+        sources = {n.name: _sources(n) for n in module.original_module.graph.nodes}
+        ops = [replace(op, sources=sources.get(op.name, ())) for op in by_bytes.get(bytes(module.processed_bytes), [])]
+        delegates.append(QnnGraph(name, tuple(ops)))
+    graphs = QnnGraphs(delegates, _outside(edge))
+    outside_names = {name for name, _ in graphs.outside}
+    for decision in decisions:
+        found = graphs.find(decision.node) if decision.node else None
+        names = [n for n in (decision.node, decision.mean) if n]
+        graphs.norms.append(NormPlace(
+            decision.mean, decision.module_path, decision.rebuilt,
+            found[1].type if found else None, found[0].delegate if found else None,
+            tuple(n for n in names if n in outside_names),
+        ))
+    return graphs

@@ -1,0 +1,211 @@
+"""edgefuse's passes in ExecuTorch's QNN pipelines, in place of the released ``RecomposeRmsNorm`` and
+``RemoveRedundancy``.
+
+ExecuTorch 1.5.1's ``QnnPassManager`` builds its passes from classes it looks up in the module
+``executorch.backends.qualcomm._passes.qnn_pass_manager`` each time a pipeline starts (the annotation
+pipeline of ``QnnQuantizer``, and the to_edge passes of ``to_edge_transform_and_lower_to_qnn``; its export
+and preprocess pipelines run neither pass). It reads each class's ``__init__`` signature to pick the keyword
+arguments it passes (``quantization_capture``, ``edge_program``, ...). :func:`patched` puts the classes
+below in the stock ones' place for the length of a block, wherever a QNN module refers to them:
+
+- :class:`QnnRecomposeRmsNorm` rebuilds norms with :func:`edgefuse.recompose_rms_norm` under the ``qnn``
+  profile. It is an ``ExportedProgramPassBase``, so ``to_edge_transform_and_lower`` hands it the edge
+  program and it can tell lifted parameters from inputs; called on a graph module (the pass manager's own
+  ``transform_for_to_edge_pipeline``), it reads the ``edge_program`` it was built with when that program
+  holds the graph.
+- :class:`QnnRemoveRedundancy` removes what the stock pass removes, except a ``_to_copy`` that changes the
+  dtype (the stock pass drops every ``_to_copy`` with a ``memory_format``, and with it a cast the model
+  computes), and then the casts that change nothing (:func:`edgefuse.remove_redundant_casts`), so a norm
+  written on a no-op cast is rebuilt on its source.
+
+Every run's decisions land in the :class:`QnnPatch` the block yields.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from torch.export import ExportedProgram
+from torch.fx import GraphModule
+from torch.fx.passes.infra.pass_base import PassResult
+
+from edgefuse.passes import RecomposeRmsNorm, RemoveRedundantCasts
+from edgefuse.recompose import Decision
+
+#: The package whose modules refer to the stock passes, and the modules that define them.
+QNN_PACKAGE = "executorch.backends.qualcomm"
+_STOCK = {
+    "RecomposeRmsNorm": "executorch.backends.qualcomm._passes.recompose_rms_norm",
+    "RemoveRedundancy": "executorch.backends.qualcomm._passes.remove_redundancy",
+}
+#: The modules whose pass lists name the stock classes; imported before patching so none of them is
+#: imported inside the block (and keeps the patched class after it).
+_USERS = (
+    "executorch.backends.qualcomm._passes",
+    "executorch.backends.qualcomm._passes.qnn_pass_manager",
+    "executorch.backends.qualcomm._passes.backends.htp.qnn_htp_pass_manager",
+    "executorch.backends.qualcomm._passes.backends.gpu.qnn_gpu_pass_manager",
+    "executorch.backends.qualcomm._passes.backends.lpai.qnn_lpai_pass_manager",
+)
+
+
+@dataclass(frozen=True)
+class PassRun:
+    """One run of an edgefuse pass inside a QNN pipeline.
+
+    ``pipeline`` is ``"annotation"`` (a captured graph about to be quantized) or ``"to_edge"``;
+    ``decisions`` are the norm decisions of a recomposition, ``removed`` the nodes a cast removal removed.
+    """
+
+    pipeline: str
+    name: str
+    decisions: tuple[Decision, ...] = ()
+    removed: tuple[str, ...] = ()
+
+
+@dataclass
+class QnnPatch:
+    """What :func:`patched` swapped in, and every run of those passes while the block ran."""
+
+    recompose: type
+    remove_redundancy: type
+    runs: list[PassRun] = field(default_factory=list)
+
+    @property
+    def decisions(self) -> list[Decision]:
+        """The norm decisions of every recomposition run, in order."""
+        return [d for run in self.runs for d in run.decisions]
+
+
+def _pipeline(quantization_capture: bool) -> str:
+    return "annotation" if quantization_capture else "to_edge"
+
+
+class QnnRecomposeRmsNorm(RecomposeRmsNorm):
+    """edgefuse's recomposition as a QNN pass: the ``qnn`` profile, and the program wherever weights are lifted.
+
+    Its ``__init__`` takes the keywords ``QnnPassManager`` passes by name; a subclass made by
+    :func:`patched` records each run in its :class:`QnnPatch`.
+    """
+
+    patch: QnnPatch | None = None
+
+    def __init__(self, quantization_capture: bool = False, edge_program: ExportedProgram | None = None):
+        super().__init__(backend="qnn", quantization_capture=bool(quantization_capture))
+        self.edge_program = edge_program
+
+    def _run(self, target: ExportedProgram | GraphModule) -> bool:
+        program = self.edge_program
+        if isinstance(target, GraphModule) and program is not None and program.graph_module is target:
+            target = program  # the pass manager hands over the program's own graph: read its signature
+        changed = super()._run(target)
+        if self.patch is not None:
+            self.patch.runs.append(PassRun(_pipeline(self.quantization_capture), "RecomposeRmsNorm", tuple(self.decisions)))
+        return changed
+
+
+def _stock_remove_redundancy():
+    return importlib.import_module(_STOCK["RemoveRedundancy"]).RemoveRedundancy
+
+
+class QnnRemoveRedundancy:
+    """The stock ``RemoveRedundancy``, keeping every ``_to_copy`` that changes the dtype, then edgefuse's
+    removal of the casts that change nothing; ``removed`` names what the last run removed."""
+
+    patch: QnnPatch | None = None
+
+    def __init__(self, quantization_capture: bool = False):
+        stock = _stock_remove_redundancy()
+        self.quantization_capture = bool(quantization_capture)
+        self._stock = stock(quantization_capture=self.quantization_capture)
+        table = self._stock.redundant_ops
+        for target, condition in list(table.items()):
+            if getattr(condition, "__name__", "") == "_to_copy_op_condition":
+                table[target] = _keeps_dtype(condition)
+        self.removed: list[str] = []
+
+    def __call__(self, graph_module: GraphModule):
+        before = {n.name for n in graph_module.graph.nodes}
+        result = self._stock(graph_module)
+        graph_module = result.graph_module
+        casts = RemoveRedundantCasts()
+        casts(graph_module)
+        after = {n.name for n in graph_module.graph.nodes}
+        self.removed = sorted(before - after)
+        if self.patch is not None:
+            self.patch.runs.append(PassRun(_pipeline(self.quantization_capture), "RemoveRedundancy", (), tuple(self.removed)))
+        return PassResult(graph_module, bool(result.modified) or bool(casts.removed))
+
+
+def _keeps_dtype(condition):
+    """The stock condition for removing a ``_to_copy``, and also that it keeps its input's dtype."""
+
+    def _to_copy_op_condition(node) -> bool:
+        source = node.args[0] if node.args else None
+        value, source_value = node.meta.get("val"), getattr(source, "meta", {}).get("val")
+        same_dtype = getattr(value, "dtype", None) is not None and value.dtype == getattr(source_value, "dtype", None)
+        return same_dtype and condition(node)
+
+    return _to_copy_op_condition
+
+
+_LOCK = threading.RLock()
+
+
+def _referring_modules(values: dict[str, object]) -> list[tuple[object, str, object]]:
+    """``(module, name, value)`` for every loaded QNN module whose ``name`` holds ``values[name]``, except
+    the modules that define the stock classes (they keep them, for anyone who needs the stock pass)."""
+    found = []
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == QNN_PACKAGE or module_name.startswith(QNN_PACKAGE + ".")):
+            continue
+        if module_name in _STOCK.values():
+            continue
+        for name, value in values.items():
+            if module.__dict__.get(name) is value:
+                found.append((module, name, value))
+    return found
+
+
+@contextlib.contextmanager
+def patched() -> Iterator[QnnPatch]:
+    """Within the block, ExecuTorch's QNN pipelines run edgefuse's recomposition and cast removal.
+
+    Every QNN module that refers to the stock ``RecomposeRmsNorm`` or ``RemoveRedundancy`` refers to
+    edgefuse's while the block runs, and to the stock ones again afterwards, also when the block raises.
+    A user's QNN script changes by one line::
+
+        with edgefuse.qnn.patched() as patch:
+            ...  # QnnQuantizer / prepare_pt2e / convert_pt2e / to_edge_transform_and_lower_to_qnn
+        patch.decisions  # what edgefuse rebuilt, and why it left the rest
+
+    A ``passes_job`` the script builds (``get_capture_program_passes()``) must be built inside the block:
+    one built before it names the stock classes. Blocks may nest; each records its own runs.
+    """
+    for module in _USERS:
+        importlib.import_module(module)
+    with _LOCK:
+        current = {name: getattr(importlib.import_module(_USERS[0]), name) for name in _STOCK}
+        patch = QnnPatch(recompose=None, remove_redundancy=None)  # type: ignore[arg-type]
+        patch.recompose = type("RecomposeRmsNorm", (QnnRecomposeRmsNorm,), {"patch": patch, "__module__": __name__})
+        patch.remove_redundancy = type(
+            "RemoveRedundancy", (QnnRemoveRedundancy,), {"patch": patch, "__module__": __name__}
+        )
+        ours = {"RecomposeRmsNorm": patch.recompose, "RemoveRedundancy": patch.remove_redundancy}
+        swapped = _referring_modules(current)
+        for module, name, _ in swapped:
+            setattr(module, name, ours[name])
+    try:
+        yield patch
+    finally:
+        with _LOCK:
+            for module, name, value in swapped:
+                setattr(module, name, value)
+            # a QNN module imported inside the block took edgefuse's class from the package: give it back
+            for module, name, _ in _referring_modules(ours):
+                setattr(module, name, current[name])
