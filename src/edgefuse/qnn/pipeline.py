@@ -19,6 +19,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
+from edgefuse.qnn.emulator import to_pte
 from edgefuse.qnn.sdk import QnnSdkUnavailable, ensure_in_process
 from edgefuse.qnn.graphs import QnnGraphs, qnn_graphs, recording_compiled_graphs
 from edgefuse.qnn.passes import PassRun, patched
@@ -71,24 +72,7 @@ class QnnLowered:
     def to_pte(self) -> bytes:
         """The ``.pte`` bytes: the graph inputs and outputs planned in memory and segments aligned as the
         QNN delegate needs them."""
-        return self.edge.to_executorch(executorch_config()).buffer
-
-
-def executorch_config():
-    """The ``ExecutorchBackendConfig`` a QNN program is written with."""
-    from executorch.backends.qualcomm.utils.utils import get_qnn_context_binary_alignment
-    from executorch.exir import ExecutorchBackendConfig
-    from executorch.exir.passes import MemoryPlanningPass
-
-    return ExecutorchBackendConfig(
-        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=True, alloc_graph_output=True),
-        segment_alignment=get_qnn_context_binary_alignment(),
-    )
-
-
-def require_libraries() -> None:
-    """Make this process use the QNN libraries, or raise :data:`QnnLibrariesMissing` naming the set-up."""
-    ensure_in_process()
+        return to_pte(self.edge)
 
 
 def compiler_specs(soc: str, precision: str) -> list:
@@ -130,7 +114,7 @@ def lower(
         raise ValueError(f"unknown recompose {recompose!r}: choose one of {', '.join(RECOMPOSE)}")
     example_inputs = tuple(example_inputs)
     specs = compiler_specs(soc, precision)
-    require_libraries()
+    ensure_in_process()
     swap = patched() if recompose == "edgefuse" else contextlib.nullcontext(None)
     with swap as patch, recording_compiled_graphs() as compiled:
         calibrated: list[tuple] = []
@@ -179,12 +163,8 @@ def _qnn_reason(soc: str, precision: str):
     raised inside edgefuse's own code passes unchanged (it is edgefuse's bug, not the model's)."""
     try:
         yield
-    except (ValueError, QnnSdkUnavailable) as error:
-        if isinstance(error, QnnSdkUnavailable) or _raised_in_edgefuse(error):
-            raise
-        raise QnnLoweringFailed(f"QNN could not lower the model for {soc} at {precision}: {_reason(error)}") from error
     except Exception as error:
-        if _raised_in_edgefuse(error):
+        if isinstance(error, QnnSdkUnavailable) or _raised_in_edgefuse(error):
             raise
         raise QnnLoweringFailed(f"QNN could not lower the model for {soc} at {precision}: {_reason(error)}") from error
 
