@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from edgefuse import cli, qnn_flows  # noqa: E402
 from edgefuse.commands import _write_bytes  # noqa: E402
 from edgefuse.errors import UNAVAILABLE, USAGE  # noqa: E402
-from edgefuse.qnn_flows import QNN_BACKEND, QnnProgram, describe_norm, failures, output_scales  # noqa: E402
+from edgefuse.qnn_flows import QNN_BACKEND, QnnProgram, describe_norm, failures  # noqa: E402
 from edgefuse.qnn_models import QNN_MODEL_NAMES, build_qnn_model  # noqa: E402
 from edgefuse.recompose import Decision, recompose_rms_norm  # noqa: E402
 
@@ -216,7 +216,8 @@ def fake_norm_ops(monkeypatch):
 def _program(decisions: list[Decision], error=1e-3, allowed=2e-3) -> QnnProgram:
     """An edgefuse fp16 program whose lowering is faked (its norms' QNN ops are FAKE_OPS)."""
     lowered = SimpleNamespace(decisions=decisions, runs=[], graphs=SimpleNamespace(rms_norms=0))
-    return QnnProgram("edgefuse", "fp16", "SM8650", lowered=lowered, error=error, allowed=allowed)
+    within = error is not None and error <= allowed
+    return QnnProgram("edgefuse", "fp16", "SM8650", lowered=lowered, error=error, allowed=allowed, within=within)
 
 
 def _decision(path: str, rebuilt: bool = True) -> Decision:
@@ -247,14 +248,3 @@ def test_failures_name_an_error_over_tolerance_and_a_program_that_did_not_run(fa
     assert failures(not_run) == ["the edgefuse program did not run on the emulator: RuntimeError: Failed to load method forward"]
     unlowered = QnnProgram("edgefuse", "fp16", "SM8650", failure="QNN could not lower the model")
     assert failures(unlowered) == ["the edgefuse lowering failed: QNN could not lower the model"]
-
-
-def test_output_scales_reads_the_dequantize_an_output_comes_from():
-    graph = torch.fx.Graph()
-    x = graph.placeholder("x")
-    q = graph.call_function(torch.ops.quantized_decomposed.quantize_per_tensor.default, (x, 0.25, 0, -128, 127, torch.int8))
-    dq = graph.call_function(torch.ops.quantized_decomposed.dequantize_per_tensor.default, (q, 0.25, 0, -128, 127, torch.int8))
-    view = graph.call_function(torch.ops.aten.view.default, (dq, [4]))
-    plain = graph.call_function(torch.ops.aten.relu.default, (x,))
-    graph.output((view, plain))
-    assert output_scales(torch.fx.GraphModule(torch.nn.Module(), graph)) == [0.25, None]
