@@ -10,8 +10,9 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from edgefuse import cli, qnn_check, qnn_flows
-from edgefuse.errors import CHECK_FAILED, OK, USAGE
+from edgefuse import cli
+from edgefuse.cli import qnn_check, qnn_flows
+from edgefuse.cli.errors import CHECK_FAILED, OK, USAGE
 
 #: Linear -> Hugging Face Llama's norm -> Linear, and a model QNN cannot compile: a whole transformers
 #: Llama, whose mask code becomes a QNN graph with no input ("No graph inputs present for graph [0]").

@@ -2,7 +2,7 @@
 
 ``lower --backend qnn`` lowers MODEL through ExecuTorch's own QNN flow with edgefuse's recomposition and
 with the stock one, runs both ``.pte`` on the x86 HTP emulator against their references
-(:mod:`edgefuse.qnn_flows`) and prints a line for each. Stock's line is information: a stock program
+(:mod:`edgefuse.cli.qnn_flows`) and prints a line for each. Stock's line is information: a stock program
 that fails its check (ExecuTorch's own Llama with QK norms, whose rebuilt norms QNN computes wrong in
 float16) does not fail the command. edgefuse's does, and so does edgefuse failing to lower what stock
 lowers, or a norm edgefuse rebuilt that QNN did not compile as one RmsNorm. A model QNN lowers neither
@@ -239,8 +239,8 @@ def lower(args, say: Say) -> int:
 def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, say: Say) -> int:
     """``edgefuse lower MODEL --backend qnn -o out.pte``; returns the exit code."""
     spec = _spec(args)
-    from edgefuse import qnn_flows  # ExecuTorch: once the input is good
-    from edgefuse.qnn_flows import EDGEFUSE, STOCK
+    from edgefuse.cli import qnn_flows  # ExecuTorch: once the input is good
+    from edgefuse.cli.qnn_flows import EDGEFUSE, STOCK
 
     module = _module(spec)
     reference = _reference(spec)
@@ -274,8 +274,8 @@ def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, sa
 
 def _add_compiled(result, spec, soc: str, precision: str, say: Say) -> None:
     """Lower ``spec`` with edgefuse's QNN flow and record on each report row the QNN op its norm became."""
-    from edgefuse import qnn_flows  # ExecuTorch: once the input is good
-    from edgefuse.qnn_flows import EDGEFUSE
+    from edgefuse.cli import qnn_flows  # ExecuTorch: once the input is good
+    from edgefuse.cli.qnn_flows import EDGEFUSE
 
     program = qnn_flows.lower(_module(spec), spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)
     if not program.lowered_ok:

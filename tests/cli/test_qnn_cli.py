@@ -15,11 +15,12 @@ import torch
 
 pytest.importorskip("transformers")
 
-from edgefuse import cli, qnn_flows  # noqa: E402
-from edgefuse.commands import _write_bytes  # noqa: E402
-from edgefuse.errors import UNAVAILABLE, USAGE  # noqa: E402
-from edgefuse.qnn_flows import QNN_BACKEND, QnnProgram, describe_norm, failures  # noqa: E402
-from edgefuse.qnn_models import QNN_MODEL_NAMES, build_qnn_model  # noqa: E402
+from edgefuse import cli
+from edgefuse.cli import qnn_flows  # noqa: E402
+from edgefuse.cli.commands import _write_bytes  # noqa: E402
+from edgefuse.cli.errors import UNAVAILABLE, USAGE  # noqa: E402
+from edgefuse.cli.qnn_flows import QNN_BACKEND, QnnProgram, describe_norm, failures  # noqa: E402
+from edgefuse.cli.qnn_models import QNN_MODEL_NAMES, build_qnn_model  # noqa: E402
 from edgefuse.recompose import Decision, recompose_rms_norm  # noqa: E402
 
 BLOCK = textwrap.dedent(

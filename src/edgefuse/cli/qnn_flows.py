@@ -41,10 +41,10 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.fx import GraphModule, Node
 
-from edgefuse.flows import flat_tensors
+from edgefuse.cli.modelspec import error_summary
+from edgefuse.cli.pte_checks import flat_tensors
+from edgefuse.cli.stock_and_edgefuse import DelegateSummary, op_name, summarize
 from edgefuse.fresh import fresh, kept_state
-from edgefuse.lowering import DelegateSummary, op_name, summarize
-from edgefuse.modelspec import error_summary
 from edgefuse.quant.facts import is_dequantize, is_quantize
 from edgefuse.verify import Comparison, compare
 
@@ -182,7 +182,7 @@ def native_output_held() -> Iterator[list[str]]:
     ERROR dropped: QNN's libraries print op tables and set-up notes from native code, which Python's own
     redirection does not catch, and they would land among the results on stdout. The list yielded holds
     what was printed once the block ends."""
-    from edgefuse.progress import quiet_root_logger
+    from edgefuse.cli.progress import quiet_root_logger
 
     held: list[str] = []
     sys.stdout.flush(), sys.stderr.flush()
@@ -209,7 +209,7 @@ def lower(
     quantized) and serialize it.
 
     QNN refusing the model is recorded on the result (``failure``: QNN's reason), not raised; missing
-    QNN libraries raise (an :class:`~edgefuse.errors.Unavailable` naming ``edgefuse qnn setup``).
+    QNN libraries raise (an :class:`~edgefuse.cli.errors.Unavailable` naming ``edgefuse qnn setup``).
     """
     qnn = qnn_library()
     program = QnnProgram(how, precision, soc)
@@ -249,8 +249,8 @@ def with_qnn_log(message: str, log: list[str]) -> str:
 
 
 def qnn_library():
-    """:mod:`edgefuse.qnn`, or :class:`~edgefuse.errors.Unavailable` when it does not import."""
-    from edgefuse.errors import Unavailable
+    """:mod:`edgefuse.qnn`, or :class:`~edgefuse.cli.errors.Unavailable` when it does not import."""
+    from edgefuse.cli.errors import Unavailable
 
     try:
         import edgefuse.qnn as qnn
@@ -273,7 +273,7 @@ def run_and_check(
     fake-quantized module for a quantized program (and ``module`` as information)."""
     if not program.lowered_ok:
         return program
-    from edgefuse.errors import Unavailable
+    from edgefuse.cli.errors import Unavailable
 
     qnn = qnn_library()
     say(f"running the {program.how} program on the x86 HTP emulator")

@@ -1,11 +1,11 @@
 """The QNN model table: edgefuse beside stock through ExecuTorch's own QNN flow, compiled and run on the emulator.
 
-``python -m edgefuse.qnn_check [--models NAME,...] [--precisions fp16,16a8w] [--soc SM8650] [--markdown]``
+``python -m edgefuse.cli.qnn_check [--models NAME,...] [--precisions fp16,16a8w] [--soc SM8650] [--markdown]``
 
-For each model (:data:`edgefuse.qnn_models.QNN_MODEL_NAMES`: ExecuTorch's own Llama whole, with and
+For each model (:data:`edgefuse.cli.qnn_models.QNN_MODEL_NAMES`: ExecuTorch's own Llama whole, with and
 without QK norms, head dims 32 and 64; one decoder layer of tiny Llama, Qwen3, Gemma3, OLMo2 and T5) and
 each precision, the model is lowered for the SoC with edgefuse's recomposition and with the stock one
-(:mod:`edgefuse.qnn_flows`), each ``.pte`` runs on the x86 HTP emulator, and one row per flow says: the
+(:mod:`edgefuse.cli.qnn_flows`), each ``.pte`` runs on the x86 HTP emulator, and one row per flow says: the
 norms edgefuse found and rebuilt, the QNN RmsNorm ops in the compiled program, whether QNN lowered it
 (or the exception it raised), the max error against the reference (eager for fp16; the fake-quantized
 module for quantized programs, with float eager beside it as information) and the tolerance.
@@ -22,12 +22,12 @@ import argparse
 import sys
 
 if __name__ == "__main__":  # run as a command: torchao and torch log warnings as they are imported below
-    from edgefuse.progress import quiet_libraries
+    from edgefuse.cli.progress import quiet_libraries
 
     quiet_libraries()
 
-from edgefuse.errors import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Unavailable
-from edgefuse.qnn_models import QNN_MODEL_NAMES
+from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Unavailable
+from edgefuse.cli.qnn_models import QNN_MODEL_NAMES
 
 PRECISIONS = ("fp16", "16a8w")
 HEADER = ("model", "precision", "flow", "norms", "rebuilt", "RmsNorm", "max err", "allowed", "vs float", "result",
@@ -36,8 +36,8 @@ HEADER = ("model", "precision", "flow", "norms", "rebuilt", "RmsNorm", "max err"
 
 def check(name: str, precision: str, soc: str, say) -> tuple[list[list[str]], list[str]]:
     """The table rows of one model in one precision (edgefuse's, then stock's), and what failed."""
-    from edgefuse import qnn_flows
-    from edgefuse.qnn_models import build_qnn_model
+    from edgefuse.cli import qnn_flows
+    from edgefuse.cli.qnn_models import build_qnn_model
 
     module, inputs = build_qnn_model(name)
     programs = []
@@ -96,7 +96,7 @@ def markdown(header, rows) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m edgefuse.qnn_check",
+        prog="python -m edgefuse.cli.qnn_check",
         description="The QNN model table: edgefuse beside stock through ExecuTorch's QNN flow, compiled, run on "
         "the x86 HTP emulator and compared with eager.",
     )
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"unknown precisions {', '.join(bad)}; choose from fp16, 16a8w, 16a16w, 8a8w", file=sys.stderr)
         return USAGE
-    from edgefuse.commands import qnn_socs
+    from edgefuse.cli.commands import qnn_socs
 
     if qnn_socs() and args.soc not in qnn_socs():
         print(f"--soc {args.soc}: ExecuTorch's QNN backend knows {', '.join(qnn_socs())}", file=sys.stderr)
@@ -124,8 +124,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from edgefuse.progress import Progress, quiet_libraries
-    from edgefuse.table import format_table
+    from edgefuse.cli.progress import Progress, quiet_libraries
+    from edgefuse.cli.tables import format_table
 
     quiet_libraries()
     torch.set_num_threads(1)
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows += more
                 failed += failures
     except Unavailable as error:
-        print(f"python -m edgefuse.qnn_check: {error}", file=sys.stderr)
+        print(f"python -m edgefuse.cli.qnn_check: {error}", file=sys.stderr)
         return UNAVAILABLE
     print(f"QNN HTP {args.soc}, x86 emulator; reference: eager (fp16), the fake-quantized module (quantized; "
           "'vs float': against float eager, information)")
