@@ -41,6 +41,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.fx import GraphModule, Node
 
+from edgefuse.cli.errors import Unavailable
 from edgefuse.cli.modelspec import error_summary
 from edgefuse.cli.pte_checks import flat_tensors
 from edgefuse.cli.stock_and_edgefuse import DelegateSummary, op_name, summarize
@@ -209,7 +210,8 @@ def lower(
     quantized) and serialize it.
 
     QNN refusing the model is recorded on the result (``failure``: QNN's reason), not raised; missing
-    QNN libraries raise (an :class:`~edgefuse.cli.errors.Unavailable` naming ``edgefuse qnn setup``).
+    QNN libraries raise :class:`~edgefuse.cli.errors.Unavailable` (exit 3) with the library's message,
+    which names ``edgefuse qnn setup``.
     """
     qnn = qnn_library()
     program = QnnProgram(how, precision, soc)
@@ -220,6 +222,8 @@ def lower(
     except qnn.QnnLoweringFailed as error:
         program.failure = with_qnn_log(str(error), log)
         return program
+    except qnn.QnnLibrariesMissing as error:
+        raise Unavailable(str(error)) from error
     program.lowered = lowered
     program.summary = qnn_summary(lowered, how)
     say(f"serializing the {how} QNN program to .pte")
@@ -250,12 +254,11 @@ def with_qnn_log(message: str, log: list[str]) -> str:
 
 def qnn_library():
     """:mod:`edgefuse.qnn`, or :class:`~edgefuse.cli.errors.Unavailable` when it does not import."""
-    from edgefuse.cli.errors import Unavailable
-
     try:
         import edgefuse.qnn as qnn
 
         qnn.lower, qnn.run_on_emulator  # noqa: B018  (both halves: the pipeline and the emulator)
+        qnn.QnnLoweringFailed, qnn.QnnLibrariesMissing, qnn.QnnSdkUnavailable  # noqa: B018
     except Exception as error:  # missing or half-built: the command says so instead of crashing
         raise Unavailable(
             f"edgefuse's QNN flow is unavailable: importing edgefuse.qnn failed ({type(error).__name__}: {error})"
@@ -273,15 +276,13 @@ def run_and_check(
     fake-quantized module for a quantized program (and ``module`` as information)."""
     if not program.lowered_ok:
         return program
-    from edgefuse.cli.errors import Unavailable
-
     qnn = qnn_library()
     say(f"running the {program.how} program on the x86 HTP emulator")
     try:
         with native_output_held():
             actual = qnn.run_on_emulator(program.pte, list(inputs))
-    except Unavailable:
-        raise
+    except qnn.QnnSdkUnavailable as error:
+        raise Unavailable(str(error)) from error
     except Exception as error:  # noqa: BLE001  (the runtime's reason, with its log, is the result)
         program.failure = error_summary(error)
         return program

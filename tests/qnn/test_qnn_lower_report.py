@@ -48,7 +48,7 @@ MODELS_PY = textwrap.dedent(
 
 
     def whole_llama():
-        from edgefuse.models import build_model
+        from edgefuse.cli.models import build_model
 
         return build_model("tiny-llama", layers=1)
     '''
