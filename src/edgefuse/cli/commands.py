@@ -135,6 +135,10 @@ def report(args, say: Say) -> int:
     if args.compile and args.backend != "qnn":
         raise UsageError("--compile lowers with QNN's compiler: use --backend qnn (the default)")
     compile_for = qnn_options(args, "--compile", args.compile)
+    if compile_for is not None:
+        from edgefuse.cli.qnn_flows import require_libraries
+
+        require_libraries()  # missing: exit 3 before the slow work
     if args.map:
         _check_output(args.map, "delegate map")
         _check_distinct(args.model, {"delegate map": args.map})
@@ -238,10 +242,11 @@ def lower(args, say: Say) -> int:
 
 def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, say: Say) -> int:
     """``edgefuse lower MODEL --backend qnn -o out.pte``; returns the exit code."""
-    spec = _spec(args)
-    from edgefuse.cli import qnn_flows  # ExecuTorch: once the input is good
+    from edgefuse.cli import qnn_flows
     from edgefuse.cli.qnn_flows import EDGEFUSE, STOCK
 
+    qnn_flows.require_libraries()  # missing: exit 3 before the slow work
+    spec = _spec(args)
     module = _module(spec)
     reference = _reference(spec)
     ours = qnn_flows.lower(module, spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)
@@ -274,7 +279,7 @@ def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, sa
 
 def _add_compiled(result, spec, soc: str, precision: str, say: Say) -> None:
     """Lower ``spec`` with edgefuse's QNN flow and record on each report row the QNN op its norm became."""
-    from edgefuse.cli import qnn_flows  # ExecuTorch: once the input is good
+    from edgefuse.cli import qnn_flows
     from edgefuse.cli.qnn_flows import EDGEFUSE
 
     program = qnn_flows.lower(_module(spec), spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)

@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     say = Progress(enabled=not args.quiet)
     rows, failed = [], []
     try:
+        from edgefuse.cli.qnn_flows import require_libraries
+
+        require_libraries()
         for name in models:
             for precision in precisions:
                 say(f"{name} {precision}")

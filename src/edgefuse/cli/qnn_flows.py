@@ -252,6 +252,19 @@ def with_qnn_log(message: str, log: list[str]) -> str:
     return f"{message.rstrip('.')}; QNN logged: {lines}" if lines else message
 
 
+def require_libraries() -> None:
+    """Load QNN's libraries into this process, or raise :class:`~edgefuse.cli.errors.Unavailable` (exit 3)
+    with the library's reason, which names ``edgefuse qnn setup``: before any slow work."""
+    try:
+        from edgefuse.qnn.sdk import QnnSdkUnavailable, ensure_in_process
+    except Exception as error:  # noqa: BLE001  (an installation without edgefuse's QNN package)
+        raise Unavailable(f"edgefuse's QNN support is unavailable: {type(error).__name__}: {error}") from error
+    try:
+        ensure_in_process()
+    except QnnSdkUnavailable as error:
+        raise Unavailable(str(error)) from error
+
+
 def qnn_library():
     """:mod:`edgefuse.qnn`, or :class:`~edgefuse.cli.errors.Unavailable` when it does not import."""
     try:
