@@ -23,8 +23,9 @@ exit codes:
   0  done, and every check passed
   1  a check failed: a rewritten or lowered program does not match its reference
   2  bad usage or input: unknown model, a file that does not load or export, a .pt2 that would run
-     code when loaded (see --trust-pickled-pt2), a model ExecuTorch's
-     to_edge or stock XNNPACK lowering rejects, a missing .pt2, an output path that cannot be written
+     code when loaded (see --trust-pickled-pt2), a model ExecuTorch's to_edge or stock XNNPACK lowering
+     rejects, a model QNN lowers neither with edgefuse nor stock (QNN's reason is printed), a missing
+     .pt2, an output path that cannot be written
   3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
      libraries: not set up, or `edgefuse qnn setup` cannot set them up here)
   4  edgefuse itself failed (a bug: the traceback is printed)
