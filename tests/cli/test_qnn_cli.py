@@ -249,3 +249,42 @@ def test_failures_name_an_error_over_tolerance_and_a_program_that_did_not_run(fa
     assert failures(not_run) == ["the edgefuse program did not run on the emulator: RuntimeError: Failed to load method forward"]
     unlowered = QnnProgram("edgefuse", "fp16", "SM8650", failure="QNN could not lower the model")
     assert failures(unlowered) == ["the edgefuse lowering failed: QNN could not lower the model"]
+
+
+# --- report --compile: the column, the summary line and the JSON -------------------------------------------
+
+def test_a_compiled_report_has_a_qnn_op_column_a_line_and_json_that_validates(block):
+    jsonschema = pytest.importorskip("jsonschema")
+    from edgefuse.cli.modelspec import resolve
+    from edgefuse.cli.report import build_report, format_report, schema, to_json
+
+    report = build_report(resolve(block), backend="qnn", stage="edge")
+    (row,) = report.rows
+    assert row.decision.rebuilt
+    report.compiled, report.rms_norms = "QNN SM8650 fp16", 0
+    row.compiled = "6 QNN ops: 2× ElementWiseMultiply, ElementWisePower, ReduceMean, ElementWiseAdd, ElementWiseRsqrt"
+    text = format_report(report)
+    header, cells = text.splitlines()[1:3]
+    assert header.split()[-3:] == ["QNN", "op", "reason"]  # the op before the reason, which runs long
+    assert cells.endswith(f"{row.compiled}  rebuilt")
+    assert text.splitlines()[-1].startswith(
+        "compiled for QNN SM8650 fp16: 0 of 1 norms are one QNN RmsNorm; 0 RmsNorm in the QNN program; "
+        "rebuilt here but not one RmsNorm there: "
+    )
+    data = to_json(report)
+    jsonschema.validate(data, schema())
+    assert data["compiled"] == {"target": "QNN SM8650 fp16", "rms_norms": 0}
+    assert data["norms"][0]["compiled"] == row.compiled
+    row.compiled, report.rms_norms = "RmsNorm", 1
+    assert format_report(report).splitlines()[-1] == (
+        "compiled for QNN SM8650 fp16: 1 of 1 norms are one QNN RmsNorm; 1 RmsNorm in the QNN program"
+    )
+
+
+def test_a_report_without_compile_has_no_compiled_fields(block):
+    from edgefuse.cli.modelspec import resolve
+    from edgefuse.cli.report import build_report, format_report, to_json
+
+    report = build_report(resolve(block), backend="qnn", stage="edge")
+    assert "QNN op" not in format_report(report) and "compiled" not in to_json(report)
+    assert all("compiled" not in norm for norm in to_json(report)["norms"])
