@@ -23,12 +23,18 @@ exit codes:
   0  done, and every check passed
   1  a check failed: a rewritten or lowered program does not match its reference
   2  bad usage or input: unknown model, a file that does not load or export, a .pt2 that would run
-     code when loaded (see --trust-pickled-pt2), a model ExecuTorch's
-     to_edge or stock XNNPACK lowering rejects, a missing .pt2, an output path that cannot be written
+     code when loaded (see --trust-pickled-pt2), a model ExecuTorch's to_edge or stock XNNPACK lowering
+     rejects, a model QNN lowers neither with edgefuse nor stock (QNN's reason is printed), a missing
+     .pt2, an output path that cannot be written
   3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
      libraries: not set up, or `edgefuse qnn setup` cannot set them up here)
   4  edgefuse itself failed (a bug: the traceback is printed)
 """
+
+#: The QNN precisions ``--precision`` takes: float16 on the HTP, or PT2E quantization (activation bits
+#: ``a``, weight bits ``w``) calibrated on the example inputs.
+PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w")
+DEFAULT_SOC = "SM8650"
 
 
 #: Commands of :mod:`edgefuse.cli.llm_commands`, and the function that runs each.
@@ -82,17 +88,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print JSON that validates against edgefuse/cli/report.schema.json")
     report.add_argument("--map", metavar="SVG",
                         help="also lower MODEL for XNNPACK both ways and write the delegate map here")
+    report.add_argument(
+        "--compile", action="store_true",
+        help="also lower MODEL with edgefuse's QNN flow (QNN's compiler, --soc, --precision) and add a column: "
+        "the QNN op each norm became (RmsNorm, or the ops it stayed as); needs --backend qnn",
+    )
+    _qnn_arguments(report, "with --compile: ")
 
     lower = commands.add_parser(
-        "lower", parents=[common], help="lower MODEL for XNNPACK with edgefuse to a .pte, compared with stock",
-        description="Lower MODEL for XNNPACK stock and with edgefuse, run both in executorch.runtime, "
-        "print the delegates and the ops left outside before (stock) and after (edgefuse), write the "
-        "edgefuse .pte and the delegate map.",
+        "lower", parents=[common], help="lower MODEL for XNNPACK or QNN with edgefuse to a .pte, compared with stock",
+        description="Lower MODEL stock and with edgefuse, run both (XNNPACK: in executorch.runtime; QNN: on "
+        "the x86 HTP emulator) and compare them with eager, print the delegates, the ops left outside and, "
+        "for QNN, the norms that became QNN RmsNorm; write the edgefuse .pte and the delegate map.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _model_arguments(lower)
     lower.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="where to write the edgefuse .pte")
     lower.add_argument("--map", metavar="SVG", help="delegate map (default: OUT.delegates.svg next to the .pte)")
+    lower.add_argument("--backend", choices=("xnnpack", "qnn"), default="xnnpack",
+                       help="xnnpack (default): the CPU delegate; qnn: QNN's HTP, through ExecuTorch's own QNN flow")
+    _qnn_arguments(lower, "with --backend qnn: ")
 
     bench = commands.add_parser(
         "bench", parents=[common], help="time stock against edgefuse XNNPACK programs in executorch.runtime",
@@ -182,6 +197,16 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
         "--trust-pickled-pt2", action="store_true",
         help="load a .pt2 even when loading it runs code it carries (pickled weights, constants or inputs, "
         "compiled libraries, Python guards): only for a file whose source you trust",
+    )
+
+
+def _qnn_arguments(parser: argparse.ArgumentParser, when: str) -> None:
+    parser.add_argument("--soc", default=None, metavar="SOC",
+                        help=f"{when}the Qualcomm SoC to compile for (default {DEFAULT_SOC})")
+    parser.add_argument(
+        "--precision", choices=PRECISIONS, default=None,
+        help=f"{when}fp16 (default) runs float16 on the HTP; 16a8w, 16a16w and 8a8w quantize with QNN's "
+        "quantizer, calibrated on the example inputs",
     )
 
 

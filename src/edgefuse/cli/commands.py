@@ -1,5 +1,13 @@
 """The ``report``, ``lower``, ``bench`` and ``fuzz`` commands: each takes parsed arguments, returns an exit code.
 
+``lower --backend qnn`` lowers MODEL through ExecuTorch's own QNN flow with edgefuse's recomposition and
+with the stock one, runs both ``.pte`` on the x86 HTP emulator against their references
+(:mod:`edgefuse.cli.qnn_flows`) and prints a line for each. Stock's line is information: a stock program
+that fails its check (ExecuTorch's own Llama with QK norms, whose rebuilt norms QNN computes wrong in
+float16) does not fail the command. edgefuse's does, and so does edgefuse failing to lower what stock
+lowers, or a norm edgefuse rebuilt that QNN did not compile as one RmsNorm. A model QNN lowers neither
+way is bad input (exit 2, with QNN's reason). ``report --compile`` adds the QNN op each norm became.
+
 They glue the parts together (MODEL resolution, the report, the two lowerings, the runtime, the map)
 and print results to stdout; progress goes to the ``say`` callable (stderr). Errors are raised as
 :mod:`edgefuse.cli.errors` exceptions, which ``edgefuse.cli`` turns into messages and exit codes. Each
@@ -9,8 +17,10 @@ without waiting for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import tempfile
 from typing import Callable
 
 from edgefuse.cli.errors import CHECK_FAILED, OK, Unavailable, UsageError
@@ -122,6 +132,13 @@ def report(args, say: Say) -> int:
     """``edgefuse report MODEL``: the per-norm table (or JSON) and its summary line."""
     _check_backend(args.backend)
     stage = _stage(args)
+    if args.compile and args.backend != "qnn":
+        raise UsageError("--compile lowers with QNN's compiler: use --backend qnn (the default)")
+    compile_for = qnn_options(args, "--compile", args.compile)
+    if compile_for is not None:
+        from edgefuse.cli.qnn_flows import require_libraries
+
+        require_libraries()  # missing: exit 3 before the slow work
     if args.map:
         _check_output(args.map, "delegate map")
         _check_distinct(args.model, {"delegate map": args.map})
@@ -136,6 +153,8 @@ def report(args, say: Say) -> int:
     result = build_report(spec, backend=args.backend, stage=stage, progress=say, program=program)
     if getattr(args, "quantize", None):
         add_quantization(result, args.quantize, _quantization(spec, say))
+    if compile_for is not None:
+        _add_compiled(result, spec, *compile_for, say=say)
     if args.json:
         print(json.dumps(to_json(result), indent=2))
     else:
@@ -148,8 +167,36 @@ def report(args, say: Say) -> int:
     return OK if result.ok else CHECK_FAILED
 
 
-def lower(args, say: Say) -> int:
-    """``edgefuse lower MODEL -o out.pte``: edgefuse's XNNPACK flow, compared with stock, and the map."""
+def qnn_options(args, flag: str, wanted: bool) -> tuple[str, str] | None:
+    """``(soc, precision)`` for a QNN lowering when ``wanted`` (``flag`` names the option that asks for it),
+    else None; ``--soc`` or ``--precision`` without it, or a SoC ExecuTorch does not know, is a usage error."""
+    from edgefuse.cli import DEFAULT_SOC
+
+    soc, precision = getattr(args, "soc", None), getattr(args, "precision", None)
+    if not wanted:
+        given = [name for name, value in (("--soc", soc), ("--precision", precision)) if value is not None]
+        if given:
+            raise UsageError(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for QNN: add {flag}")
+        return None
+    soc = soc or DEFAULT_SOC
+    known = qnn_socs()
+    if known and soc not in known:
+        raise UsageError(f"--soc {soc}: ExecuTorch's QNN backend knows {', '.join(known)}")
+    return soc, precision or "fp16"
+
+
+def qnn_socs() -> list[str]:
+    """The SoC names of the pinned ExecuTorch's QNN backend (``QcomChipset``; no torch import), or [] when
+    its Qualcomm package is missing (the lowering then says why)."""
+    try:
+        from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
+    except Exception:  # noqa: BLE001  (an installation without the Qualcomm backend)
+        return []
+    return sorted(c.name for c in QcomChipset if c.value != 0)
+
+
+def _output_paths(args) -> tuple[str, str]:
+    """``-o`` and the map path, checked before any slow work."""
     output = args.output
     if not output.endswith(".pte"):
         raise UsageError(f"-o {output}: the output is an ExecuTorch program and its name must end in .pte")
@@ -159,6 +206,15 @@ def lower(args, say: Say) -> int:
     _check_output(output, ".pte")
     _check_output(map_path, "delegate map")
     _check_distinct(args.model, {".pte": output, "delegate map": map_path})
+    return output, map_path
+
+
+def lower(args, say: Say) -> int:
+    """``edgefuse lower MODEL -o out.pte``: edgefuse's XNNPACK (or QNN) flow, compared with stock, and the map."""
+    qnn = qnn_options(args, "--backend qnn", args.backend == "qnn")
+    output, map_path = _output_paths(args)
+    if qnn is not None:
+        return _lower_qnn(args, *qnn, output=output, map_path=map_path, say=say)
     spec = _spec(args)
     from edgefuse.cli.pte_checks import comparison_lines, flat_tensors, lower_to_pte, run_and_check
 
@@ -182,6 +238,63 @@ def lower(args, say: Say) -> int:
     _write_map(map_path, [stock.summary, ours.summary], f"delegate map: {spec.name} ({_dtype(spec)})", say)
     print(f"delegate map: {map_path}")
     return _checked([stock, ours])
+
+
+def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, say: Say) -> int:
+    """``edgefuse lower MODEL --backend qnn -o out.pte``; returns the exit code."""
+    from edgefuse.cli import qnn_flows
+    from edgefuse.cli.qnn_flows import EDGEFUSE, STOCK
+
+    qnn_flows.require_libraries()  # missing: exit 3 before the slow work
+    spec = _spec(args)
+    module = _module(spec)
+    reference = _reference(spec)
+    ours = qnn_flows.lower(module, spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)
+    stock = qnn_flows.lower(module, spec.inputs, STOCK, soc=soc, precision=precision, say=say)
+    title = f"{spec.name} ({_dtype(spec)}), QNN HTP {soc} {precision}, edgefuse and stock:"
+    if not ours.lowered_ok:
+        if not stock.lowered_ok:
+            raise UsageError(f"{spec.name}: {ours.failure}; no .pte was written")
+        print(title)
+        print(f"  {ours.line()}")
+        print(f"  {qnn_flows.run_and_check(stock, module, spec.inputs, say, reference).line()}")
+        print("check failed: edgefuse's QNN lowering failed where stock's lowered; no .pte was written")
+        return CHECK_FAILED
+    qnn_flows.run_and_check(ours, module, spec.inputs, say, reference)
+    qnn_flows.run_and_check(stock, module, spec.inputs, say, reference)
+    _write(output, ".pte", lambda: _write_bytes(output, ours.pte))
+    print(title)
+    print(f"  {ours.line()}")
+    print(f"  {stock.line()}")
+    print(f"wrote {output} ({len(ours.pte)} bytes, edgefuse lowering)")
+    summaries = [p.summary for p in (stock, ours) if p.summary is not None]
+    _write_map(map_path, summaries, f"delegate map: {spec.name} ({_dtype(spec)}), QNN {soc} {precision}", say)
+    print(f"delegate map: {map_path}")
+    failures = qnn_flows.failures(ours)
+    if failures:
+        print(f"check failed: {'; '.join(failures)}")
+        return CHECK_FAILED
+    return OK
+
+
+def _add_compiled(result, spec, soc: str, precision: str, say: Say) -> None:
+    """Lower ``spec`` with edgefuse's QNN flow and record on each report row the QNN op its norm became."""
+    from edgefuse.cli import qnn_flows
+    from edgefuse.cli.qnn_flows import EDGEFUSE
+
+    program = qnn_flows.lower(_module(spec), spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)
+    if not program.lowered_ok:
+        raise UsageError(f"{spec.name}: {program.failure}")
+    result.compiled = f"QNN {soc} {precision}"
+    result.rms_norms = program.rms_norms
+    norms = qnn_flows.norm_ops(program.lowered)
+    for row in result.rows:
+        row.compiled = qnn_flows.describe_norm(norms.get(row.decision.module_path or "", []))
+
+
+def _module(spec):
+    """The module QNN's flow exports: the eager module, or a saved program's module."""
+    return spec.module if spec.module is not None else spec.program.module()
 
 
 def bench(args, say: Say) -> int:
@@ -239,8 +352,21 @@ def _checked(programs) -> int:
 
 
 def _write_bytes(path: str, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
+    """Write ``data`` to a temporary file in ``path``'s folder, then rename it over ``path``: a failure or an
+    interrupt leaves the old file or none, never half a program."""
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def fuzz(args, say: Say) -> int:

@@ -127,8 +127,8 @@ class _LogitsOnly(torch.nn.Module):
         return self.model(input_ids=input_ids, use_cache=False, return_dict=True, **kwargs).logits
 
 
-def _jitter_norm_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
-    """Add small noise to every norm weight, which HF initialises to a constant.
+def jitter_norm_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """Add small noise to every norm weight, which HF (and ExecuTorch's Llama) initialise to a constant.
 
     With w == 1 (or w == 0 under Gemma's ``1 + w``) the weight multiply is
     exact, so a graph that moves it across a cast gives the same numbers; a
@@ -136,7 +136,7 @@ def _jitter_norm_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
     """
     with torch.no_grad():
         for module in model.modules():
-            if "Norm" in type(module).__name__:
+            if "Norm" in type(module).__name__ and isinstance(getattr(module, "weight", None), torch.Tensor):
                 module.weight.add_(0.1 * torch.randn(module.weight.shape, generator=gen))
 
 
@@ -155,7 +155,7 @@ def build_model(
     takes decoder token ids of the same shape. Weights are the default HF
     random init under ``torch.manual_seed(seed)``, the module is in eval mode
     and converted with ``.to(dtype)``, so each norm keeps its own casts. Norm
-    weights are the HF init plus N(0, 0.1) noise (see ``_jitter_norm_weights``).
+    weights are the HF init plus N(0, 0.1) noise (see ``jitter_norm_weights``).
     ``layers`` replaces the config's number of layers (2; for T5, in the
     encoder and in the decoder), ``vocab_size`` its vocabulary (128).
     """
@@ -171,7 +171,7 @@ def build_model(
     torch.manual_seed(seed)
     model = getattr(transformers, spec.model_cls)(config)
     gen = torch.Generator().manual_seed(seed)
-    _jitter_norm_weights(model, gen)
+    jitter_norm_weights(model, gen)
     module = _LogitsOnly(model).eval().to(dtype)
 
     # Ids from 3 up avoid the pad/bos/eos ids (0..2).

@@ -3,7 +3,9 @@
 MODEL is one of:
 
 - a built-in name from :data:`edgefuse.cli.models.MODEL_NAMES` (``tiny-qwen3``, ...), built from a config
-  embedded in edgefuse with random weights: nothing is downloaded;
+  embedded in edgefuse with random weights: nothing is downloaded; or from
+  :data:`edgefuse.cli.qnn_models.QNN_MODEL_NAMES` (ExecuTorch's own Llama, one decoder layer of a tiny
+  model: what QNN's flow lowers whole);
 - ``path/to/file.py:function``: the function is called with no arguments and returns
   ``(module, example_inputs)``; the module is put in eval mode;
 - ``path/to/program.pt2``: a program saved with ``torch.export.save``, run on the example inputs saved
@@ -126,7 +128,11 @@ def model_file(text: str) -> str | None:
 
 def _builtin(name: str, dtype: torch.dtype | None, seq_len: int) -> ModelSpec:
     from edgefuse.cli.models import MODEL_NAMES, build_model
+    from edgefuse.cli.qnn_models import QNN_MODEL_NAMES, build_qnn_model
 
+    if name in QNN_MODEL_NAMES:  # ExecuTorch's Llama, and single decoder layers: models QNN's flow lowers whole
+        module, inputs = build_qnn_model(name, dtype=dtype or torch.float32)
+        return ModelSpec(name, "builtin", tuple(inputs), module=module)
     if name not in MODEL_NAMES:
         hint = ""
         if os.path.isdir(name):
@@ -134,7 +140,7 @@ def _builtin(name: str, dtype: torch.dtype | None, seq_len: int) -> ModelSpec:
         elif os.path.exists(name):
             hint = f" ({name} is a file: name a function in it as {name}:function, or save a program as .pt2)"
         raise UsageError(
-            f"unknown model {name!r}{hint}. MODEL is a built-in name ({', '.join(MODEL_NAMES)}), "
+            f"unknown model {name!r}{hint}. MODEL is a built-in name ({', '.join(MODEL_NAMES + QNN_MODEL_NAMES)}), "
             "path/to/file.py:function returning (module, example_inputs), or a program saved with "
             "torch.export.save (.pt2)"
         )

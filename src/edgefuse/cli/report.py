@@ -54,6 +54,9 @@ class NormRow:
     max_error: float | None
     #: How the norm was quantized (:class:`edgefuse.quant.NormQuantization`), with ``--quantize``.
     quantized: Any = None
+    #: The QNN op the norm became in edgefuse's QNN program (``RmsNorm``, or the ops it stayed as), with
+    #: ``--compile``.
+    compiled: str | None = None
     #: Another norm has the same module path (one module computing two norms, or one norm module called
     #: twice): the row names its mean too, and its error is the module's output (its last call's).
     shared: bool = False
@@ -63,7 +66,7 @@ class NormRow:
         """The norm's name in the report and in quantization facts (:func:`edgefuse.quant.facts.norm_key`)."""
         return norm_key(self.decision.module_path, self.decision.mean, self.shared)
 
-    def cells(self, quantized: bool = False) -> list[object]:
+    def cells(self, quantized: bool = False, compiled: bool = False) -> list[object]:
         d = self.decision
         error = _error(self.max_error) + (" (module)" if self.shared and self.max_error is not None else "")
         cells = [
@@ -71,6 +74,8 @@ class NormRow:
         ]
         if quantized:
             cells.append(self.quantized.describe() if self.quantized is not None else "not found in the quantized graph")
+        if compiled:
+            cells.insert(len(cells) - 1 - quantized, self.compiled)  # before the reason, which runs long
         return cells
 
 
@@ -94,6 +99,10 @@ class Report:
     #: Norms the graph already held as one ``rms_norm`` node (``torch.nn.RMSNorm`` or ``F.rms_norm``
     #: captured before ``to_edge`` decomposes them): nothing to rebuild, so they have no row.
     already_one_op: int = 0
+    #: What ``--compile`` lowered with (``QNN SM8650 fp16``): rows then say the QNN op each norm became.
+    compiled: str | None = None
+    #: With ``--compile``: QNN RmsNorm ops in the compiled program (norms already one op count too).
+    rms_norms: int = 0
 
     @property
     def rebuilt(self) -> list[NormRow]:
@@ -297,6 +306,7 @@ HEADER = ("layer", "module", "form", "dtype", "rebuilt", "input", "max err", "re
 def format_report(report: Report) -> str:
     """The terminal table: one row per norm, then the summary line."""
     quantized = report.quantization is not None
+    compiled = report.compiled is not None
     dtype = dtype_name(report.dtype) if report.dtype is not None else "no float weights"
     norms = f"{len(report.rows)} norm{'s' if len(report.rows) != 1 else ''}"
     lines = [
@@ -304,12 +314,25 @@ def format_report(report: Report) -> str:
         + (f", quantized for {report.quantization}" if quantized else "")
     ]
     if report.rows:
-        header = HEADER + (("quantized as",) if quantized else ())
-        lines.append(format_table(header, [r.cells(quantized) for r in report.rows]))
+        header = HEADER[:-1] + (("QNN op",) if compiled else ()) + HEADER[-1:] + (("quantized as",) if quantized else ())
+        lines.append(format_table(header, [r.cells(quantized, compiled) for r in report.rows]))
     lines.append(summary_line(report))
     if quantized:
         lines.append(quantization_line(report))
+    if compiled:
+        lines.append(compile_line(report))
     return "\n".join(lines)
+
+
+def compile_line(report: Report) -> str:
+    """How many norms became one QNN RmsNorm in the compiled program, and what the rebuilt ones became."""
+    one = sum(1 for r in report.rows if (r.compiled or "").startswith("RmsNorm"))
+    rebuilt_not_one = [r.key for r in report.rebuilt if not (r.compiled or "").startswith("RmsNorm")]
+    text = (f"compiled for {report.compiled}: {one} of {len(report.rows)} norms are one QNN RmsNorm; "
+            f"{report.rms_norms} RmsNorm in the QNN program")
+    if rebuilt_not_one:
+        text += f"; rebuilt here but not one RmsNorm there: {', '.join(rebuilt_not_one)}"
+    return text
 
 
 def quantization_line(report: Report) -> str:
@@ -365,10 +388,12 @@ def to_json(report: Report) -> dict:
                 "node": r.decision.node,
                 "max_error": _number(r.max_error),
                 "quantized": _quantized_json(r.quantized) if report.quantization else None,
+                **({"compiled": r.compiled} if report.compiled is not None else {}),
             }
             for r in report.rows
         ],
         "quantization": report.quantization,
+        **({"compiled": {"target": report.compiled, "rms_norms": report.rms_norms}} if report.compiled is not None else {}),
         "summary": {
             "norms": len(report.rows),
             "rebuilt": len(report.rebuilt),

@@ -129,8 +129,12 @@ class DelegateSummary:
         )
 
 
-def summarize(manager, label: str) -> DelegateSummary:
-    """The :class:`DelegateSummary` of a lowered ``EdgeProgramManager`` (or its graph module)."""
+def summarize(manager, label: str, delegate_ops=None) -> DelegateSummary:
+    """The :class:`DelegateSummary` of a lowered ``EdgeProgramManager`` (or its graph module).
+
+    ``delegate_ops(name, lowered_module)`` gives the ops of a delegate when the backend says what it built
+    (QNN: its own op types); by default they are the edge ops the delegate took in.
+    """
     is_plumbing = _xnnpack()[2].is_plumbing
     gm = top_graph(manager)
     segments: list[Segment] = []
@@ -140,7 +144,9 @@ def summarize(manager, label: str) -> DelegateSummary:
             continue
         if _is_delegate_call(node):
             lowered = getattr(gm, node.args[0].target)
-            segments.append(Segment("delegate", _delegate_ops(lowered, is_plumbing), getattr(lowered, "backend_id", None), index))
+            ops = delegate_ops(node.args[0].target, lowered) if delegate_ops is not None else None
+            ops = ops if ops is not None else _delegate_ops(lowered, is_plumbing)
+            segments.append(Segment("delegate", ops, getattr(lowered, "backend_id", None), index))
             index += 1
         elif is_plumbing(node):
             continue

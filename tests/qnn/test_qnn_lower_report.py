@@ -1,0 +1,149 @@
+"""The QNN commands for real: ``lower --backend qnn`` and ``report --compile`` compile with QNN, run on
+the x86 HTP emulator and compare; the model table runs one small row. Each test needs the QNN
+libraries (the ``qnn_sdk`` fixture skips it, naming ``edgefuse qnn setup``, where they are not set up)."""
+
+from __future__ import annotations
+
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+import torch
+
+from edgefuse import cli
+from edgefuse.cli import qnn_check, qnn_flows
+from edgefuse.cli.errors import CHECK_FAILED, OK, USAGE
+
+#: Linear -> Hugging Face Llama's norm -> Linear, and a model QNN cannot compile: a whole transformers
+#: Llama, whose mask code becomes a QNN graph with no input ("No graph inputs present for graph [0]").
+MODELS_PY = textwrap.dedent(
+    '''
+    import torch
+    from torch import nn
+
+
+    class Norm(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.weight = nn.Parameter(1 + 0.1 * torch.randn(width))
+
+        def forward(self, x):
+            h = x.to(torch.float32)
+            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+            return self.weight * h.to(x.dtype)
+
+
+    class Block(nn.Module):
+        def __init__(self, width=32):
+            super().__init__()
+            self.a, self.norm, self.b = nn.Linear(width, width), Norm(width), nn.Linear(width, width)
+
+        def forward(self, x):
+            return self.b(self.norm(self.a(x))) * 0.5
+
+
+    def block():
+        torch.manual_seed(0)
+        return Block(), (torch.randn(1, 8, 32),)
+
+
+    def whole_llama():
+        from edgefuse.cli.models import build_model
+
+        return build_model("tiny-llama", layers=1)
+    '''
+)
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, qnn_sdk):
+    path = tmp_path_factory.mktemp("qnn_commands")
+    (path / "models.py").write_text(MODELS_PY)
+    return path
+
+
+@pytest.mark.parametrize("precision, reference", [("fp16", "eager"), ("16a8w", "the fake-quantized module")])
+def test_lower_qnn_writes_a_pte_that_runs_and_a_map_of_the_qnn_delegate(models, precision, reference, capsys):
+    out = models / f"block-{precision}.pte"
+    code = cli.main(["-q", "lower", f"{models / 'models.py'}:block", "--backend", "qnn", "--precision", precision,
+                     "-o", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == OK, stdout
+    lines = stdout.splitlines()
+    assert lines[0].endswith(f"QNN HTP SM8650 {precision}, edgefuse and stock:")
+    ours, stock = lines[1].strip(), lines[2].strip()
+    assert ours.startswith("edgefuse: 1 of 1 norms rebuilt, 1 RmsNorm in QNN; 1 delegate, 0 ops outside; ")
+    assert f"max error against {reference} " in ours and "(within " in ours
+    assert stock.startswith("stock: 1 RmsNorm in QNN; ") and "max error against" in stock
+    assert ("against float eager" in ours) == (precision != "fp16")
+    assert "QNN_DATATYPE" not in stdout  # QNN's native op tables stay off stdout
+
+    # the .pte written is the one that was checked: it runs on the emulator and matches eager
+    from edgefuse.qnn import run_on_emulator
+
+    module, inputs = _block(models)
+    (actual,) = run_on_emulator(out.read_bytes(), list(inputs))
+    with torch.no_grad():
+        expected = module(*inputs)
+    assert (actual - expected).abs().max() < 0.05  # the norm computed, not garbage: outputs are about 1
+
+    svg = ET.parse(models / f"block-{precision}.delegates.svg").getroot()
+    labels = [g.get("data-label") for g in svg.iter(f"{SVG}g") if g.get("class") == "program"]
+    assert labels == ["stock", "edgefuse"]
+    delegates = [g for g in svg.iter(f"{SVG}g") if g.get("class") == "delegate"]
+    assert len(delegates) == 2  # one per program
+    for delegate in delegates:  # named by its backend, with the QNN ops it compiled
+        assert delegate.find(f"{SVG}text").text.startswith("QnnBackend #0 · ")
+        assert "RmsNorm" in delegate.find(f"{SVG}title").text.split(", ")
+
+
+def _block(models):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("qnn_commands_models", models / "models.py")
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    module, inputs = loaded.block()
+    return module.eval(), inputs
+
+
+def test_report_compile_says_which_qnn_op_each_norm_became(models, capsys):
+    code = cli.main(["-q", "report", f"{models / 'models.py'}:block", "--compile"])
+    stdout = capsys.readouterr().out
+    assert code == OK, stdout
+    header, row = stdout.splitlines()[1:3]
+    assert "QNN op" in header
+    assert row.split()[1] == "norm" and " RmsNorm" in row
+    assert "compiled for QNN SM8650 fp16: 1 of 1 norms are one QNN RmsNorm; 1 RmsNorm in the QNN program" in stdout
+
+
+def test_a_model_qnn_cannot_lower_exits_2_with_qnns_reason_and_writes_nothing(models, capsys):
+    out = models / "llama.pte"
+    code = cli.main(["-q", "lower", f"{models / 'models.py'}:whole_llama", "--backend", "qnn", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert code == USAGE, err
+    assert "QNN could not lower the model for SM8650 at fp16" in err
+    assert "QNN logged: " in err and "No graph inputs present for graph [0]" in err.split("QNN logged: ")[1]
+    assert "no .pte was written" in err
+    assert not out.exists() and not list(models.glob("*.tmp"))
+
+
+def test_lower_qnn_exits_1_when_edgefuses_program_is_outside_its_tolerance(models, monkeypatch, capsys):
+    monkeypatch.setattr(qnn_flows, "FP16_ULPS", 0)  # any rounding at all is now too much
+    code = cli.main(["-q", "lower", f"{models / 'models.py'}:block", "--backend", "qnn", "-o", str(models / "tight.pte")])
+    stdout = capsys.readouterr().out
+    assert code == CHECK_FAILED, stdout
+    assert "check failed: the edgefuse program differs from eager by " in stdout
+    assert "(OUTSIDE " in stdout
+
+
+def test_the_qnn_table_passes_one_small_row(qnn_sdk, capsys):
+    code = qnn_check.main(["-q", "--models", "tiny-llama-layer", "--precisions", "fp16"])
+    stdout = capsys.readouterr().out
+    assert code == OK, stdout
+    rows = [line.split() for line in stdout.splitlines() if line.startswith("tiny-llama-layer")]
+    assert [row[2] for row in rows] == ["edgefuse", "stock"]
+    ours = rows[0]
+    assert ours[3:6] == ["2", "2", "2"] and ours[9] == "PASS"  # 2 norms found, rebuilt, RmsNorm in QNN
+    assert stdout.rstrip().endswith("all passed")
