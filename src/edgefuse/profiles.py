@@ -93,7 +93,7 @@ class BackendProfile:
 
 
 #: What QNN's HTP computes wrong or rejects, measured on QNN 2.51's x86 HTP emulator (SM8650) through
-#: ExecuTorch 1.5.1's QNN flow; ``tests/qnn/test_limits.py`` holds each to that emulator, so a QNN that
+#: ExecuTorch 1.5.1's QNN flow; ``tests/qnn/test_qnn_limits.py`` holds each to that emulator, so a QNN that
 #: fixes one fails a test there.
 QNN_LIMITS = (
     ShapeLimit(
