@@ -1,5 +1,5 @@
-"""The package's shape: its layers hold (import-linter's contracts), only the application prints, the
-README names every module, and the names people type after ``import edgefuse`` work."""
+"""The package's shape: its layers hold (import-linter's contracts), only the application and the fuzzer
+print, the README names every module, and the names people type after ``import edgefuse`` work."""
 
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ import textwrap
 import tomllib
 from pathlib import Path
 
+import pytest
+
 import edgefuse
 
 PACKAGE = Path(edgefuse.__file__).parent
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Where printing is the job: the application, and the fuzzer beside it (its command line, and the
-#: progress its runner writes to the stream it is given).
+#: Where printing is the job: the application, and the fuzzer beside it (its own command line, and the
+#: progress its runner writes to the stream it is given). The README's layout section says the same.
 PRINTS = ("cli", "fuzz")
 
 
@@ -54,42 +56,168 @@ def test_every_module_is_in_a_contract():
     assert set(backends["forbidden_modules"]) == {"edgefuse.cli", "edgefuse.fuzz"}
 
 
-def _prints(path: Path) -> list[int]:
-    """The lines of ``path`` that call ``print`` or write to ``sys.stdout`` or ``sys.stderr``."""
-    lines = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if not isinstance(node, ast.Call):
-            continue
-        function = node.func
-        if isinstance(function, ast.Name) and function.id == "print":
-            lines.append(node.lineno)
-        elif (
-            isinstance(function, ast.Attribute)
-            and function.attr in ("write", "writelines")
-            and isinstance(function.value, ast.Attribute)
-            and function.value.attr in ("stdout", "stderr", "__stdout__", "__stderr__")
-            and isinstance(function.value.value, ast.Name)
-            and function.value.value.id == "sys"
-        ):
-            lines.append(node.lineno)
-    return lines
+#: What writes to the standard streams, besides the name ``print``: ``sys``'s streams, ``traceback``'s and
+#: ``pprint``'s printing functions (their ``format_*`` and ``pformat`` return text, and are fine).
+STREAMS = {"stdout", "stderr", "__stdout__", "__stderr__"}
+PRINTING = {
+    "sys": STREAMS | {"displayhook", "__displayhook__"},
+    "builtins": {"print"},
+    "traceback": {"print_exc", "print_exception", "print_stack", "print_tb", "print_last", "print_list"},
+    "pprint": {"pprint", "pp"},
+}
+#: The file descriptors of stdout and stderr, which ``os.write`` / ``os.fdopen`` / ``open`` may be given.
+STANDARD_FDS = (1, 2)
 
 
-def test_nothing_but_the_application_prints():
-    """The core, the backends and the shared runtime return data or raise; the application prints."""
+def _printing(text: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """Each place in ``text`` that prints or reaches the standard streams, as (line, what): any use of
+    the name ``print`` (a call, ``p = print``, a default argument), ``print`` or a stream taken from
+    ``builtins`` or ``sys`` under any name they are imported or assigned as (``from sys import stderr``,
+    ``import sys as s; s.stdout``, ``getattr(sys, "stdout")``), ``traceback``'s and ``pprint``'s printing
+    functions, and ``os.write`` / ``os.fdopen`` / ``open`` on file descriptor 1 or 2."""
+    tree = ast.parse(text, filename)
+    aliases: dict[str, str] = {"__builtins__": "builtins"}  # a local name -> the module it stands for
+    os_names, write_names = {"os"}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in PRINTING:
+                    aliases[alias.asname or alias.name] = alias.name
+                elif alias.name == "os":
+                    os_names.add(alias.asname or "os")
+        elif isinstance(node, ast.ImportFrom) and node.module == "os":
+            write_names |= {a.asname or a.name for a in node.names if a.name in ("write", "fdopen")}
+
+    def module_of(expr: ast.expr) -> str | None:
+        """The module of PRINTING that ``expr`` stands for: a name bound to it, or ``__import__("sys")``,
+        ``importlib.import_module("sys")``."""
+        if isinstance(expr, ast.Name):
+            return aliases.get(expr.id)
+        if isinstance(expr, ast.Call) and expr.args and isinstance(expr.args[0], ast.Constant):
+            function = expr.func
+            named = function.id if isinstance(function, ast.Name) else getattr(function, "attr", None)
+            if named in ("__import__", "import_module") and expr.args[0].value in PRINTING:
+                return expr.args[0].value
+        return None
+
+    changed = True
+    while changed:  # ``out = sys`` makes ``out`` another name of sys, and so on
+        changed = False
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign) and (module := module_of(node.value)) is not None:
+                for target in node.targets:
+                    if isinstance(target, ast.Name) and aliases.get(target.id) != module:
+                        aliases[target.id], changed = module, True
+
+    found = []
+    for node in ast.walk(tree):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.Name) and node.id == "print":
+            found.append((line, "print"))
+        elif isinstance(node, ast.ImportFrom) and node.module in PRINTING:
+            for alias in node.names:
+                if alias.name == "*" or alias.name in PRINTING[node.module]:
+                    found.append((line, f"from {node.module} import {alias.name}"))
+        elif isinstance(node, ast.Attribute) and (module := module_of(node.value)) is not None:
+            if node.attr in PRINTING[module]:
+                found.append((line, f"{module}.{node.attr}"))
+        elif isinstance(node, ast.Subscript) and (module := module_of(node.value)) is not None:
+            key = node.slice
+            if isinstance(key, ast.Constant) and key.value in PRINTING[module]:
+                found.append((line, f"{module}[{key.value!r}]"))
+        elif isinstance(node, ast.Call):
+            function, args = node.func, node.args
+            if (
+                isinstance(function, ast.Name) and function.id in ("getattr", "vars")
+                and len(args) >= 2 and (module := module_of(args[0])) is not None
+                and isinstance(args[1], ast.Constant) and args[1].value in PRINTING[module]
+            ):
+                found.append((line, f"getattr({module}, {args[1].value!r})"))
+            first = args[0] if args else None
+            to_fd = isinstance(first, ast.Constant) and type(first.value) is int and first.value in STANDARD_FDS
+            os_call = (
+                isinstance(function, ast.Attribute) and function.attr in ("write", "fdopen")
+                and isinstance(function.value, ast.Name) and function.value.id in os_names
+            ) or (isinstance(function, ast.Name) and function.id in write_names)
+            if to_fd and (os_call or (isinstance(function, ast.Name) and function.id == "open")):
+                found.append((line, f"{ast.unparse(function)}({first.value}, ...)"))
+    return sorted(set(found))
+
+
+def test_nothing_but_the_application_and_the_fuzzer_prints():
+    """The core, the backends and the shared runtime return data, log or raise; only the application
+    and the fuzzer beside it print (:data:`PRINTS`)."""
+    checked = [path for path in sorted(PACKAGE.rglob("*.py")) if path.relative_to(PACKAGE).parts[0] not in PRINTS]
+    assert len(checked) > 40 and PACKAGE / "recompose.py" in checked and PACKAGE / "xnnpack" / "inspect.py" in checked
     found = [
-        f"{path.relative_to(PACKAGE.parent)}:{line}"
-        for path in sorted(PACKAGE.rglob("*.py"))
-        if path.relative_to(PACKAGE).parts[0] not in PRINTS
-        for line in _prints(path)
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {what}"
+        for path in checked
+        for line, what in _printing(path.read_text(), str(path))
     ]
-    assert found == [], "printing outside the application: " + ", ".join(found)
+    assert found == [], "printing outside the application and the fuzzer: " + ", ".join(found)
 
 
-def test_the_print_check_finds_a_print_and_a_write(tmp_path):
-    module = tmp_path / "m.py"
-    module.write_text("import sys\nprint('x')\nsys.stderr.write('y')\nsys.stdout.writelines(['z'])\nlog.write('fine')\n")
-    assert _prints(module) == [2, 3, 4]
+#: Ways to print or reach a standard stream, each with what the check must name.
+EVASIONS = {
+    "print('x')": "print",
+    "p = print\np('x')": "print",
+    "def f(say=print):\n    say('x')": "print",
+    "from builtins import print as p": "from builtins import print",
+    "import builtins\nbuiltins.print('x')": "builtins.print",
+    "import builtins as b\nb.print('x')": "builtins.print",
+    "getattr(__builtins__, 'print')('x')": "getattr(builtins, 'print')",
+    "__builtins__['print']('x')": "builtins['print']",
+    "import sys\nsys.stdout.write('x')": "sys.stdout",
+    "import sys\nsys.stderr.writelines(['x'])": "sys.stderr",
+    "import sys\nsys.__stdout__.write('x')": "sys.__stdout__",
+    "import sys\nsys.__stderr__.flush()": "sys.__stderr__",
+    "import sys as s\ns.stdout.write('x')": "sys.stdout",
+    "import sys\nout = sys\nout.stderr.write('x')": "sys.stderr",
+    "import sys\nlog(file=sys.stderr)": "sys.stderr",
+    "from sys import stderr": "from sys import stderr",
+    "from sys import stdout as o": "from sys import stdout",
+    "from sys import *": "from sys import *",
+    "getattr(__import__('sys'), 'stdout').write('x')": "getattr(sys, 'stdout')",
+    "import importlib\nimportlib.import_module('sys').stderr.write('x')": "sys.stderr",
+    "import traceback\ntraceback.print_exc()": "traceback.print_exc",
+    "import traceback\ntraceback.print_stack()": "traceback.print_stack",
+    "import traceback as tb\ntb.print_exception(e)": "traceback.print_exception",
+    "from traceback import print_exc": "from traceback import print_exc",
+    "import pprint\npprint.pprint({})": "pprint.pprint",
+    "from pprint import pprint": "from pprint import pprint",
+    "from pprint import pp as show": "from pprint import pp",
+    "import os\nos.write(1, b'x')": "os.write(1, ...)",
+    "import os\nos.write(2, b'x')": "os.write(2, ...)",
+    "import os as o\no.write(1, b'x')": "o.write(1, ...)",
+    "from os import write\nwrite(2, b'x')": "write(2, ...)",
+    "import os\nos.fdopen(1, 'w')": "os.fdopen(1, ...)",
+    "open(2, 'w').write('x')": "open(2, ...)",
+}
+
+
+@pytest.mark.parametrize("text", EVASIONS)
+def test_the_print_check_catches_every_way_to_print(text):
+    assert EVASIONS[text] in [what for _, what in _printing(text)]
+
+
+def test_the_print_check_leaves_data_logging_and_other_objects_alone():
+    """Text returned, a logger, a stream handed in, another object's ``print`` or ``stdout`` (a
+    subprocess's), ``traceback.format_exc``, ``pprint.pformat`` and a write to another descriptor."""
+    text = textwrap.dedent(
+        """
+        import logging, os, pprint, subprocess, sys, traceback
+        logging.getLogger(__name__).warning("x")
+        done = subprocess.run(["true"], capture_output=True, text=True)
+        lines = done.stdout.splitlines() + done.stderr.splitlines()
+        console.print("x")
+        stream.write(traceback.format_exc() + pprint.pformat({}))
+        os.write(fd, b"x")
+        os.write(5, b"x")
+        version = sys.version_info
+        open(path, "w").write("x")
+        """
+    )
+    assert _printing(text) == []
 
 
 def test_the_readme_layout_table_names_every_module():

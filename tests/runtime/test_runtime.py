@@ -1,5 +1,5 @@
 """What the runtime logs: its threadpool's set-up lines are dropped and nothing else; a failed call's log goes
-into its error, and a call that does not fail writes its log out."""
+into its error, and a call that does not fail hands its log to edgefuse.runtime.log's logger."""
 
 from __future__ import annotations
 
@@ -9,12 +9,27 @@ import textwrap
 import threading
 import time
 
+import logging
+
 import pytest
 import torch
 from executorch.extension.pybindings import portable_lib
 
 from edgefuse.runtime import LoadedProgram, start_threadpool
-from edgefuse.runtime.log import LOG_LINES_IN_ERROR, with_its_log, without_set_up_noise
+from edgefuse.runtime.log import LOG, LOG_LINES_IN_ERROR, with_its_log, without_set_up_noise
+
+
+@pytest.fixture
+def logged(caplog):
+    """The lines handed to the runtime's logger (at WARNING), and nothing else."""
+    caplog.set_level(logging.WARNING, LOG.name)
+
+    def lines() -> list[str]:
+        out = [r.getMessage() for r in caplog.records if r.name == LOG.name and r.levelno == logging.WARNING]
+        caplog.clear()
+        return out
+
+    return lines
 
 
 def _log(line: str) -> None:
@@ -35,22 +50,22 @@ def _probe(fail: bool):
     return create
 
 
-def test_the_threadpools_set_up_lines_are_dropped_and_others_pass(monkeypatch, capsys):
+def test_the_threadpools_set_up_lines_are_dropped_and_others_pass(monkeypatch, capsys, logged):
     monkeypatch.setattr(portable_lib, "_threadpool_get_thread_count", _probe(fail=False))
     assert start_threadpool.__wrapped__() == 3
-    assert capsys.readouterr().err == "[threadpool.cpp:70] Invalid threadpool!\n"
+    assert logged() == ["[threadpool.cpp:70] Invalid threadpool!"] and capsys.readouterr().err == ""
 
 
-def test_a_failure_keeps_its_log_and_gives_standard_error_back(monkeypatch, capsys):
+def test_a_failure_keeps_its_log_and_gives_standard_error_back(monkeypatch, logged):
     monkeypatch.setattr(portable_lib, "_threadpool_get_thread_count", _probe(fail=True))
     stderr = sys.stderr
     with pytest.raises(RuntimeError, match="no threadpool"):
         start_threadpool.__wrapped__()
     assert sys.stderr is stderr
-    assert capsys.readouterr().err == "[threadpool.cpp:70] Invalid threadpool!\n"
+    assert logged() == ["[threadpool.cpp:70] Invalid threadpool!"]
 
 
-def test_another_threads_line_in_the_middle_of_a_set_up_line_goes_through_whole(capsys):
+def test_another_threads_line_in_the_middle_of_a_set_up_line_goes_through_whole(logged):
     def other():
         sys.stderr.write("hello from another thread\n")
 
@@ -61,7 +76,7 @@ def test_another_threads_line_in_the_middle_of_a_set_up_line_goes_through_whole(
         thread.start()
         thread.join()
         sys.stderr.write("Failed to open midr file /sys/x\n")
-    assert capsys.readouterr().err == "hello from another thread\n"
+    assert logged() == ["hello from another thread"]
 
 
 def test_threads_that_start_pools_at_once_give_standard_error_back():
@@ -127,7 +142,7 @@ def _logs_then(result: int | None):
     return step
 
 
-def test_a_failing_call_carries_what_the_runtime_logged_and_prints_nothing(capsys):
+def test_a_failing_call_carries_what_the_runtime_logged_and_prints_nothing(capsys, logged):
     stderr = sys.stderr
     with pytest.raises(RuntimeError) as raised:
         with_its_log(_logs_then(None))
@@ -135,33 +150,49 @@ def test_a_failing_call_carries_what_the_runtime_logged_and_prints_nothing(capsy
         "method->set_inputs() for method 'forward' failed with error 0x12 "
         "(the runtime logged: Input 0 has unexpected scalar type: expected Float but was Half)"
     )
-    assert sys.stderr is stderr and capsys.readouterr().err == ""
+    assert sys.stderr is stderr and capsys.readouterr().err == "" and logged() == []
 
 
-def test_a_call_that_succeeds_writes_its_log_out_and_other_threads_go_straight_through(capsys):
+def test_a_call_that_succeeds_hands_on_its_log_and_other_threads_lines_in_order(logged):
     def step() -> int:
         thread = threading.Thread(target=lambda: sys.stderr.write("hello from another thread\n"))
         thread.start()
         thread.join()
-        assert capsys.readouterr().err == "hello from another thread\n"  # not held until the call ends
         return _logs_then(7)()
 
     assert with_its_log(step) == 7
-    logged = capsys.readouterr().err
-    assert logged == "[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half.\n"
+    assert logged() == [
+        "hello from another thread", "[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half."
+    ]
+
+
+def test_with_no_logging_set_up_the_log_reaches_standard_error_as_the_runtime_wrote_it():
+    # Python's own handler writes to the standard error stream of the moment: after the stand-in is gone.
+    code = textwrap.dedent(
+        """
+        import sys
+        from edgefuse.runtime.log import with_its_log
+        def step():
+            for piece in ("[method.cpp:1206] Input 0", " has unexpected scalar type.", "\\n"):
+                sys.stderr.write(piece)
+            return 7
+        print(with_its_log(step))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "7\n", "[method.cpp:1206] Input 0 has unexpected scalar type.\n")
 
 
 
 @pytest.mark.parametrize("raised", [KeyboardInterrupt, ValueError])
-def test_an_interrupt_or_an_error_of_another_kind_keeps_its_type_and_writes_the_log_out(raised, capsys):
+def test_an_interrupt_or_an_error_of_another_kind_keeps_its_type_and_hands_on_the_log(raised, logged):
     def step() -> int:
         _log("[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half.")
         raise raised("stop")
 
     with pytest.raises(raised, match="^stop$"):
         with_its_log(step)
-    logged = capsys.readouterr().err
-    assert logged == "[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half.\n"
+    assert logged() == ["[method.cpp:1206] Input 0 has unexpected scalar type: expected Float but was Half."]
 
 
 
@@ -175,7 +206,7 @@ def test_a_failure_without_a_log_is_raised_as_it_is():
         with_its_log(step)
     assert raised.value is error
 
-def test_a_long_log_gives_its_last_lines_to_the_error(capsys):
+def test_a_long_log_gives_its_last_lines_to_the_error(capsys, logged):
     def step() -> int:
         for i in range(2000):
             _log(f"[tensor_impl.cpp:135] line {i}.")
@@ -186,7 +217,7 @@ def test_a_long_log_gives_its_last_lines_to_the_error(capsys):
     last = "; ".join(f"line {i}" for i in range(2000 - LOG_LINES_IN_ERROR, 2000))
     before = 2000 - LOG_LINES_IN_ERROR
     assert str(raised.value) == f"failed with error 0x10 (the runtime logged: {before} lines before; {last})"
-    assert capsys.readouterr().err == ""
+    assert capsys.readouterr().err == "" and logged() == []
 
 
 def test_a_failed_call_says_why_when_there_is_no_standard_error(monkeypatch):

@@ -1,23 +1,30 @@
-"""What the ExecuTorch runtime logs: dropped when it says nothing, put into the error when a call fails.
+"""What the ExecuTorch runtime logs: dropped when it says nothing, put into the error when a call fails,
+handed to :mod:`logging` otherwise.
 
-The runtime's Python bindings log through ``sys.stderr``, a line in several pieces, flushing after each.
-Setting up its threadpool logs lines about the CPU probe that concern no program; a failed load or run
-raises an error that says only which call failed ("set_inputs() ... failed with error 0x12") while the
-log says why ("Input 0 has unexpected scalar type: expected Float but was Half."). Both stand-ins here
-replace ``sys.stderr`` for the calling thread only, under one process-wide lock.
+The runtime's Python bindings log through the standard error stream, a line in several pieces, flushing
+after each. Setting up its threadpool logs lines about the CPU probe that concern no program; a failed
+load or run raises an error that says only which call failed ("set_inputs() ... failed with error 0x12")
+while the log says why ("Input 0 has unexpected scalar type: expected Float but was Half."). A stand-in
+takes the standard error stream's place while the runtime is called (under one process-wide lock: it is
+one for the process) and cuts what is written into lines. A line neither dropped nor put into an error
+goes to the logger :data:`LOG` when the call ends, another thread's lines included: a library writes to
+no stream of its own, and the application decides where the lines go (with no logging set up, Python's
+own handler writes them to standard error, as the runtime would have).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import re
-import sys
 import threading
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Callable, Iterator, TypeVar
 
 T = TypeVar("T")
 
+#: Where the lines the runtime logs go, at WARNING.
+LOG = logging.getLogger(__name__)
 #: What the runtime logs while it sets up its threadpool that says nothing about any program: its CPU
 #: probe (four lines about files an x86 machine lacks, one about the CPU count) and the notice of a reset
 #: its caller asked for. Each starts a line.
@@ -26,95 +33,73 @@ _SET_UP_NOISE = re.compile(r"\[cpuinfo_utils\.cpp:\d+\] |\[threadpool\.cpp:\d+\]
 _LOG_PREFIX = re.compile(r"^\[[\w.]+:\d+\] ", re.MULTILINE)
 #: The most log lines, the last ones, that an error's message takes (a failure logs two to four).
 LOG_LINES_IN_ERROR = 6
-_SWAP = threading.RLock()  # sys.stderr is one for the whole process
+_SWAP = threading.RLock()  # the standard error stream is one for the whole process
 
 
-class _StandIn:
-    """A text stream that stands in for ``sys.stderr`` for the thread that made it. ``target`` is the
-    stream it replaces, and gives every attribute the stand-in lacks (encoding, fileno, isatty...).
-    Flushing flushes the target."""
+def _pass_on(lines: list[str]) -> None:
+    for line in lines:
+        LOG.warning("%s", line)
 
-    def __init__(self, target) -> None:
-        self.target = target
+
+class _StandIn(io.TextIOBase):
+    """A text stream that stands in for standard error while the thread that made it calls the runtime:
+    what each thread writes is cut into lines, in order, each marked with whether the owner wrote it."""
+
+    def __init__(self) -> None:
         self.owner = threading.get_ident()
+        self.pending: dict[int, str] = {}
+        self.lines: list[tuple[bool, str]] = []  # (written by the owning thread, the line), in order
+        self.lock = threading.Lock()
 
-    def flush(self) -> None:
-        self.target.flush()
+    def own(self) -> list[str]:
+        return [line for owned, line in self.lines if owned]
 
-    def writelines(self, lines) -> None:
-        for line in lines:
-            self.write(line)
+    def others(self) -> list[str]:
+        return [line for owned, line in self.lines if not owned]
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "target" or name.startswith("__"):  # not set yet, or a protocol the target must not answer
-            raise AttributeError(name)
-        return getattr(self.target, name)
-
-
-@contextlib.contextmanager
-def _standing_in(make: Callable[[Any], _StandIn]) -> Iterator[Any]:
-    """``sys.stderr`` replaced by ``make(sys.stderr)`` while the block runs (by a sink when it is None)."""
-    with _SWAP:
-        stream = make(sys.stderr if sys.stderr is not None else io.StringIO())
-        with contextlib.redirect_stderr(stream):
-            yield stream
-
-
-class _WithoutSetUpNoise(_StandIn):
-    """Passes everything to ``target`` but the runtime's set-up lines.
-
-    Only the owning thread's text is filtered, and only text that starts with "[" waits for the end of
-    its line (a held line stays held through a flush); anything else goes straight through, so another
-    thread's output and a line the runtime logs before it aborts are never held back.
-    """
-
-    def __init__(self, target) -> None:
-        super().__init__(target)
-        self.pending = ""
+    def writable(self) -> bool:
+        return True
 
     def write(self, text: str) -> int:
-        if threading.get_ident() != self.owner:
-            return self.target.write(text)
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            if not _SET_UP_NOISE.match(line):
-                self.target.write(line + "\n")
-        if self.pending and not self.pending.startswith("["):
-            self.target.write(self.pending)
-            self.pending = ""
+        thread = threading.get_ident()
+        with self.lock:
+            *lines, rest = (self.pending.pop(thread, "") + text).split("\n")
+            if rest:
+                self.pending[thread] = rest
+            self.lines += [(thread == self.owner, line) for line in lines]
         return len(text)
 
     def finish(self) -> None:
-        """Write out what is still held, unless it is set-up noise."""
-        if self.pending and not _SET_UP_NOISE.match(self.pending):
-            self.target.write(self.pending)
-        self.pending = ""
-        self.target.flush()
+        """End every line still open."""
+        with self.lock:
+            for thread, rest in self.pending.items():
+                self.lines.append((thread == self.owner, rest))
+            self.pending = {}
+
+
+@contextlib.contextmanager
+def _standing_in(stand_in: _StandIn) -> Iterator[_StandIn]:
+    """Standard error replaced by ``stand_in`` while the block runs; every line it holds ended after.
+    Lines are handed to :data:`LOG` only once the stand-in is gone: with no logging set up, Python's own
+    handler writes to standard error, which would be the stand-in again."""
+    with _SWAP:
+        try:
+            with contextlib.redirect_stderr(stand_in):
+                yield stand_in
+        finally:
+            stand_in.finish()
 
 
 @contextlib.contextmanager
 def without_set_up_noise() -> Iterator[None]:
-    """Drop the runtime's set-up lines from ``sys.stderr`` while the block runs, and pass everything else
-    through: other threads' output, and any error the runtime logs."""
-    with _standing_in(_WithoutSetUpNoise) as stream:
-        try:
+    """Drop the runtime's set-up lines written while the block runs, and hand every other line to
+    :data:`LOG` when it ends: other threads' lines, and any error the runtime logs."""
+    stand_in = _StandIn()
+    try:
+        with _standing_in(stand_in):
             yield
-        finally:
-            stream.finish()
-
-
-class _Held(_StandIn):
-    """Holds what its owning thread writes; passes any other thread's text to ``target`` at once."""
-
-    def __init__(self, target) -> None:
-        super().__init__(target)
-        self.held = io.StringIO()
-
-    def write(self, text: str) -> int:
-        if threading.get_ident() != self.owner:
-            return self.target.write(text)
-        return self.held.write(text)
+    finally:
+        _pass_on([line for owned, line in stand_in.lines if not (owned and _SET_UP_NOISE.match(line))])
 
 
 def _in_one_line(log: str) -> str:
@@ -130,19 +115,21 @@ def with_its_log(step: Callable[[], T]) -> T:
     """Call into the runtime, holding what it logs from this thread while the call runs.
 
     When the call raises a ``RuntimeError`` (what the bindings raise), the log becomes part of the
-    message and nothing is printed; otherwise (success, another error, an interrupt) the log is written
-    out as it would have been, after the call. A crash of the process itself loses it.
+    message and goes nowhere else; otherwise (success, another error, an interrupt) its lines go to
+    :data:`LOG` after the call, as do other threads' lines. A crash of the process itself loses them.
     """
-    with _standing_in(_Held) as stream:
-        try:
+    stand_in = _StandIn()
+    try:
+        with _standing_in(stand_in):
             result = step()
-        except RuntimeError as error:
-            log = _in_one_line(stream.held.getvalue())
-            if log:
-                raise RuntimeError(f"{error} (the runtime logged: {log})") from error
-            raise
-        except BaseException:
-            stream.target.write(stream.held.getvalue())
-            raise
-        stream.target.write(stream.held.getvalue())
-        return result
+    except RuntimeError as error:
+        _pass_on(stand_in.others())
+        log = _in_one_line("\n".join(stand_in.own()))
+        if log:
+            raise RuntimeError(f"{error} (the runtime logged: {log})") from error
+        raise
+    except BaseException:
+        _pass_on([line for _, line in stand_in.lines])
+        raise
+    _pass_on([line for _, line in stand_in.lines])
+    return result
