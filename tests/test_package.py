@@ -43,17 +43,161 @@ def test_the_import_contracts_hold():
     assert "0 broken" in done.stdout, done.stdout[-2000:]
 
 
-def test_every_module_is_in_a_contract():
-    """A module at the root is core and is checked as such; a package is forbidden to the core, and a
-    package other than the application and the fuzzer is a backend, checked as one."""
-    core, backends = _contracts()[:2]
+#: The application and the fuzzer; every other package is a backend (the shared runtime among them).
+TOP = {"edgefuse.cli", "edgefuse.fuzz"}
+#: The modules that hand a documented ``python -m`` command over to the application, and the one import
+#: each makes of it: the contracts ignore those edges alone, never the modules.
+HAND_OVERS = {
+    "edgefuse.__main__": {"edgefuse.cli"},
+    "edgefuse.xnnpack.bench": {"edgefuse.cli.progress", "edgefuse.cli.xnnpack_bench"},
+    "edgefuse.xnnpack.check_models": {"edgefuse.cli.progress", "edgefuse.cli.check_models"},
+    "edgefuse.quant.__main__": {"edgefuse.cli.quant_command"},
+}
+
+
+def _layout() -> tuple[set[str], set[str]]:
+    """The core's modules (the package root itself among them) and the package's packages."""
     modules = {info.name: info.ispkg for info in pkgutil.iter_modules([str(PACKAGE)])}
-    root_modules = {f"edgefuse.{n}" for n, pkg in modules.items() if not pkg and n != "__main__"}
-    packages = {f"edgefuse.{n}" for n, pkg in modules.items() if pkg}
-    assert set(core["source_modules"]) == root_modules
-    assert set(core["forbidden_modules"]) == packages
-    assert set(backends["source_modules"]) == packages - {"edgefuse.cli", "edgefuse.fuzz"}
-    assert set(backends["forbidden_modules"]) == {"edgefuse.cli", "edgefuse.fuzz"}
+    core = {"edgefuse"} | {f"edgefuse.{n}" for n, pkg in modules.items() if not pkg}
+    return core, {f"edgefuse.{n}" for n, pkg in modules.items() if pkg}
+
+
+def test_every_module_is_in_a_contract():
+    """The core is the package root (its own ``__init__`` and ``__main__`` too) and each module beside
+    them, checked module by module; every package is forbidden to it, with all it holds. A package other
+    than the application and the fuzzer is a backend, checked as one."""
+    core, backends = _contracts()[:2]
+    modules, packages = _layout()
+    assert set(core["source_modules"]) == modules
+    assert core["as_packages"] is False  # else "edgefuse" would be the whole package, skipped as overlapping
+    assert set(core["forbidden_modules"]) == packages | {f"{p}.**" for p in packages}
+    assert set(backends["source_modules"]) == packages - TOP
+    assert set(backends["forbidden_modules"]) == TOP
+
+
+def test_the_contracts_ignore_the_hand_overs_imports_of_the_application_and_nothing_else():
+    """Each ignored import is one exact edge (no wildcard) from a hand-over module into the application."""
+    ignored = {}
+    for contract in _contracts():
+        for edge in contract.get("ignore_imports", []):
+            importer, imported = (part.strip() for part in edge.split("->"))
+            assert "*" not in edge, f"{edge!r} ignores more than one import"
+            ignored.setdefault(importer, set()).add(imported)
+    assert ignored == HAND_OVERS
+
+
+def test_a_wrong_import_of_the_root_a_core_module_or_a_hand_over_breaks_a_contract(tmp_path):
+    """On a copy of the package with wrong imports added (the root's ``__init__`` importing the runtime, a
+    core module one of the application's modules, and each hand-over a second module of the
+    application), ``lint-imports`` fails and names every one of them."""
+    command = shutil.which("lint-imports")
+    assert command is not None, "import-linter is not installed: pip install -e '.[test]'"
+    copy = tmp_path / "src" / "edgefuse"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    wrong = {
+        "__init__.py": ("edgefuse", "edgefuse.runtime.log"),
+        "casts.py": ("edgefuse.casts", "edgefuse.cli.errors"),
+        "__main__.py": ("edgefuse.__main__", "edgefuse.cli.commands"),
+        "xnnpack/bench.py": ("edgefuse.xnnpack.bench", "edgefuse.cli.commands"),
+        "xnnpack/check_models.py": ("edgefuse.xnnpack.check_models", "edgefuse.cli.report"),
+        "quant/__main__.py": ("edgefuse.quant.__main__", "edgefuse.cli.errors"),
+    }
+    for path, (_, imported) in wrong.items():
+        with open(copy / path, "a") as module:
+            module.write(f"\nimport {imported}\n")
+    done = subprocess.run(
+        [command, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(tmp_path / "src")},
+    )
+    assert done.returncode != 0, done.stdout[-3000:]
+    missed = [f"{a} -> {b}" for a, b in wrong.values() if f"{a} -> {b} " not in done.stdout]
+    assert missed == [], f"lint-imports let these through: {missed}\n{done.stdout[-4000:]}"
+
+
+def _rank(module: str) -> int:
+    """A module's layer, bottom to top: 0 the core, 1 a backend or the shared runtime, 2 the application
+    or the fuzzer."""
+    core, packages = _layout()
+    if module in core:
+        return 0
+    package = ".".join(module.split(".")[:2])
+    assert package in packages, f"{module} is in no layer"
+    return 2 if package in TOP else 1
+
+
+def _lazy_tables(text: str, filename: str = "<source>") -> list[dict[str, str]]:
+    """The tables ``text`` hands to :func:`edgefuse.lazy.lazy_names` (public name -> the module that
+    defines it): each a module-level dict of strings, passed by name, or the test cannot read it."""
+    tree = ast.parse(text, filename)
+    assigned = {}
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                if isinstance(target, ast.Name):
+                    assigned[target.id] = node.value
+    tables = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "lazy_names":
+            argument = node.args[1] if len(node.args) > 1 else None
+            value = assigned.get(argument.id) if isinstance(argument, ast.Name) else argument
+            assert isinstance(value, ast.Dict), f"{filename}:{node.lineno}: a lazy table the test cannot read"
+            tables.append(ast.literal_eval(value))
+    return tables
+
+
+def _lazy_names_upward(module: str, text: str) -> list[str]:
+    """Each name of ``module``'s lazy tables that a lower layer would load from a higher one."""
+    return [
+        f"{module}.{name} -> {target}"
+        for table in _lazy_tables(text, module)
+        for name, target in table.items()
+        if _rank(target) > _rank(module)
+    ]
+
+
+def _package_modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def test_no_lazy_name_loads_a_higher_layer():
+    """import-linter sees no import that ``lazy_names`` makes by string, so its tables are read here: a
+    core name never loads a backend, the application or the fuzzer, a backend's never the application or
+    the fuzzer, and every name's module exists."""
+    modules = _package_modules()
+    owners = [m for m, path in modules.items() if _lazy_tables(path.read_text(), str(path))]
+    assert {"edgefuse", "edgefuse.xnnpack", "edgefuse.quant", "edgefuse.fuzz"} <= set(owners), owners
+    found = []
+    for module in owners:
+        text = modules[module].read_text()
+        found += _lazy_names_upward(module, text)
+        found += [f"{module}.{n} -> {t}: no such module" for table in _lazy_tables(text) for n, t in table.items()
+                  if t not in modules]
+    assert found == [], found
+
+
+@pytest.mark.parametrize(
+    ("module", "target", "wrong"),
+    [
+        ("edgefuse", "edgefuse.cli.commands", True),
+        ("edgefuse", "edgefuse.xnnpack.lowering", True),
+        ("edgefuse", "edgefuse.fuzz.spec", True),
+        ("edgefuse.passes", "edgefuse.runtime", True),
+        ("edgefuse.xnnpack", "edgefuse.cli.errors", True),
+        ("edgefuse.quant", "edgefuse.fuzz.check", True),
+        ("edgefuse", "edgefuse.recompose", False),
+        ("edgefuse.xnnpack", "edgefuse.quant.facts", False),
+        ("edgefuse.fuzz", "edgefuse.cli.errors", False),
+    ],
+)
+def test_the_lazy_table_check_finds_a_name_that_loads_a_higher_layer(module, target, wrong):
+    text = f"from edgefuse.lazy import lazy_names\n_PUBLIC: dict[str, str] = {{'x': {target!r}}}\n"
+    text += "__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)\n"
+    assert _lazy_names_upward(module, text) == ([f"{module}.x -> {target}"] if wrong else [])
 
 
 #: What writes to the standard streams, besides the name ``print``: ``sys``'s streams, ``traceback``'s and
