@@ -373,6 +373,16 @@ def test_the_readme_layout_table_names_every_module():
     assert named - modules == set(), f"the layout table names modules that do not exist: {sorted(named - modules)}"
 
 
+def test_the_shared_fx_helpers_import_without_executorch():
+    """``edgefuse._fx`` (the ops outside a delegate among its helpers) serves the core, which must load
+    without ExecuTorch: importing it imports none of it."""
+    code = "import sys, edgefuse._fx; print(sorted(m for m in sys.modules if m.split('.')[0] == 'executorch'))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_the_names_people_type_work_after_import_edgefuse_without_importing_executorch():
     """``import edgefuse`` then ``edgefuse.passes``, ``edgefuse.xnnpack``, ``edgefuse.quant`` (and every
     other public submodule, ``edgefuse.qnn`` among them once it exists), in a fresh interpreter."""
