@@ -5,7 +5,9 @@
   :func:`module_class_name`: that module's class name;
 - :func:`dtype_name`: ``float16`` for ``torch.float16``, as messages and tables print a dtype;
 - :class:`Recorder`: an interpreter that keeps some nodes' values as it runs and replaces others';
-- :func:`top_graph`: the top-level graph module of a lowered program, an exported program or a graph.
+- :func:`top_graph`: the top-level graph module of a lowered program, an exported program or a graph;
+- :func:`nodes_outside` and :func:`ops_outside`: what a lowered program runs outside every delegate (any
+  backend's), the one definition the backends, the tools and the tests share.
 """
 
 from __future__ import annotations
@@ -85,3 +87,32 @@ def top_graph(program: Any) -> GraphModule:
     if hasattr(program, "exported_program"):
         return program.exported_program().graph_module
     return program.graph_module
+
+
+#: The calls of a lowered graph that compute nothing: the delegate call, tuple access and, once
+#: ``to_executorch`` has planned memory, the allocation of each out-variant kernel's output. ``alloc``
+#: belongs here although an edge program (before ``to_executorch``) has none: in a planned graph, a list
+#: without it would count every op outside a delegate twice.
+_PLUMBING = frozenset({"executorch_call_delegate", "getitem", "alloc"})
+
+
+def call_name(node: Node) -> str:
+    """The name of what ``node`` calls: ``aten.mean.dim``, ``getitem``, ``executorch_call_delegate``."""
+    return getattr(node.target, "__name__", str(node.target))
+
+
+def is_plumbing(node: Node) -> bool:
+    """Whether ``node`` calls plumbing (a delegate, tuple access, an allocation), not an op that computes."""
+    return call_name(node) in _PLUMBING
+
+
+def nodes_outside(program) -> list[Node]:
+    """The nodes of a lowered program's top-level graph that run an op outside every delegate, in graph
+    order: the one definition of "outside a delegate" that the tests, the tools and the command share."""
+    return [n for n in top_graph(program).graph.nodes if n.op == "call_function" and not is_plumbing(n)]
+
+
+def ops_outside(program) -> list[str]:
+    """Names of the edge ops the top-level graph calls outside any delegate, in graph order (an out
+    variant by its op's name)."""
+    return [call_name(n).removesuffix(".out") for n in nodes_outside(program)]

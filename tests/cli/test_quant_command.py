@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+from edgefuse._fx import dtype_name
 from edgefuse.cli import quant_tables as table
 from edgefuse.cli.quant_command import _json_safe, main
 
@@ -96,12 +97,12 @@ def test_the_qnn_table_of_tiny_llama_measures_every_norm_and_passes(tmp_path, ca
 # --- exit status and order, with the slow flows replaced by rows as they would come back ---------------
 
 def _passing_xnnpack_row(model, dtype, scheme, say=None):
-    return table.XnnpackRow(model, str(dtype).removeprefix("torch."), scheme, delegates={"stock": 3, "edgefuse": 1},
+    return table.XnnpackRow(model, dtype_name(dtype), scheme, delegates={"stock": 3, "edgefuse": 1},
                             means_outside={"stock": 2, "edgefuse": 0})
 
 
 def _passing_qnn_row(model, dtype, say=None, quant_dtype=None):
-    row = table.QnnRow(model, str(dtype).removeprefix("torch."), norms=2, rebuilt=["a", "b"])
+    row = table.QnnRow(model, dtype_name(dtype), norms=2, rebuilt=["a", "b"])
     row.own = {"casts": {"a": 2.0, "b": 1.0}, "edgefuse": {"a": 1.0, "b": 0.5}}
     return row
 

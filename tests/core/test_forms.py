@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from edgefuse import forms as registry
+from edgefuse._fx import dtype_name
 from edgefuse.fuzz.generate import instance
 from edgefuse.fuzz.render import norm_module
 from edgefuse.ops import Role, table_for
@@ -24,7 +25,7 @@ def build(form: str, dtype: torch.dtype) -> torch.nn.Module:
     written out by the fuzzer's renderer, its weight in ``dtype``."""
     if form in WRITTEN:
         return WRITTEN[form]().to(dtype)
-    return norm_module(instance(form, str(dtype).removeprefix("torch.")), SHAPE)
+    return norm_module(instance(form, dtype_name(dtype)), SHAPE)
 
 
 #: How far, per element, a rebuilt norm may lie from eager, in units of D's epsilon times the element

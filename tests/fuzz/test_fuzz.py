@@ -218,6 +218,64 @@ def test_the_renderer_writes_each_registry_spelling_and_square_as_the_registry_d
         assert render.SQUARE_SOURCE[name] == text.format(v="v")
 
 
+#: Registry forms entered again under new names, each with the fields of the form it copies.
+RENAMED = {"grouped": "split-width", "functional": "one-call", "scaleless": "unscaled"}
+
+
+def _renamed(spec: CaseSpec) -> CaseSpec:
+    """``spec`` with its norms' forms under their :data:`RENAMED` names."""
+    def rename(norm):
+        return dataclasses.replace(norm, form=RENAMED.get(norm.form, norm.form))
+
+    return dataclasses.replace(spec, norm=rename(spec.norm), feed=spec.feed and rename(spec.feed))
+
+
+def _enter_renamed(monkeypatch) -> None:
+    """Give the registry's forms their :data:`RENAMED` names, each in its own place and with its fields."""
+    from edgefuse.fuzz import spec as spec_module
+
+    forms = {RENAMED.get(name, name): dataclasses.replace(form, name=RENAMED.get(name, name))
+             for name, form in registry.FORMS.items()}
+    monkeypatch.setattr(registry, "FORMS", forms)
+    monkeypatch.setattr(spec_module, "FORMS", (*forms, "coreml"))
+
+
+def test_a_new_form_made_of_existing_pieces_needs_no_edit_of_the_fuzzer(monkeypatch):
+    """The fuzzer branches on a form's fields (its groups, whether it is ``F.rms_norm``, whether it has a
+    weight), never on its name: with grouped, functional and scaleless entered under new names in their
+    own places (so every random draw is the same), each case is generated, described, validated, shrunk
+    and rendered as the same case under the old name."""
+    from edgefuse.fuzz import shrink, validate
+    from edgefuse.fuzz.render import describe
+    from edgefuse.fuzz.spec import to_dict
+
+    def seen(case):
+        return (case, features(case), describe(case), source([case]), list(shrink.candidates(case)))
+
+    cases = [generate(SEED, i) for i in range(600)]
+    before = [seen(case) for case in cases]
+    counts = Counter(c.norm.form for c in cases if c.near_miss is None)
+    assert all(counts[form] >= 10 for form in RENAMED), counts  # each renamed form is made, often
+    assert {c.norm.groups for c in cases if c.norm.form == "grouped"} > {2}  # the split is drawn, not the entry's
+    assert any(c.feed is not None and c.feed.form in RENAMED for c in cases)
+
+    _enter_renamed(monkeypatch)
+
+    def under_new_names(text):
+        for old, new in RENAMED.items():
+            text = text.replace(f"{old} norm", f"{new} norm")
+        return text
+
+    for i, (case, feats, line, text, smaller) in enumerate(before):
+        made = generate(SEED, i)
+        assert made == _renamed(case), i
+        assert features(made) == {f"form:{RENAMED.get(f[5:], f[5:])}" if f.startswith("form:") else f for f in feats}
+        assert describe(made) == under_new_names(line)
+        assert source([made]) == under_new_names(text), i
+        assert list(shrink.candidates(made)) == [_renamed(c) for c in smaller], i
+        assert validate.cases([to_dict(made)]) == [made], i
+
+
 def test_the_generator_draws_many_eps_values(population):
     eps = {spec.norm.eps for spec in population if spec.near_miss is None and spec.norm.eps is not None}
     assert {0.0, 1e-6, 1e-5, 1.0} <= eps and len(eps) > 50
@@ -458,6 +516,21 @@ def test_a_functional_norm_in_an_edge_graph_is_attributed_to_its_case():
     results = run_unit(specs, [("edge", "aten", False)])
     assert not _kinds(results) and [r.unattributed for r in results] == [0, 0]
     assert [r.rebuilt for r in results] == [1, 1] and [r.paired for r in results] == [1, 1]
+
+
+@pytest.mark.parametrize("renamed", [False, True], ids=["functional", "renamed"])
+def test_a_decision_without_a_module_path_is_the_case_s_functional_norm_under_any_name(renamed, monkeypatch):
+    # An edge graph may decompose F.rms_norm without a module path: the decision is then the case's norm
+    # whose registry entry is ``functional``, whatever its name, and is checked against that norm.
+    from edgefuse.fuzz.check import functional_norm
+
+    if renamed:
+        _enter_renamed(monkeypatch)
+    functional = NormSpec(RENAMED["functional"] if renamed else "functional")
+    assert functional_norm(dataclasses.replace(LLAMA, norm=functional)) == "norm"
+    assert functional_norm(dataclasses.replace(LLAMA, feed=functional)) == "feed"
+    assert functional_norm(dataclasses.replace(LLAMA, norm=functional, feed=functional)) is None
+    assert functional_norm(LLAMA) is None
 
 
 def test_a_cube_after_a_rebuilt_norm_magnifies_its_ulp_and_is_not_a_finding():

@@ -46,8 +46,9 @@ def pinned_libraries() -> Path:
 
 
 @dataclass
-class Lowered:
-    """A module, its example inputs, and what ExecuTorch's QNN flow made of it."""
+class QnnProgram:
+    """A module, its example inputs, and the program ExecuTorch's QNN flow made of it: the edge program
+    and its ``.pte`` bytes."""
 
     module: torch.nn.Module
     inputs: tuple
@@ -56,18 +57,18 @@ class Lowered:
 
 
 @pytest.fixture(scope="session")
-def lowered_rms_norm(qnn_sdk: Sdk) -> Lowered:
+def lowered_rms_norm(qnn_sdk: Sdk) -> QnnProgram:
     """The self-check's RmsNorm, lowered at fp16 for SM8650 with ExecuTorch's own QNN flow."""
     from edgefuse.qnn.emulator import to_pte
     from edgefuse.qnn.selfcheck import example, lower_fp16
 
     module, inputs = example()
     edge = lower_fp16(module, inputs)
-    return Lowered(module, inputs, edge, to_pte(edge))
+    return QnnProgram(module, inputs, edge, to_pte(edge))
 
 
 @pytest.fixture(scope="session")
-def lowered_rms_norm_16a8w(qnn_sdk: Sdk) -> Lowered:
+def lowered_rms_norm_16a8w(qnn_sdk: Sdk) -> QnnProgram:
     """The same norm quantized 16a8w with the released ``QnnQuantizer`` (calibrated on its input) and
     lowered for SM8650; ``module`` is the converted, fake-quantized module."""
     from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
@@ -92,4 +93,4 @@ def lowered_rms_norm_16a8w(qnn_sdk: Sdk) -> Lowered:
         soc_model=QcomChipset.SM8650, backend_options=generate_htp_compiler_spec(use_fp16=False)
     )
     edge = to_edge_transform_and_lower_to_qnn(converted, inputs, specs)
-    return Lowered(converted, inputs, edge, to_pte(edge))
+    return QnnProgram(converted, inputs, edge, to_pte(edge))

@@ -5,13 +5,14 @@ from __future__ import annotations
 import torch
 
 from edgefuse.qnn.emulator import compare_at_steps, output_steps, run_on_emulator
-from edgefuse.qnn.selfcheck import ULPS, outside_delegates
+from edgefuse._fx import ops_outside
+from edgefuse.qnn.selfcheck import ULPS
 from edgefuse.verify import compare
 
 
 def test_qnn_takes_the_whole_norm(lowered_rms_norm):
     program = lowered_rms_norm.edge.exported_program()
-    assert outside_delegates(lowered_rms_norm.edge) == []
+    assert ops_outside(lowered_rms_norm.edge) == []
     backends = [m.backend_id for _, m in program.graph_module.named_children() if hasattr(m, "backend_id")]
     assert backends == ["QnnBackend"]
 

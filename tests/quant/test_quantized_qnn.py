@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 
+from edgefuse._fx import dtype_name
 from edgefuse.quant.facts import DEQUANTIZE_CAST, NORM_KEY, NormQuantization, is_dequantize, is_quantize
 from edgefuse.quant.qnn import (
     QnnUnavailable,
@@ -173,7 +174,7 @@ def llama_runs():
     return runs
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 def test_a_rebuilt_norm_is_one_op_with_one_pair_in_and_out(llama_runs, dtype):
     module, x, result = llama_runs[dtype, "edgefuse"]
     (decision,) = result.decisions
@@ -192,7 +193,7 @@ def test_a_rebuilt_norm_is_one_op_with_one_pair_in_and_out(llama_runs, dtype):
     assert (pieces.pairs_in, pieces.pairs_inside, pieces.pairs_out, pieces.pairs_constant) == (1, inside, 1, 2), pieces.describe()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 def test_the_one_op_norm_matches_eager_within_its_quantization_bound(llama_runs, dtype):
     module, x, result = llama_runs[dtype, "edgefuse"]
     with torch.no_grad():
@@ -206,7 +207,7 @@ def test_the_one_op_norm_matches_eager_within_its_quantization_bound(llama_runs,
     )
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=dtype_name)
 def test_recomposition_does_not_make_the_norm_less_accurate(llama_runs, dtype):
     """Against the exact (float64) norm the rebuilt norm is at least as accurate as its pieces.
 
@@ -282,7 +283,7 @@ def rebuilt_norm_bound(converted, key: str, x: torch.Tensor, weight: torch.Tenso
     return norm_perturbation(x, w, s_in / 2, EPS) + dw * n.abs() + s_out / 2 + roundings * half * y + 8 * torch.finfo(torch.float32).eps * y
 
 
-@pytest.mark.parametrize("name, dtype", TINY_MODELS, ids=[f"{n}-{str(d)[6:]}" for n, d in TINY_MODELS])
+@pytest.mark.parametrize("name, dtype", TINY_MODELS, ids=[f"{n}-{dtype_name(d)}" for n, d in TINY_MODELS])
 def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(name, dtype):
     """Each norm edgefuse rebuilds, inside the whole quantized model, against the same graph not rebuilt.
 

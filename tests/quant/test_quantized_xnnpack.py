@@ -18,7 +18,8 @@ from torch.export import export
 
 from edgefuse.quant import xnnpack as qx
 from edgefuse.quant.facts import is_dequantize, is_quantize
-from edgefuse.xnnpack.inspect import node_type_counts, node_types, ops_outside, run_pte, to_pte
+from edgefuse._fx import ops_outside
+from edgefuse.xnnpack.inspect import node_type_counts, node_types, run_pte, to_pte
 from tests.harness import norm_perturbation
 
 EPS = 1e-6

@@ -14,7 +14,8 @@ from torch.export import export
 
 from edgefuse.quant import xnnpack as qx
 from edgefuse.quant.facts import is_quantize
-from edgefuse.xnnpack.inspect import node_type_counts, ops_outside, run_pte, to_pte
+from edgefuse._fx import ops_outside
+from edgefuse.xnnpack.inspect import node_type_counts, run_pte, to_pte
 from tests.quant.test_quantized_xnnpack import ConvAndMeans, _misread
 
 F32 = torch.finfo(torch.float32).eps

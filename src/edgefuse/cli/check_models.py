@@ -29,7 +29,8 @@ from torch.export import export
 
 from edgefuse._fx import dtype_name, module_class_name
 from edgefuse.verify import finite_tolerance, max_error
-from edgefuse.xnnpack.inspect import call_name, lowered_modules, nodes_outside, run_pte, to_pte
+from edgefuse._fx import call_name, nodes_outside
+from edgefuse.xnnpack.inspect import lowered_modules, run_pte, to_pte
 from edgefuse.xnnpack.lowering import lower, lower_stock
 
 DEFAULT_MODELS = ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2")

@@ -27,7 +27,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from edgefuse._fx import dtype_name
+from edgefuse._fx import dtype_name, top_graph
 
 #: The QNN flows each table row measures (see :data:`edgefuse.quant.qnn.RECOMPOSE_MODES`).
 QNN_MODES = ("none", "stock", "casts", "edgefuse")
@@ -253,7 +253,7 @@ def xnnpack_row(model_name: str, dtype: torch.dtype, scheme: str, held_out: int 
             summary = summarize(lowered, how)
             row.delegates[how] = summary.delegates
             row.means_outside[how] = sum(1 for op in summary.outside if op.startswith("mean"))
-            top = lowered.exported_program().graph_module.graph
+            top = top_graph(lowered).graph
             row.casts_outside[how] = sum(1 for n in top.nodes if EDGE.is_a(n, Role.CAST))
             loaded = LoadedProgram(lowered.to_executorch().buffer)
             run = lambda *args: loaded.run(args)[0]  # noqa: E731

@@ -6,7 +6,7 @@ line calls it, so a change of its API is a change of one line here, and a missin
 becomes :class:`~edgefuse.cli.errors.Unavailable` (the command says so) instead of a crash.
 
 :func:`summarize` reads a lowered program's top-level graph: each ``executorch_call_delegate`` node is a
-delegate, every other call that computes something (:func:`edgefuse.xnnpack.inspect.is_plumbing`) is an
+delegate, every other call that computes something (:func:`edgefuse._fx.is_plumbing`) is an
 op left outside the delegates on a portable kernel, and the graph order of both gives the segments the
 delegate map draws.
 """
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from torch.export import ExportedProgram
 from torch.fx import Node
 
-from edgefuse._fx import top_graph
+from edgefuse._fx import is_plumbing, top_graph
 from edgefuse.cli.errors import Unavailable
 
 #: The two lowerings, as :mod:`edgefuse.xnnpack.lowering` names them (kept here as plain strings, so
@@ -29,15 +29,15 @@ EDGEFUSE = "edgefuse"
 
 
 def _xnnpack():
-    """The package :mod:`edgefuse.xnnpack` and its modules ``lowering`` and ``inspect``;
+    """The package :mod:`edgefuse.xnnpack` and its module ``lowering``;
     :class:`Unavailable` when the package is missing or fails to import."""
     try:
         import edgefuse.xnnpack as package
-        from edgefuse.xnnpack import inspect, lowering
+        from edgefuse.xnnpack import lowering
     except Exception as error:  # missing, or half-built: either way the command must say so, not crash
         raise Unavailable(f"edgefuse's XNNPACK lowering is unavailable: importing edgefuse.xnnpack failed "
                           f"({type(error).__name__}: {error})") from error
-    return package, lowering, inspect
+    return package, lowering
 
 
 def stock_lower(program: ExportedProgram):
@@ -135,7 +135,6 @@ def summarize(manager, label: str, delegate_ops=None) -> DelegateSummary:
     ``delegate_ops(name, lowered_module)`` gives the ops of a delegate when the backend says what it built
     (QNN: its own op types); by default they are the edge ops the delegate took in.
     """
-    is_plumbing = _xnnpack()[2].is_plumbing
     gm = top_graph(manager)
     segments: list[Segment] = []
     index = 0
@@ -145,7 +144,7 @@ def summarize(manager, label: str, delegate_ops=None) -> DelegateSummary:
         if _is_delegate_call(node):
             lowered = getattr(gm, node.args[0].target)
             ops = delegate_ops(node.args[0].target, lowered) if delegate_ops is not None else None
-            ops = ops if ops is not None else _delegate_ops(lowered, is_plumbing)
+            ops = ops if ops is not None else _delegate_ops(lowered)
             segments.append(Segment("delegate", ops, getattr(lowered, "backend_id", None), index))
             index += 1
         elif is_plumbing(node):
@@ -170,7 +169,7 @@ def _is_delegate_call(node: Node) -> bool:
     return "executorch_call_delegate" in str(node.target)
 
 
-def _delegate_ops(lowered, is_plumbing) -> list[str]:
+def _delegate_ops(lowered) -> list[str]:
     original = getattr(lowered, "original_module", None)
     gm = getattr(original, "graph_module", None)
     if gm is None:

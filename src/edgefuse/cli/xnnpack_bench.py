@@ -62,7 +62,8 @@ from torch.export import export
 from edgefuse._fx import dtype_name
 from edgefuse.runtime import set_threads
 from edgefuse.verify import max_error
-from edgefuse.xnnpack.inspect import load_method, lowered_modules, ops_outside, to_pte
+from edgefuse._fx import ops_outside
+from edgefuse.xnnpack.inspect import load_method, lowered_modules, to_pte
 from edgefuse.xnnpack.lowering import lower, lower_stock
 from edgefuse.cli.threads import threads_problem
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY

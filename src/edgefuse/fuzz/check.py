@@ -150,8 +150,14 @@ class _Attribution:
         path = decision.module_path
         if path is not None:
             return path[len(self.built.prefixes[k]) :].split(".", 1)[0]
-        functional = [name for name, norm in (("norm", spec.norm), ("feed", spec.feed)) if norm is not None and norm.form == "functional"]
-        return functional[0] if len(functional) == 1 else None
+        return functional_norm(spec)
+
+
+def functional_norm(spec: CaseSpec) -> str | None:
+    """"norm" or "feed": the case's one norm written as ``F.rms_norm`` (the registry's ``functional``),
+    whose decomposition may carry no module path; None when the case has none or two."""
+    functional = [name for name, norm in (("norm", spec.norm), ("feed", spec.feed)) if norm is not None and norm.functional]
+    return functional[0] if len(functional) == 1 else None
 
 
 def run_check(

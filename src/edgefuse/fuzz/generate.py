@@ -18,7 +18,6 @@ from edgefuse.casts import is_exact
 from edgefuse.fuzz.spec import (
     DIMS_STYLES,
     DTYPES,
-    FORMS,
     HEADS_VIEWS,
     INVERSES,
     NEAR_MISSES,
@@ -29,6 +28,7 @@ from edgefuse.fuzz.spec import (
     NormSpec,
     Tail,
     WeightSpec,
+    is_grouped,
 )
 
 HALF = ("float16", "bfloat16")
@@ -158,9 +158,9 @@ def _perturb_casts(rng: random.Random, casts: tuple[Cast, ...], rank: int) -> tu
 
 def _perturb(rng: random.Random, norm: NormSpec, dtype: str, shape: tuple[int, ...]) -> NormSpec:
     """Random variations that keep the norm an rms_norm of one tensor (or not: the casts decide)."""
-    rank = len(shape) if norm.form != "grouped" else 0  # no dim-order casts around a split
+    rank = len(shape) if not norm.grouped else 0  # no dim-order casts around a split
     changes: dict = {}
-    decomposed = norm.form not in ("functional", "coreml")
+    decomposed = norm.written_out
     if decomposed:
         for name in ("pre", "var_pre", "mid", "post"):
             changes[name] = _perturb_casts(rng, getattr(norm, name), rank)
@@ -187,10 +187,10 @@ def _perturb(rng: random.Random, norm: NormSpec, dtype: str, shape: tuple[int, .
             how = "left"
         changes["eps_how"] = how
         changes["eps_dtype"] = rng.choice(("float32", "float32", dtype, "float64"))
-    if len(shape) >= 3 and norm.form not in ("grouped", "coreml") and rng.random() < 0.15:
+    if len(shape) >= 3 and norm.form != "coreml" and not norm.grouped and rng.random() < 0.15:
         changes["dims"] = MAX_NORMALIZED_DIMS
     weight = norm.weight
-    if weight is not None and norm.form != "functional":
+    if weight is not None and not norm.functional:
         w: dict = {}
         if rng.random() < 0.25:
             w["dtype"] = _dtype(rng)
@@ -204,7 +204,7 @@ def _perturb(rng: random.Random, norm: NormSpec, dtype: str, shape: tuple[int, .
         weight = dataclasses.replace(weight, **w)
         if rng.random() < 0.08:
             weight = None
-    elif weight is None and norm.form not in ("scaleless", "functional") and rng.random() < 0.05:
+    elif weight is None and norm.takes_a_weight and rng.random() < 0.05:
         weight = _weight(rng, dtype)
     changes["weight"] = weight
     return dataclasses.replace(norm, **changes)
@@ -231,7 +231,7 @@ def _widening_prefix(casts: Sequence[Cast], start: str, input_dtype: str) -> tup
 
 def _near_miss(rng: random.Random, kind: str, norm: NormSpec, dtype: str, shape: tuple[int, ...]) -> NormSpec:
     """Make ``norm`` compute something that is not an rms_norm of one tensor."""
-    if norm.form in ("functional", "coreml") and kind != "coreml":
+    if not norm.written_out and kind != "coreml":
         norm = dataclasses.replace(template("llama", rng, dtype), eps=norm.eps or 1e-6)
     rank = len(shape)
     if kind == "other-scaled":
@@ -254,7 +254,7 @@ def _near_miss(rng: random.Random, kind: str, norm: NormSpec, dtype: str, shape:
     if kind == "wrong-dim":
         options = [(-2,), (0,)] + ([(1,), (-3, -1), (0, -1)] if rank >= 3 else [])
         dims = rng.choice(options)
-        if norm.form == "grouped":  # the mean reads the split tensor, one rank higher
+        if norm.grouped:  # the mean reads the split tensor, one rank higher
             dims = rng.choice([(-2,), (0,), (-3, -1)])
         return dataclasses.replace(norm, mean_dims=dims, dims=1)
     if kind == "no-keepdim":
@@ -316,14 +316,15 @@ def generate(seed: int, index: int, near_miss_rate: float = 0.3) -> CaseSpec:
     """Case ``index`` of the run seeded ``seed``."""
     rng = random.Random(f"edgefuse-fuzz:{seed}:{index}")
     near = rng.choice(NEAR_MISSES) if rng.random() < near_miss_rate else None
-    form = "coreml" if near == "coreml" else rng.choice([f for f in FORMS if f != "coreml"])
+    form = "coreml" if near == "coreml" else rng.choice(list(registry.FORMS))
     dtype = _dtype(rng)
     rank = _weighted(rng, RANKS)
     width = rng.choice(LAST_DIMS)
+    grouped = is_grouped(form)
     heads = 1
-    if rank <= 4 and form != "grouped" and rng.random() < 0.12:
+    if rank <= 4 and not grouped and rng.random() < 0.12:
         heads = _divisor(rng, width) or 1
-    if form == "grouped":
+    if grouped:
         if _divisor(rng, width) is None:
             width = 16
     shape = _shape(rng, rank, width)
@@ -331,12 +332,12 @@ def generate(seed: int, index: int, near_miss_rate: float = 0.3) -> CaseSpec:
     norm_shape = (*shape[:-1], heads, width // heads) if heads > 1 else shape
 
     norm = template(form, rng, dtype)
-    if form == "grouped":
+    if grouped:
         norm = dataclasses.replace(norm, groups=_divisor(rng, width))
     norm = _perturb(rng, norm, dtype, norm_shape)
     if near is not None:
         norm = _near_miss(rng, near, norm, dtype, norm_shape)
-    if norm.form == "functional":
+    if norm.functional:
         if norm.eps is None:
             norm = dataclasses.replace(norm, eps=1e-6)
         if norm.weight is not None:  # F.rms_norm wants a weight of the input's dtype
@@ -344,11 +345,11 @@ def generate(seed: int, index: int, near_miss_rate: float = 0.3) -> CaseSpec:
 
     feed = None
     if rng.random() < 0.12:
-        feed_form = rng.choice([f for f in registry.FORMS if registry.FORMS[f].groups == 1])
+        feed_form = rng.choice([f for f in registry.FORMS if not is_grouped(f)])
         feed = template(feed_form, rng, dtype)
         if feed.weight is not None:
             feed = dataclasses.replace(feed, weight=dataclasses.replace(feed.weight, dtype=dtype))
-        if feed.form == "functional" and feed.weight is not None:
+        if feed.functional and feed.weight is not None:
             feed = dataclasses.replace(feed, weight=dataclasses.replace(feed.weight, dtype=_compute_dtype(feed, dtype)))
         feed = dataclasses.replace(feed, post=(*feed.post, Cast("to", "input")))
 
@@ -397,7 +398,7 @@ def features(spec: CaseSpec) -> set[str]:
         out.add("neighbour:feed-norm")
     if spec.heads > 1:
         out.add(f"neighbour:heads-{spec.heads_view}")
-    if norm.form == "grouped":
+    if norm.grouped:
         out.add("neighbour:grouped-reshape")
     for tail in spec.tails:
         out.add(f"neighbour:{tail.kind}")

@@ -159,7 +159,7 @@ def norm_inputs(norm: NormSpec) -> list[str]:
 
 def weight_shape(norm: NormSpec, input_shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape of the weight tensor: the normalized shape (the full width for a grouped norm)."""
-    shape = (input_shape[-1],) if norm.form == "grouped" else normalized_shape(norm, input_shape)
+    shape = (input_shape[-1],) if norm.grouped else normalized_shape(norm, input_shape)
     if norm.weight is not None and norm.weight.shape == "row":
         return (1, *shape)
     return shape
@@ -204,13 +204,13 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
         body.append("y = y.to(x.dtype)")
         _casts(body, "y", norm.pre, rank, init)
     lead, width = input_shape[:-1], input_shape[-1]
-    if norm.form == "grouped":
+    if norm.grouped:
         split = _ints((*lead, norm.groups, width // norm.groups))
         body.append(f"h = h.reshape({split})")
         if "y" in norm_inputs(norm):
             body.append(f"y = y.reshape({split})")
         rank += 1
-    if norm.form == "functional":
+    if norm.functional:
         weight = "None"
         if norm.weight is not None:
             weight = _weight_expr(body, norm.weight, rank, init)
@@ -261,7 +261,7 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
         _casts(body, "n", norm.mid, rank, init)
         if norm.also_return_normalized:
             body.append("normalized = n")
-        if norm.form == "grouped":
+        if norm.grouped:
             body.append(f"n = n.reshape({_ints(input_shape)})")
             rank -= 1
         if norm.weight is not None:
@@ -271,7 +271,7 @@ def _render_norm(cls: str, norm: NormSpec, input_shape: tuple[int, ...]) -> str:
         weight = _weight_expr(body, norm.weight, rank, init)
         body.append(f"n = {weight} * n" if norm.weight.left else f"n = n * {weight}")
     _casts(body, "n", norm.post, rank, init)
-    body.append("return n, normalized" if norm.also_return_normalized and norm.form not in ("functional", "coreml") else "return n")
+    body.append("return n, normalized" if _returns_normalized(norm) else "return n")
 
     form = _named(norm.form, _spec.FORMS, "form")
     out = [f"class {cls}(nn.Module):", f'    """{form} norm over [{_ints(shape)}] of a [{_ints(input_shape)}] tensor."""', ""]
@@ -310,7 +310,7 @@ def case_io(spec: CaseSpec) -> CaseIO:
 
 
 def _returns_normalized(norm: NormSpec) -> bool:
-    return norm.also_return_normalized and norm.form not in ("functional", "coreml")
+    return norm.also_return_normalized and norm.written_out
 
 
 def _render_case(prefix: str, spec: CaseSpec) -> str:
@@ -393,7 +393,7 @@ def _render_inputs(name: str, spec: CaseSpec, io: CaseIO) -> str:
             lines.append(f"    e = torch.tensor({_num(norm.eps)}, dtype={_dt(norm.eps_dtype)})")
         else:
             rows = (*norm_shape[: len(norm_shape) - norm.dims], *([1] * norm.dims))
-            if norm.form == "grouped":
+            if norm.grouped:
                 rows = (*norm_shape[:-1], norm.groups, 1)
             lines.append(f"    e = _rand({_shape(rows)}, {seed + 3}, 0.01, 0.05, {_dt(norm.eps_dtype)}).abs()")
     if "w" in io.inputs:

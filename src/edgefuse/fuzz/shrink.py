@@ -76,7 +76,7 @@ def candidates(spec: CaseSpec) -> Iterator[CaseSpec]:
         yield r(spec, shape=(*(min(d, 2) if i == 0 else 1 for i, d in enumerate(lead)), spec.shape[-1]))
     width = spec.shape[-1]
     for smaller in (4, 8):
-        if smaller < width and spec.heads == 1 and (spec.norm.form != "grouped" or smaller % spec.norm.groups == 0):
+        if smaller < width and spec.heads == 1 and (not spec.norm.grouped or smaller % spec.norm.groups == 0):
             yield r(spec, shape=(*lead, smaller))
     if spec.feed is not None:
         for feed in _norm_candidates(spec.feed, None):

@@ -106,7 +106,9 @@ class NormSpec:
 
     The decomposed body is ``h = pre(x)``, ``v = var_pre(h)``, ``m = mean(square(v), dims, keepdim)``,
     ``a = m + eps``, ``n = scaled * inverse(a)``, ``n = mid(n)``, ``n = w * n``, ``n = post(n)``.
-    ``form`` names the template it came from; "functional", "coreml" and "grouped" change the body.
+    ``form`` names the template it came from: a registry form, whose fields (:attr:`grouped`,
+    :attr:`functional`) change the body, or "coreml". Nothing here tests a registry form's name, so a new
+    form made of existing pieces needs no edit of the fuzzer.
     """
 
     form: str
@@ -127,8 +129,33 @@ class NormSpec:
     mid: tuple[Cast, ...] = ()
     weight: WeightSpec | None = None
     post: tuple[Cast, ...] = ()
-    groups: int = 1  # "grouped": the last dim is split into this many groups
+    groups: int = 1  # a grouped form's: the last dim is split into this many groups
     also_return_normalized: bool = False  # the normalized tensor is a second output (two users)
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the form splits the last dim into groups, each normalized (the registry's ``groups``)."""
+        return is_grouped(self.form)
+
+    @property
+    def functional(self) -> bool:
+        """Whether the form is one ``F.rms_norm`` call (the registry's ``functional``)."""
+        entry = registry_form(self.form)
+        return entry is not None and entry.functional
+
+    @property
+    def written_out(self) -> bool:
+        """Whether the body writes the mean of squares and the root out: a registry form that is not
+        ``F.rms_norm`` (the CoreML form is a vector norm)."""
+        entry = registry_form(self.form)
+        return entry is not None and not entry.functional
+
+    @property
+    def takes_a_weight(self) -> bool:
+        """Whether the form is written with a weight the body multiplies by (the registry's ``weight``,
+        not ``F.rms_norm``'s argument): one the generator may add back when the case has none."""
+        entry = registry_form(self.form)
+        return entry is not None and entry.weight is not None and not entry.functional
 
 
 @dataclass(frozen=True)
@@ -182,9 +209,20 @@ class CaseSpec:
         return f"s{self.seed}-c{self.index}"
 
 
+def registry_form(form: str) -> registry.NormForm | None:
+    """The registry's entry of ``form``; None for the CoreML form, the fuzzer's own near miss."""
+    return registry.FORMS.get(form)
+
+
+def is_grouped(form: str) -> bool:
+    """Whether ``form`` splits the last dim into groups (the registry's ``groups`` above 1)."""
+    entry = registry_form(form)
+    return entry is not None and entry.groups > 1
+
+
 def normalized_shape(norm: NormSpec, input_shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape an rms_norm rebuilt from ``norm`` must normalize over, given the shape it reads."""
-    if norm.form == "grouped":
+    if norm.grouped:
         return (input_shape[-1] // norm.groups,)
     return tuple(input_shape[len(input_shape) - norm.dims :])
 

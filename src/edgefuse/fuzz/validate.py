@@ -249,7 +249,7 @@ def _relations(field: str, case: sp.CaseSpec) -> None:
     for name, norm, shape in (("norm", case.norm, case.norm_shape), ("feed", case.feed, case.shape)):
         if norm is None:
             continue
-        if norm.form == "grouped":
+        if norm.grouped:
             if norm.groups not in gen.DIVISORS or shape[-1] % norm.groups:
                 raise SpecError(f"{field}.{name}.groups", f"{norm.groups} groups do not split a last dim of {shape[-1]}")
         elif norm.groups != 1:

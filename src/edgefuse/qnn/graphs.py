@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
+from edgefuse._fx import call_name, nodes_outside
 from edgefuse.recompose import Decision
 
 #: The QNN op type a rebuilt norm becomes.
@@ -70,7 +71,7 @@ class NormPlace:
 class QnnGraphs:
     """Every QNN graph of a lowered program, the ops left outside the delegates, and each norm's place.
 
-    ``outside`` holds ``(node name, op)`` of each call outside a delegate (getitem aside);
+    ``outside`` holds ``(node name, op)`` of each call outside a delegate (plumbing aside: :func:`edgefuse._fx.is_plumbing`);
     ``norms`` one :class:`NormPlace` per norm decision.
     """
 
@@ -143,16 +144,8 @@ def _lowered_modules(edge) -> list[tuple[str, Any]]:
 
 
 def _outside(edge) -> list[tuple[str, str]]:
-    found = []
-    for method in edge.methods:
-        for node in edge.exported_program(method).graph_module.graph.nodes:
-            if node.op != "call_function":
-                continue
-            op = getattr(node.target, "__name__", str(node.target))
-            if op in ("executorch_call_delegate", "getitem"):
-                continue
-            found.append((node.name, op))
-    return found
+    """``(node name, op)`` of each call outside a delegate, in every method of ``edge``."""
+    return [(n.name, call_name(n)) for m in edge.methods for n in nodes_outside(edge.exported_program(m))]
 
 
 def _sources(node) -> tuple[str, ...]:

@@ -13,6 +13,7 @@ from dataclasses import asdict
 
 import torch
 
+from edgefuse._fx import ops_outside
 from edgefuse.qnn.sdk import SelfCheck
 
 #: The norm checked: ``[1, 8, 64]`` float32, lowered at fp16 for SM8650 (a shape QNN computes right).
@@ -50,16 +51,6 @@ def lower_fp16(module: torch.nn.Module, inputs: tuple, soc: str = SOC):
     return to_edge_transform_and_lower_to_qnn(module, inputs, specs)
 
 
-def outside_delegates(edge) -> list[str]:
-    """The ops of the lowered program that no delegate holds."""
-    graph = edge.exported_program().graph
-    return [
-        str(node.target) for node in graph.nodes
-        if node.op == "call_function" and "executorch_call_delegate" not in str(node.target)
-        and str(node.target) != "<built-in function getitem>"
-    ]
-
-
 def example() -> tuple[RmsNormBlock, tuple[torch.Tensor]]:
     """The norm checked and its input (values of scale about 5 after the weight)."""
     torch.manual_seed(0)
@@ -78,7 +69,7 @@ def check() -> SelfCheck:
         edge = lower_fp16(module, (x,))
     except Exception as error:  # QNN failing to start or to compile: the result, not a crash
         return SelfCheck(False, f"lowering failed: {type(error).__name__}: {error}")
-    left = outside_delegates(edge)
+    left = ops_outside(edge)
     if left:
         return SelfCheck(False, f"QNN did not take the whole norm: {', '.join(left)} stayed outside")
     try:

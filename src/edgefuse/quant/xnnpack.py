@@ -29,7 +29,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.fx import GraphModule, Node
 
-from edgefuse._fx import module_path
+from edgefuse._fx import module_path, top_graph
 from edgefuse.ops import CAPTURE, EDGE, Role
 from edgefuse.quant.facts import NormQuantization, mark_norms, norm_quantization
 from edgefuse.xnnpack.lowering import EDGEFUSE, STOCK, lower_with as lower  # noqa: F401  (the quantized programs lower the same two ways)
@@ -173,8 +173,8 @@ def mean_placements(program: ExportedProgram, lowered) -> list[MeanPlacement]:
 
     from edgefuse.xnnpack.substitute import is_stock_global_avg_pool, mean_reason
 
-    edge = to_edge(program).exported_program().graph_module
-    top = lowered.exported_program().graph_module
+    edge = top_graph(to_edge(program))
+    top = top_graph(lowered)
     outside = [module_path(n) for n in top.graph.nodes if EDGE.is_a(n, Role.MEAN)]
     placements = []
     for node in (n for n in edge.graph.nodes if EDGE.is_a(n, Role.MEAN)):

@@ -1,7 +1,7 @@
 """Read back what a lowered program holds, and run it in the released ExecuTorch runtime.
 
-Used by the tests, the benchmark and the acceptance check: how many delegates, which edge ops run
-outside them, which XNNPACK node types each delegate serialized (decoded from the delegate's own
+Used by the tests, the benchmark and the acceptance check: how many delegates (which edge ops run
+outside them is :func:`edgefuse._fx.ops_outside`, shared with the other backends), which XNNPACK node types each delegate serialized (decoded from the delegate's own
 flatbuffer with the installed schema, so a claim about a node type is checked on the bytes the runtime
 loads), and the outputs of the ``.pte`` in ``executorch.runtime.Runtime``.
 """
@@ -26,39 +26,11 @@ from executorch.exir.lowered_backend_module import LoweredBackendModule
 
 from edgefuse._fx import top_graph
 
-#: The calls of a lowered graph that compute nothing: the delegate call, tuple access and, once
-#: ``to_executorch`` has planned memory, the allocation of each out-variant kernel's output. ``alloc``
-#: belongs here although an edge program (before ``to_executorch``) has none: in a planned graph, a list
-#: without it would count every op outside a delegate twice.
-_PLUMBING = frozenset({"executorch_call_delegate", "getitem", "alloc"})
-
-
-def call_name(node: Node) -> str:
-    """The name of what ``node`` calls: ``aten.mean.dim``, ``getitem``, ``executorch_call_delegate``."""
-    return getattr(node.target, "__name__", str(node.target))
-
-
-def is_plumbing(node: Node) -> bool:
-    """Whether ``node`` calls plumbing (a delegate, tuple access, an allocation), not an op that computes."""
-    return call_name(node) in _PLUMBING
-
-
-def nodes_outside(program) -> list[Node]:
-    """The nodes of a lowered program's top-level graph that run an op outside every delegate, in graph
-    order: the one definition of "outside a delegate" that the tests, the tools and the command share."""
-    return [n for n in top_graph(program).graph.nodes if n.op == "call_function" and not is_plumbing(n)]
-
 
 def lowered_modules(program) -> list[LoweredBackendModule]:
     """The delegates of a lowered program, in graph order."""
     gm = top_graph(program)
     return [m for _, m in gm.named_children() if isinstance(m, LoweredBackendModule)]
-
-
-def ops_outside(program) -> list[str]:
-    """Names of the edge ops the top-level graph calls outside any delegate, in graph order (an out
-    variant by its op's name)."""
-    return [call_name(n).removesuffix(".out") for n in nodes_outside(program)]
 
 
 def xnn_graph(blob: bytes) -> dict:
