@@ -40,3 +40,23 @@ def test_a_16a8w_rms_norm_on_the_emulator_matches_the_fake_quantized_module(lowe
     got = compare_at_steps(expected, out, step, steps=1)
     assert got.shape_ok and got.max_error <= got.allowed, got
     assert got.max_error > 0  # it ran on the HTP's integer kernels, not the fake-quantized float ops
+
+
+def test_a_permuted_input_is_read_in_its_logical_order(qnn_sdk):
+    """An input laid out in another dim order (T5's position bias is a permuted view) reaches QNN's
+    delegate as the values eager sees: the runtime copies an input's bytes as they lie and QNN reads
+    them contiguous, so the emulator's helper hands it contiguous. fp16 against eager at ULPS units."""
+    import edgefuse.qnn as qnn
+
+    class AddBias(torch.nn.Module):
+        def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+            return x + bias
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn((1, 4, 8, 8), generator=gen)
+    bias = torch.randn((1, 8, 8, 4), generator=gen).permute(0, 3, 1, 2)  # dim order (0, 2, 3, 1)
+    assert not bias.is_contiguous()
+    lowered = qnn.lower(AddBias(), (x, bias), precision="fp16", recompose="stock")
+    (out,) = run_on_emulator(lowered.to_pte(), (x, bias))
+    got = compare(x + bias, out.to(torch.float32), ulps=ULPS, dtype=torch.float16)
+    assert got.shape_ok and got.max_error <= got.allowed, got

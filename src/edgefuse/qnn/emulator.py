@@ -36,11 +36,18 @@ def to_pte(edge) -> bytes:
 def run_on_emulator(pte: bytes, inputs: Sequence[Any], sdk: Sdk | None = None) -> list[torch.Tensor]:
     """The tensor outputs of one run of ``pte`` on the HTP emulator (the libraries of ``sdk``, default
     the one :func:`edgefuse.qnn.sdk.find` names); a failed load or run raises ``RuntimeError`` with what
-    the runtime logged."""
+    the runtime logged.
+
+    Each tensor input is passed contiguous: the runtime copies an input's bytes as they lie in memory and
+    QNN's delegate reads them in the contiguous order whatever dim order the program records, so a
+    permuted input (T5's position bias is one) would be read scrambled and give wrong results silently.
+    """
+    from torch.utils import _pytree as pytree
+
     from edgefuse.runtime import LoadedProgram
 
     ensure_in_process(sdk)
-    return LoadedProgram(pte).run(inputs)
+    return LoadedProgram(pte).run(pytree.tree_map_only(torch.Tensor, torch.Tensor.contiguous, list(inputs)))
 
 
 def output_steps(converted) -> list[float | None]:
