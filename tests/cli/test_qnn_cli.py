@@ -172,7 +172,7 @@ def test_the_et_llama_head_dim_and_qk_norms_are_what_the_name_says():
 
 def test_a_decoder_layer_takes_its_mask_and_rotary_embedding_as_inputs():
     module, (hidden, mask, cos, sin) = build_qnn_model("tiny-qwen3-layer")
-    assert mask.shape == (1, 1, 16, 16) and mask[0, 0, 0, 1] < -1e3 and mask[0, 0, 1, 0] == 0
+    assert mask.shape == (1, 1, 16, 16) and mask[0, 0, 0, 1] <= -60 and mask[0, 0, 1, 0] == 0
     with torch.no_grad():
         causal = module(hidden, mask, cos, sin)
         future = hidden.clone()

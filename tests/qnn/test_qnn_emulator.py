@@ -60,3 +60,39 @@ def test_a_permuted_input_is_read_in_its_logical_order(qnn_sdk):
     (out,) = run_on_emulator(lowered.to_pte(), (x, bias))
     got = compare(x + bias, out.to(torch.float32), ulps=ULPS, dtype=torch.float16)
     assert got.shape_ok and got.max_error <= got.allowed, got
+
+
+def test_roundings_count_the_quantize_ops_that_round_on_the_longest_path(qnn_sdk):
+    """A quantize after a reshape or a transpose of values quantized alike gets values on its grid and
+    rounds nothing; the input's quantize and each Linear's round. Two branches meet at the add: the
+    longer one (two Linears) counts. Read from the converted graph alone; the quantizer needs the QNN
+    libraries loaded (without them it tries to download QNN's SDK)."""
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
+    from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset, QnnExecuTorchBackendType
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from edgefuse.qnn.emulator import roundings
+
+    class Branches(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            gen = torch.Generator().manual_seed(0)
+            self.a, self.b, self.c = (torch.nn.Linear(16, 16) for _ in range(3))
+            for linear in (self.a, self.b, self.c):
+                linear.weight.data = torch.randn(16, 16, generator=gen) / 4
+                linear.bias.data = torch.randn(16, generator=gen) / 4
+
+        def forward(self, x):
+            long = self.b(self.a(x).view(1, 4, 2, 16).transpose(1, 2).reshape(1, 8, 16))
+            return long + self.c(x)
+
+    inputs = (torch.randn(1, 8, 16, generator=torch.Generator().manual_seed(1)),)
+    quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=QcomChipset.SM8650)
+    quantizer.set_default_quant_config(QuantDtype.use_16a8w)
+    prepared = prepare_pt2e(torch.export.export(Branches(), inputs).module(), quantizer)
+    prepared(*inputs)
+    converted = convert_pt2e(prepared)
+    (counted,) = roundings(converted, inputs)
+    assert counted.count == 4, counted  # the input, a, b, the add: not the view, transpose or reshape
+    (step,) = output_steps(converted)
+    assert counted.coarsest >= step and counted.coarsest_op.startswith("aten.")

@@ -147,3 +147,19 @@ def test_the_qnn_table_passes_one_small_row(qnn_sdk, capsys):
     ours = rows[0]
     assert ours[3:6] == ["2", "2", "2"] and ours[9] == "PASS"  # 2 norms found, rebuilt, RmsNorm in QNN
     assert stdout.rstrip().endswith("all passed")
+
+
+def test_a_masked_layer_at_16a8w_is_within_the_roundings_of_its_longest_path(qnn_sdk):
+    """OLMo 2's layer quantized 16a8w matches the fake-quantized module at one output step per rounding on
+    its longest path. The mask sets the range of the scores it is added to: with -1e4 (the mask this
+    table had) their 16-bit step was 0.15 and the program 1178 output steps off; with the table's
+    mask it is 9e-4 and the program 19 steps off, of the 22 its roundings allow."""
+    from edgefuse.cli.qnn_models import build_qnn_model
+
+    module, inputs = build_qnn_model("tiny-olmo2-layer")
+    program = qnn_flows.lower(module, inputs, qnn_flows.EDGEFUSE, soc="SM8650", precision="16a8w")
+    qnn_flows.run_and_check(program, module, inputs)
+    assert program.ok, program.line()
+    assert program.allowed < 32 * program.step  # the derived count, not a loose one
+    assert program.roundings.coarsest < 10 * program.step  # no step on the way dwarfs the output's
+

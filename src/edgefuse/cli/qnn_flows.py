@@ -12,11 +12,18 @@ stock one (:func:`edgefuse.qnn.lower`); each lowered program is serialized, run 
   programs QNN computes right: 0.5 to 2.2 units; a norm QNN computes wrong moves outputs by tens to
   thousands.
 - **quantized** (16a8w, ...): with the fake-quantized module (the converted PT2E program run in eager:
-  the same quantization steps, simulated in float), at :data:`QUANT_STEPS` steps of the output's
-  quantization scale (:func:`edgefuse.qnn.emulator.compare_at_steps`): each quantized op on the HTP may
-  round its output to the neighbouring step where the simulation rounds the other way (one step, for a
-  lone RmsNorm), and a step moved early moves later outputs by its size times the gains between. Against
-  float eager the error is shown as information: it is the quantization's.
+  the same quantization steps, simulated in float), at as many steps of the output's quantization scale
+  as there are roundings on the output's longest path (:func:`edgefuse.qnn.emulator.roundings`, read
+  from the converted program on the inputs: a quantize that gets values already on its grid, after a
+  reshape or a transpose, rounds nothing). The HTP computes each quantized op from the same integer
+  inputs as the simulation and may land on the neighbouring level: one step of that op's output, which
+  the ops after it carry to the output, as float16's roundings are counted above: at a gain of about
+  one, and at about the output's step. That last assumption is checked, not made: the coarsest step
+  the output depends on is reported beside a program outside its tolerance (an additive attention mask
+  of -inf or -1e4 quantized at 16 bits puts the scores' step at 1.0 or 0.15, hundreds to thousands of
+  output steps, and a level moved there moves the output by that much; such a program cannot be told
+  apart from the simulation at output steps, and the table says so rather than widening the tolerance).
+  Against float eager the error is shown as information: it is the quantization's.
 
 What QNN built is read from the graphs QNN compiled (:attr:`edgefuse.qnn.QnnLowered.graphs`): the QNN
 ops of each delegate by type, and for each norm edgefuse rebuilt the QNN op its ``rms_norm`` became.
@@ -55,8 +62,6 @@ STOCK = "stock"
 FP16 = "fp16"
 #: Units in the last place of float16 at the output's largest magnitude (see the module doc).
 FP16_ULPS = 8
-#: Quantization steps of the output allowed between the HTP and the fake-quantized module.
-QUANT_STEPS = 64
 QNN_BACKEND = "QnnBackend"
 #: The QNN op type of a rebuilt norm (``qti.aisw::RmsNorm``, built from ``aten.rms_norm``).
 RMS_NORM = "RmsNorm"
@@ -80,6 +85,8 @@ class QnnProgram:
     error: float | None = None
     allowed: float | None = None
     float_error: float | None = None  # quantized programs: against float eager, for information
+    roundings: Any = None  # quantized programs: the Roundings of the worst output (edgefuse.qnn.emulator)
+    step: float | None = None  # quantized programs: that output's quantization step
     within: bool = False  # every output within its tolerance
 
     @property
@@ -94,6 +101,11 @@ class QnnProgram:
     def ok(self) -> bool:
         """Lowered, ran, and every output within its tolerance against the reference."""
         return self.ran and self.within
+
+    def coarsest(self) -> str:
+        """The coarsest quantization step the worst output depends on, and how many output steps it is."""
+        r = self.roundings
+        return f"coarsest step {r.coarsest:.3g} after {r.coarsest_op} = {r.coarsest / self.step:.0f} output steps"
 
     @property
     def rms_norms(self) -> int:
@@ -123,6 +135,8 @@ class QnnProgram:
             return text + f"; did not run on the emulator: {self.failure}"
         verdict = "within" if self.ok else "OUTSIDE"
         text += f"; max error against {self.reference} {self.error:.2e} ({verdict} {self.allowed:.2e})"
+        if self.roundings is not None:
+            text += f" = {self.roundings.count} roundings on the longest path; {self.coarsest()}"
         if self.float_error is not None:
             text += f", against float eager {self.float_error:.2e} (information)"
         return text
@@ -139,7 +153,7 @@ def failures(program: QnnProgram) -> list[str]:
     elif not program.ok:
         found.append(
             f"the {program.how} program differs from {program.reference} by {program.error:.2e}, more than the "
-            f"allowed {program.allowed:.2e}"
+            f"allowed {program.allowed:.2e}" + (f" ({program.coarsest()})" if program.roundings is not None else "")
         )
     missing = not_one_rms_norm(program)
     if missing:
@@ -305,21 +319,25 @@ def run_and_check(
         program.reference = reference
         comparisons = _compared(expected, actual, lambda e, a, _: compare(e, a, ulps=FP16_ULPS, dtype=torch.float16))
     else:
-        from edgefuse.qnn.emulator import compare_at_steps, output_steps
+        from edgefuse.qnn.emulator import compare_at_steps, output_steps, roundings
 
         program.reference = "the fake-quantized module"
         fake = program.lowered.reference
-        steps = output_steps(fake)
+        steps, counted = output_steps(fake), roundings(fake, inputs)
 
         def at_steps(e: torch.Tensor, a: torch.Tensor, i: int):
             step = steps[i] if i < len(steps) else None
-            if step is None:  # an output the quantizer left in float: float16's tolerance, as for fp16
+            if step is None or counted[i] is None:  # an output the quantizer left in float: float16's tolerance
                 return compare(e, a, ulps=FP16_ULPS, dtype=torch.float16)
-            return compare_at_steps(e, a, step, QUANT_STEPS)
+            return compare_at_steps(e, a, step, counted[i].count)
 
         comparisons = _compared(flat_tensors(_eager(fake, inputs)), actual, at_steps)
         program.float_error = max((c.max_error for c in _compared(expected, actual, _plain)), default=0.0)
     worst = max(comparisons, key=lambda c: (not c.ok, _ratio(c.max_error, c.allowed)), default=None)
+    if program.precision != FP16 and worst is not None:
+        i = comparisons.index(worst)
+        if i < len(counted) and counted[i] is not None and steps[i] is not None:
+            program.roundings, program.step = counted[i], steps[i]
     program.error = max((c.max_error for c in comparisons), default=0.0)
     program.allowed = worst.allowed if worst is not None else 0.0
     program.within = all(c.ok for c in comparisons)

@@ -30,9 +30,12 @@ _LAYERS = {f"{name}-layer": name for name in ("tiny-llama", "tiny-qwen3", "tiny-
 
 QNN_MODEL_NAMES: tuple[str, ...] = (*_ET_LLAMA, *_LAYERS)
 SEQ_LEN = 16
-#: What the mask adds where a token may not look: large enough that softmax gives it nothing, small
-#: enough for float16 and for a 16-bit quantization of the mask input to keep 0 exact.
-MASKED = -1.0e4
+#: What the mask adds where a token may not look. Softmax gives it nothing: e^-60 (1e-26) of a visible
+#: token's weight is below float32's resolution next to 1 and underflows in float16, while these
+#: models' scores stay within about 10 of each other. And it is no larger: quantized, the mask's range
+#: is the range of the scores it is added to, so -1e4 put their 16-bit step at 0.15 (a level moved by
+#: the HTP then moved a layer's output by 1000 of its steps), where -60 puts it at 9e-4.
+MASKED = -60.0
 
 
 def build_qnn_model(
