@@ -163,3 +163,21 @@ def test_a_masked_layer_at_16a8w_is_within_the_roundings_of_its_longest_path(qnn
     assert program.allowed < 32 * program.step  # the derived count, not a loose one
     assert program.roundings.coarsest < 10 * program.step  # no step on the way dwarfs the output's
 
+
+def test_a_program_that_reads_memory_it_did_not_write_is_marked(qnn_sdk):
+    """QNN computes the QK norms of ExecuTorch's Llama (head dim 32) wrong at fp16, and that program's
+    outputs change with what another program computed before it; the edgefuse program of the same model,
+    run between, gives the same bits each time. A QNN version that fixes the norm shows up here."""
+    from edgefuse.cli.qnn_models import build_qnn_model
+
+    module, inputs = build_qnn_model("et-llama-qk-hd32")
+    programs = [
+        qnn_flows.run_and_check(qnn_flows.lower(module, inputs, how, soc="SM8650", precision="fp16"), module, inputs)
+        for how in (qnn_flows.EDGEFUSE, qnn_flows.STOCK)
+    ]
+    qnn_flows.check_repeatable(programs, inputs)
+    ours, stock = programs
+    assert ours.ok and ours.repeatable is True, ours.line()
+    assert not stock.ok and stock.repeatable is False, stock.line()
+    assert qnn_flows.VARIES in stock.line()
+    assert any(qnn_flows.VARIES in failure for failure in qnn_flows.failures(stock))

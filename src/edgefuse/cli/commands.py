@@ -262,6 +262,7 @@ def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, sa
         return CHECK_FAILED
     qnn_flows.run_and_check(ours, module, spec.inputs, say, reference)
     qnn_flows.run_and_check(stock, module, spec.inputs, say, reference)
+    qnn_flows.check_repeatable([ours, stock], spec.inputs)
     _write(output, ".pte", lambda: _write_bytes(output, ours.pte))
     print(title)
     print(f"  {ours.line()}")

@@ -8,7 +8,9 @@ each precision, the model is lowered for the SoC with edgefuse's recomposition a
 (:mod:`edgefuse.cli.qnn_flows`), each ``.pte`` runs on the x86 HTP emulator, and one row per flow says: the
 norms edgefuse found and rebuilt, the QNN RmsNorm ops in the compiled program, whether QNN lowered it
 (or the exception it raised), the max error against the reference (eager for fp16; the fake-quantized
-module for quantized programs, with float eager beside it as information) and the tolerance.
+module for quantized programs, with float eager beside it as information) and the tolerance. Each
+program runs once more after the other flow's program ran on other values; a result marked ``varies``
+came out different (:func:`edgefuse.cli.qnn_flows.check_repeatable`: QNN read memory it did not write).
 
 Exit status: 1 if edgefuse fails to lower a model stock lowers, a norm edgefuse rebuilt is not one
 RmsNorm in QNN, or an edgefuse program is outside its tolerance (stock's rows are information: its
@@ -44,6 +46,8 @@ def check(name: str, precision: str, soc: str, say) -> tuple[list[list[str]], li
     for how in (qnn_flows.EDGEFUSE, qnn_flows.STOCK):
         program = qnn_flows.lower(module, inputs, how, soc=soc, precision=precision, say=say)
         programs.append(qnn_flows.run_and_check(program, module, inputs, say))
+    say("running each program again after the other")
+    qnn_flows.check_repeatable(programs, inputs)
     ours, stock = programs
     failed = []
     if not ours.lowered_ok:
@@ -65,6 +69,8 @@ def _row(name: str, precision: str, program, passed: bool | None) -> list[str]:
         result = "-" if not program.ran else ("right" if program.ok else "WRONG")
     else:
         result = "PASS" if passed else "FAIL"
+    if program.repeatable is False:
+        result += ", varies"
     return [
         name, precision, program.how,
         str(program.found) if program.how == "edgefuse" and program.lowered_ok else "-",

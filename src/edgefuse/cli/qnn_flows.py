@@ -66,6 +66,7 @@ QNN_BACKEND = "QnnBackend"
 #: The QNN op type of a rebuilt norm (``qti.aisw::RmsNorm``, built from ``aten.rms_norm``).
 RMS_NORM = "RmsNorm"
 OUTSIDE = "outside"
+VARIES = "its outputs change with what ran before it on the emulator (QNN reads memory it did not write)"
 
 Say = Callable[[str], None]
 
@@ -88,6 +89,8 @@ class QnnProgram:
     roundings: Any = None  # quantized programs: the Roundings of the worst output (edgefuse.qnn.emulator)
     step: float | None = None  # quantized programs: that output's quantization step
     within: bool = False  # every output within its tolerance
+    outputs: list = None  # what the emulator returned on the inputs
+    repeatable: bool | None = None  # the same outputs again after the other programs ran (check_repeatable)
 
     @property
     def lowered_ok(self) -> bool:
@@ -139,6 +142,8 @@ class QnnProgram:
             text += f" = {self.roundings.count} roundings on the longest path; {self.coarsest()}"
         if self.float_error is not None:
             text += f", against float eager {self.float_error:.2e} (information)"
+        if self.repeatable is False:
+            text += f"; {VARIES}"
         return text
 
 
@@ -155,6 +160,8 @@ def failures(program: QnnProgram) -> list[str]:
             f"the {program.how} program differs from {program.reference} by {program.error:.2e}, more than the "
             f"allowed {program.allowed:.2e}" + (f" ({program.coarsest()})" if program.roundings is not None else "")
         )
+    if program.repeatable is False:
+        found.append(f"the {program.how} program's {VARIES}")
     missing = not_one_rms_norm(program)
     if missing:
         found.append(f"rebuilt but not one QNN RmsNorm: {', '.join(missing)}")
@@ -314,6 +321,7 @@ def run_and_check(
     except Exception as error:  # noqa: BLE001  (the runtime's reason, with its log, is the result)
         program.failure = error_summary(error)
         return program
+    program.outputs = actual
     expected = flat_tensors(_eager(module, inputs))
     if program.precision == FP16:
         program.reference = reference
@@ -342,6 +350,45 @@ def run_and_check(
     program.allowed = worst.allowed if worst is not None else 0.0
     program.within = all(c.ok for c in comparisons)
     return program
+
+
+def check_repeatable(programs: list[QnnProgram], inputs: tuple) -> None:
+    """Run each program that ran once more on ``inputs`` after the others ran on other values, and record
+    on it whether its outputs are the same, bit for bit.
+
+    A program whose outputs change so reads memory it did not write: measured on QNN 2.51's emulator, the
+    stock fp16 program of ExecuTorch's Llama with QK norms (head dim 32), whose norms QNN computes wrong,
+    gave 0.267 off eager in a fresh process and 0.265 to 0.294 after the edgefuse program of the same
+    model ran on one input or another, while a program QNN computes right gave the same bits whatever
+    ran before. Its error then says nothing on its own, and the table marks it.
+    """
+    qnn = qnn_library()
+    ran = [program for program in programs if program.ran and program.outputs is not None]
+    if len(ran) < 2:
+        return
+    other = _other_values(inputs)
+    for program in ran:
+        try:
+            with native_output_held():
+                for before in ran:
+                    if before is not program:
+                        qnn.run_on_emulator(before.pte, list(other))
+                again = qnn.run_on_emulator(program.pte, list(inputs))
+        except Exception as error:  # noqa: BLE001  (it ran once: a second failure is the result)
+            program.repeatable, program.failure = False, error_summary(error)
+            continue
+        program.repeatable = len(again) == len(program.outputs) and all(
+            torch.equal(a, b) for a, b in zip(program.outputs, again)
+        )
+
+
+def _other_values(inputs: tuple) -> tuple:
+    """``inputs`` with each tensor's elements moved one place along its flattened order: the same dtypes,
+    shapes and values (tokens stay in the vocabulary), held at other places."""
+    return tuple(
+        torch.roll(t.contiguous().view(-1), 1).view(t.shape) if isinstance(t, torch.Tensor) and t.numel() > 1 else t
+        for t in inputs
+    )
 
 
 def _compared(expected: list[torch.Tensor], actual: list[torch.Tensor], how) -> list[Comparison]:
