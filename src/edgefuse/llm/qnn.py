@@ -6,7 +6,8 @@ For a config with ``backend.qnn.enabled=True``, ExecuTorch 1.5.1's ``export_llam
 ``RemoveRedundancy``), the export to edge, the HTP pass manager's ``transform_for_to_edge_pipeline`` with a
 ``passes_job`` it builds from ``get_capture_program_passes()`` (the same two passes, handed the edge
 program), and ``to_backend`` with the ``QnnPartitioner`` of ``get_qnn_partitioner``. Every pass list is
-built inside that call, so :func:`edgefuse.qnn.patched` around it puts edgefuse's passes in all of them.
+built inside that call, so :func:`edgefuse.qnn.patched` around it puts edgefuse's passes in all of them;
+export_llm's export to edge keeps the norms they rebuild whole (:func:`rms_norm_kept_at_edge`).
 
 :func:`qnn_lowering` does that for the length of a ``with`` block (or, with ``recompose="stock"``, leaves
 the released passes), loads the QNN libraries first, records every graph QNN compiles, keeps the lowered
@@ -79,13 +80,15 @@ def soc_problem(config) -> str | None:
 
 
 def _capture(original: Callable, swap: Swap) -> Callable:
-    """``_to_edge_and_lower_llama`` that marks the lowering started, keeps the lowered builder and reads
-    what QNN built for it."""
+    """``_to_edge_and_lower_llama`` that loads the QNN libraries, marks the lowering started, keeps the
+    lowered builder and reads what QNN built for it."""
     from edgefuse.qnn.graphs import qnn_graphs
+    from edgefuse.qnn.sdk import ensure_in_process
 
     signature = inspect.signature(original)
 
     def to_edge_and_lower_llama(*args, **kwargs):
+        ensure_in_process()  # here, after export_llm has checked the config and exported the model
         swap.lowering_started = True
         record: QnnRecord = swap.qnn
         record.quantized = bool(signature.bind(*args, **kwargs).arguments.get("pt2e_quantize"))
@@ -99,26 +102,61 @@ def _capture(original: Callable, swap: Swap) -> Callable:
     return to_edge_and_lower_llama
 
 
+#: Where export_llm builds the ``EdgeCompileConfig`` of its export to edge.
+EDGE_CONFIG = ("executorch.extension.llm.export.builder", "LLMEdgeManager", "_get_edge_config")
+
+
+@contextlib.contextmanager
+def rms_norm_kept_at_edge() -> Iterator[None]:
+    """Within the block, export_llm's export to edge keeps ``aten.rms_norm`` whole (``preserve_ops``).
+
+    A quantized config's norms are rebuilt in the annotation pipeline and quantized as one op; export_llm's
+    ``to_edge`` (unlike ``to_edge_transform_and_lower_to_qnn``, whose partitioner names ``rms_norm`` among
+    the ops not to decompose) would decompose each into float ops between the norm's quantize and
+    dequantize, which QNN then fails to compile ("Could not prepare op"). Put back on exit."""
+    import importlib
+
+    module, owner_name, name = EDGE_CONFIG
+    owner = getattr(importlib.import_module(module), owner_name)
+    released = owner.__dict__[name]
+
+    def _get_edge_config(self):
+        import torch
+
+        config = released(self)
+        config.preserve_ops = [*config.preserve_ops, torch.ops.aten.rms_norm.default]
+        return config
+
+    _get_edge_config.__wrapped__ = released
+    setattr(owner, name, _get_edge_config)
+    try:
+        yield
+    finally:
+        setattr(owner, name, released)
+
+
 @contextlib.contextmanager
 def qnn_lowering(recompose: str = "edgefuse") -> Iterator[Swap]:
     """Within the block, ``export_llama`` lowers a QNN config with edgefuse's QNN passes (``"edgefuse"``)
     or the released ones (``"stock"``), records what QNN compiled (``swap.qnn``) and writes its ``.pte``
     atomically; everything swapped is back when the block exits, also when it raises.
 
-    Raises :class:`edgefuse.qnn.QnnSdkUnavailable` before swapping anything when the QNN libraries are
-    not set up (its message names ``edgefuse qnn setup``).
+    The QNN libraries are loaded when the QNN lowering starts, after export_llm has checked the config
+    and exported the model (a config it rejects is rejected with or without them); where they are not
+    set up, the export raises :class:`edgefuse.qnn.QnnSdkUnavailable`, whose message names
+    ``edgefuse qnn setup``.
     """
     from edgefuse.qnn.graphs import recording_compiled_graphs
     from edgefuse.qnn.passes import patched
-    from edgefuse.qnn.sdk import ensure_in_process
 
     if recompose not in RECOMPOSE:
         raise ValueError(f"recompose is one of {', '.join(RECOMPOSE)}, got {recompose!r}")
-    ensure_in_process()
     swap = Swap()
     swap.qnn = QnnRecord(recompose)
     targets = [(m, n, write_atomically) for m, n in WRITERS] + [(*QNN_LOWERING, _capture)]
-    passes = patched() if recompose == "edgefuse" else contextlib.nullcontext(None)
-    with _swapped(swap, targets), passes as patch, recording_compiled_graphs() as compiled:
+    edgefuse = recompose == "edgefuse"
+    passes = patched() if edgefuse else contextlib.nullcontext(None)
+    kept = rms_norm_kept_at_edge() if edgefuse else contextlib.nullcontext()
+    with _swapped(swap, targets), passes as patch, kept, recording_compiled_graphs() as compiled:
         swap.qnn.patch, swap.qnn.compiled = patch, compiled
         yield swap
