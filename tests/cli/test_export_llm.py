@@ -56,7 +56,7 @@ def small_llama(tmp_path_factory):
         ("model.dtype_override=fp64", "Invalid value 'fp64', expected one of [fp32, fp16, bf16]"),
         ("export.max_context_length=10", "max_context_length of 10 cannot be shorter than max_seq_length of 128"),
         ("base.checkpoint=/nonexistent/checkpoint.pth", "/nonexistent/checkpoint.pth"),
-        ("backend.qnn.enabled=True", "not supported in export-llm yet"),
+        ("backend.qnn.enabled=True", "Dynamic shape is not supported with coreml or qnn backends"),
     ],
 )
 def test_a_config_export_llm_rejects_exits_2_with_its_message_and_writes_nothing(
@@ -71,6 +71,40 @@ def test_a_config_export_llm_rejects_exits_2_with_its_message_and_writes_nothing
     assert message in err and "Traceback" not in err
     assert ptes(tmp_path) == []
     assert nothing_swapped()
+
+
+#: export_llm's QNN path for the small Llama: KV cache and static shapes, as 1.5.1 requires.
+QNN_ARGUMENTS = ("base.model_class=llama3", "model.use_kv_cache=True", "model.enable_dynamic_shape=False",
+                 "backend.qnn.enabled=True")
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (("model.enable_dynamic_shape=True",), "Dynamic shape is not supported with coreml or qnn backends"),
+        (("backend.qnn.soc_model=SM9999",), "backend.qnn.soc_model=SM9999: not a SoC QNN knows ("),
+        (("quantization.pt2e_quantize=qnn_16a4w", "quantization.qmode=8da4w"),
+         "Cannot specify both quantization_mode and pt2e_quantize"),
+        (("quantization.pt2e_quantize=qnn_16a8w",), "Invalid value 'qnn_16a8w'"),
+    ],
+)
+def test_a_qnn_config_export_llm_rejects_exits_2_with_its_message_before_lowering(
+    small_llama, tmp_path, capsys, overrides, message
+):
+    """Rejected before the QNN lowering starts, so with or without the QNN libraries: exit 2, the message,
+    no .pte, and nothing left swapped (the QNN pass classes included)."""
+    from executorch.backends.qualcomm._passes import qnn_pass_manager
+
+    stock = (qnn_pass_manager.RecomposeRmsNorm, qnn_pass_manager.RemoveRedundancy)
+    directory, params, checkpoint = small_llama
+    with inside(tmp_path):
+        code = cli.main(["-q", "export-llm", "--compare", *QNN_ARGUMENTS, f"base.params={params}",
+                         f"base.checkpoint={checkpoint}", "export.output_name=model.pte", *overrides])
+    err = capsys.readouterr().err
+    assert code == USAGE, err
+    assert message in err and "Traceback" not in err
+    assert ptes(tmp_path) == [] and nothing_swapped()
+    assert (qnn_pass_manager.RecomposeRmsNorm, qnn_pass_manager.RemoveRedundancy) == stock
 
 
 def test_an_option_export_llm_does_not_take_exits_2_before_exporting(tmp_path, capsys):

@@ -148,9 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     qnn_env.add_argument("dir", nargs="?", metavar="DIR", help="a folder `edgefuse qnn setup DIR` set up")
     export_llm = commands.add_parser(
         "export-llm", parents=[common],
-        help="ExecuTorch's export_llm (same config, overrides and output) with edgefuse's XNNPACK lowering",
+        help="ExecuTorch's export_llm (same config, overrides and output) with edgefuse's XNNPACK lowering or QNN passes",
         description="Run ExecuTorch's export_llm (hydra config, overrides, output files) with edgefuse's XNNPACK "
-        "lowering in place of stock's, and print the delegates and the kernels left outside them, by op. "
+        "lowering in place of stock's (for a config with backend.qnn.enabled=True, edgefuse's QNN passes in "
+        "place of the stock ones), and print the delegates and the kernels left outside them, by op. "
         "Example: edgefuse export-llm --config llama_xnnpack.yaml base.checkpoint=ckpt.pth base.params=params.json",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -14,7 +14,7 @@ import tempfile
 from collections import Counter
 from typing import Callable
 
-from edgefuse.cli.errors import OK, UsageError
+from edgefuse.cli.errors import OK, Unavailable, UsageError
 
 Say = Callable[[str], None]
 
@@ -61,50 +61,85 @@ def export_llm(args, say: Say) -> int:
     passed = ([] if args.config is None else ["--config", args.config]) + list(args.overrides)
     stock_dir = tempfile.mkdtemp(prefix="edgefuse-export-llm-") if args.compare else None
     try:
-        stock = None
+        stock, stock_failure = None, None
         if args.compare:
             say("export_llm with stock lowering")
             staged = os.path.join(stock_dir, "stock.pte")
-            stock = _run([*passed, f"export.output_name={staged}"], "stock", args.single_row)
-        say("export_llm with edgefuse's XNNPACK lowering")
+            try:
+                stock = _run([*passed, f"export.output_name={staged}"], "stock", args.single_row)
+            except StockQnnFailed as error:
+                stock_failure = str(error)
+        say("export_llm with edgefuse's lowering")
         ours = _run(passed, "edgefuse", args.single_row)
         if ours.path is None:
             raise UsageError("export_llm wrote no .pte (export.export_only?)")
-        programs = []
+        programs, exports = [], []
         if stock is not None:
             kept = _stock_path(ours.path)
             shutil.move(stock.path, kept)
             programs.append((f"stock ({kept})", read_pte(kept)))
+            exports.append(stock)
         programs.append((f"edgefuse ({ours.path})", read_pte(ours.path)))
+        exports.append(ours)
     finally:
         if stock_dir is not None:
             shutil.rmtree(stock_dir, ignore_errors=True)
-    if ours.edgefuse_lowered:
+    header, rows = contents_rows(programs)
+    if ours.swap.qnn is not None:
+        print(qnn_summary_line(ours))
+        if stock_failure is not None:
+            print(f"stock: {stock_failure}")
+        kernels = next(i for i, row in enumerate(rows) if row[0] == "kernels outside")
+        rows.insert(kernels, ["QNN RmsNorm ops (compiled)", *(e.swap.qnn.rms_norms for e in exports)])
+    elif ours.edgefuse_lowered:
         substituted = sum(l.substituted for l in ours.swap.lowerings)
         restored = sum(l.restored for l in ours.swap.lowerings)
         partitioners = ", ".join(p for l in ours.swap.lowerings for p in l.partitioners)
         print(f"edgefuse lowering: {partitioners}; {substituted} means, casts and scalar adds substituted, "
               f"{restored} of them left outside a delegate and restored (single-row policy {ours.swap.single_row!r})")
     else:
-        print("this config lowers nothing for XNNPACK: the program is export_llm's own (enable "
-              "backend.xnnpack.enabled=True for edgefuse's lowering)")
-    header, rows = contents_rows(programs)
+        print("this config lowers nothing for XNNPACK or QNN: the program is export_llm's own (enable "
+              "backend.xnnpack.enabled=True or backend.qnn.enabled=True for edgefuse's lowering)")
     print(format_table(header, rows))
     print(f"wrote {ours.path}" + (f" and {_stock_path(ours.path)}" if stock is not None else ""))
     return OK
 
 
+def qnn_summary_line(export) -> str:
+    """One line on edgefuse's QNN passes in an export: the norms rebuilt (and why others were left), the
+    nodes the cast removal removed, and the ``RmsNorm`` ops QNN compiled."""
+    record = export.swap.qnn
+    runs = record.patch.runs if record.patch is not None else []
+    decisions = record.decisions
+    left = Counter(d.reason for d in decisions if not d.rebuilt)
+    why = "; left: " + ", ".join(f"{n} ({reason})" for reason, n in left.items()) if left else ""
+    pipelines = ", ".join(sorted({r.pipeline for r in runs})) or "no"
+    graphs = len(record.graphs.delegates) if record.graphs is not None else 0
+    return (f"edgefuse QNN passes ({pipelines} pipeline runs): {sum(d.rebuilt for d in decisions)} of "
+            f"{len(decisions)} norm decisions rebuilt{why}; {sum(len(r.removed) for r in runs)} redundant nodes "
+            f"removed; QNN compiled {record.rms_norms} RmsNorm ops in {graphs} graph(s)")
+
+
+class StockQnnFailed(Exception):
+    """Stock's QNN lowering failed under ``--compare``: edgefuse's still runs, and the failure is printed."""
+
+
 def _run(passed: list[str], lowering: str, single_row: str | None):
     """One run of export_llm's command line with ``lowering``; the library's errors become the command's
     (a failure after edgefuse's lowering started is not caught: it is a bug, exit 4)."""
-    from edgefuse.llm.export import ConfigRejected, UnsupportedConfig, run_export_llm
+    from edgefuse.llm.export import ConfigRejected, QnnExportFailed, run_export_llm
+    from edgefuse.qnn.sdk import QnnSdkUnavailable
 
     try:
         return run_export_llm(passed, lowering=lowering, single_row=single_row)
     except ConfigRejected as error:
         raise UsageError(f"export_llm rejected the config:\n{error}") from error
-    except UnsupportedConfig as error:
+    except QnnExportFailed as error:
+        if lowering == "stock":
+            raise StockQnnFailed(str(error)) from error
         raise UsageError(str(error)) from error
+    except QnnSdkUnavailable as error:
+        raise Unavailable(f"the config lowers for QNN: {error}") from error
     except SystemExit as error:
         raise UsageError(f"export_llm exited (code {error.code}) before writing a .pte: "
                          "with export.export_only=True there is nothing to lower") from error

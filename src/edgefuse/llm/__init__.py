@@ -1,9 +1,11 @@
-"""ExecuTorch's LLM export and export recipes with edgefuse's XNNPACK lowering.
+"""ExecuTorch's LLM export and export recipes with edgefuse's XNNPACK lowering (and its QNN passes).
 
 - :func:`export_llm`: ``export_llm`` of an ``LlmConfig`` with edgefuse's lowering;
   :func:`run_export_llm`: ExecuTorch's ``export_llm`` command line (hydra) in this process.
 - :func:`edgefuse_lowering`: the context manager that swaps edgefuse's partitioners and passes into
   ExecuTorch's LLM export for a ``with`` block, and puts the released ones back after it.
+- :func:`qnn_lowering`: the same for ``export_llm``'s QNN path: edgefuse's QNN passes in place of the
+  stock ones, and a record of what QNN compiled.
 - :class:`EdgefuseRecipeType`, :class:`EdgefuseRecipeProvider`: export recipes for
   ``executorch.export.export``, registered with ExecuTorch's recipe registry on import of
   :mod:`edgefuse.llm.recipes`.
@@ -21,11 +23,13 @@ _PUBLIC: dict[str, str] = {
     "ConfigRejected": "edgefuse.llm.export",
     "ExportFailed": "edgefuse.llm.export",
     "LlmExport": "edgefuse.llm.export",
-    "UnsupportedConfig": "edgefuse.llm.export",
+    "QnnExportFailed": "edgefuse.llm.export",
     "export_llm": "edgefuse.llm.export",
     "run_export_llm": "edgefuse.llm.export",
     "LoweringSwapError": "edgefuse.llm.lowering",
     "edgefuse_lowering": "edgefuse.llm.lowering",
+    "QnnRecord": "edgefuse.llm.qnn",
+    "qnn_lowering": "edgefuse.llm.qnn",
     "PteContents": "edgefuse.llm.pte",
     "read_pte": "edgefuse.llm.pte",
     "EdgefuseRecipeProvider": "edgefuse.llm.recipes",
@@ -39,12 +43,13 @@ if TYPE_CHECKING:
         ConfigRejected,
         ExportFailed,
         LlmExport,
-        UnsupportedConfig,
+        QnnExportFailed,
         export_llm,
         run_export_llm,
     )
     from edgefuse.llm.lowering import LoweringSwapError, edgefuse_lowering
     from edgefuse.llm.pte import PteContents, read_pte
+    from edgefuse.llm.qnn import QnnRecord, qnn_lowering
     from edgefuse.llm.recipes import EdgefuseRecipeProvider, EdgefuseRecipeType
 
 

@@ -7,8 +7,9 @@
   lowering (``lowering="edgefuse"``) or the released one (``"stock"``), and says which failures are the
   config's: :class:`ConfigRejected` carries export_llm's own message.
 
-A config that lowers for QNN is refused with :class:`UnsupportedConfig` before anything is exported
-(edgefuse's QNN pipeline is not wired into ``export_llm`` yet).
+A config that lowers for QNN (``backend.qnn.enabled=True``) runs export_llm's own QNN path with
+edgefuse's QNN passes in place of the stock ones (:func:`edgefuse.llm.qnn.qnn_lowering`); the result's
+``swap.qnn`` says what QNN compiled.
 """
 
 from __future__ import annotations
@@ -34,12 +35,13 @@ class ConfigRejected(ValueError):
     the message is the one ``export_llm`` prints."""
 
 
-class UnsupportedConfig(ValueError):
-    """The config asks for a lowering edgefuse does not put itself into yet."""
-
-
 class ExportFailed(RuntimeError):
     """The export failed once edgefuse's partitioners or lowering were in use; ``__cause__`` is the error."""
+
+
+class QnnExportFailed(ValueError):
+    """export_llm's QNN lowering failed in ExecuTorch's or QNN's code (not in edgefuse's): the model or
+    config is one QNN cannot lower; the message carries the reason."""
 
 
 @dataclass
@@ -53,7 +55,10 @@ class LlmExport:
 
     @property
     def edgefuse_lowered(self) -> bool:
-        """Whether edgefuse's lowering ran (False for a config without XNNPACK, or for stock)."""
+        """Whether edgefuse's lowering ran: its XNNPACK lowering, or its QNN passes (False for a config
+        that lowers for neither, or for stock)."""
+        if self.swap.qnn is not None:
+            return self.lowering == EDGEFUSE and bool(self.swap.qnn.patch and self.swap.qnn.patch.runs)
         return bool(self.swap.lowerings)
 
 
@@ -64,35 +69,61 @@ def _get(config, *path: str):
 
 
 def check_supported(config) -> None:
-    """Raise :class:`UnsupportedConfig` for a config edgefuse cannot put its lowering into."""
-    if _get(config, "backend", "qnn", "enabled"):
-        raise UnsupportedConfig(
-            "backend.qnn.enabled=True: edgefuse's QNN pipeline is not supported in export-llm yet; "
-            "run ExecuTorch's export_llm for QNN, or lower for XNNPACK (backend.xnnpack.enabled=True)"
-        )
+    """Raise :class:`ConfigRejected` for a QNN config whose SoC QNN does not know (export_llm fails on it
+    with a bare ``AttributeError``, after the export)."""
+    from edgefuse.llm.qnn import is_qnn_config, soc_problem
+
+    if is_qnn_config(config):
+        problem = soc_problem(config)
+        if problem:
+            raise ConfigRejected(problem)
 
 
-def _xnnpack_enabled(config) -> bool:
-    return bool(_get(config, "backend", "xnnpack", "enabled") or _get(config, "quantization", "pt2e_quantize"))
+def xnnpack_enabled(config) -> bool:
+    """Whether ``export_llama`` lowers ``config`` for XNNPACK: the backend on, or a PT2E quantization of
+    XNNPACK's (which turns it on)."""
+    options = _get(config, "quantization", "pt2e_quantize")
+    options = str(getattr(options, "value", options) or "").split(",")
+    return bool(_get(config, "backend", "xnnpack", "enabled")) or any(o.strip().startswith("xnnpack") for o in options)
+
+
+def lowering_for(config, lowering: str = EDGEFUSE, single_row: str | None = None):
+    """The swap that exports ``config`` with ``lowering``: the QNN one for a config export_llama lowers
+    for QNN, else the XNNPACK one (edgefuse's, or stock's with only the atomic writer)."""
+    from edgefuse.llm.qnn import is_qnn_config, qnn_lowering
+
+    if is_qnn_config(config):
+        return qnn_lowering(lowering)
+    return edgefuse_lowering(single_row) if lowering == EDGEFUSE else atomic_pte_writes()
 
 
 def _check_used(result: LlmExport) -> None:
-    """An XNNPACK config exported without edgefuse's lowering means this ExecuTorch builds its partitioners
-    elsewhere: remove the stock program written under edgefuse's name and say so."""
-    if result.lowering != EDGEFUSE or result.edgefuse_lowered or not _xnnpack_enabled(result.config):
+    """An XNNPACK config exported without edgefuse's lowering, or a QNN config whose QNN lowering was not
+    the one swapped into, means this ExecuTorch lowers elsewhere than 1.5.1 does: remove the program
+    written under edgefuse's name and say so."""
+    qnn = result.swap.qnn
+    if qnn is not None:
+        if qnn.builder is not None and (result.lowering != EDGEFUSE or result.edgefuse_lowered):
+            return
+        what = "QNN lowering" if qnn.builder is None else "QNN pass lists"
+    elif result.lowering != EDGEFUSE or result.edgefuse_lowered or not xnnpack_enabled(result.config):
         return
+    else:
+        what = "partitioners"
     for path in result.swap.written:
         with contextlib.suppress(OSError):
             os.unlink(path)
+    backend = "QNN" if qnn is not None else "XNNPACK"
     raise ExportFailed(
-        "the config lowers for XNNPACK but export_llm did not use edgefuse's partitioners (this ExecuTorch "
-        "builds them elsewhere than 1.5.1 does); no .pte was kept"
+        f"the config lowers for {backend} but export_llm did not use the {what} edgefuse swaps into (this "
+        "ExecuTorch builds them elsewhere than 1.5.1 does); no .pte was kept"
     )
 
 
 def export_llm(config, *, single_row: str | None = None) -> LlmExport:
     """Export ``config`` (an ``LlmConfig`` or the ``DictConfig`` hydra makes of one) as ExecuTorch's
-    ``export_llama`` does, with edgefuse's XNNPACK lowering; returns the ``.pte`` path and the record.
+    ``export_llama`` does, with edgefuse's XNNPACK lowering, or edgefuse's QNN passes for a QNN config;
+    returns the ``.pte`` path and the record.
 
     ``config`` is not changed (``export_llama`` edits the config it is given, so it gets a copy).
     """
@@ -100,20 +131,23 @@ def export_llm(config, *, single_row: str | None = None) -> LlmExport:
 
     check_supported(config)
     config = copy.deepcopy(config)
-    with edgefuse_lowering(single_row) as swap:
+    with lowering_for(config, EDGEFUSE, single_row) as swap:
         path = export_llama_lib.export_llama(config)
     result = LlmExport(path, swap, EDGEFUSE, config)
     _check_used(result)
     return result
 
 
-def _entry(original, swap: Swap):
-    """``export_llama`` as hydra's task calls it: check the config, keep it and the file it names."""
+def _entry(original, exports: list[Swap], lowering: str, single_row: str | None):
+    """``export_llama`` as hydra's task calls it: check the config, export it inside the swap its backend
+    needs (appended to ``exports``), keep the config."""
 
     def export_llama(config):
         check_supported(config)
-        swap.config = config
-        return original(config)
+        with lowering_for(config, lowering, single_row) as swap:
+            exports.append(swap)
+            swap.config = config
+            return original(config)
 
     export_llama.__wrapped__ = original
     return export_llama
@@ -153,38 +187,48 @@ def run_export_llm(args: Sequence[str], *, lowering: str = EDGEFUSE, single_row:
     """Run ExecuTorch's ``export_llm`` command line (``[--config FILE] [OVERRIDES...]``) in this process.
 
     Raises :class:`ConfigRejected` with export_llm's message for anything that fails before a lowering
-    with edgefuse's partitioners starts (an unknown override, a value the config rejects, a missing
-    checkpoint, a model that does not export), :class:`UnsupportedConfig` for a QNN config, and
-    :class:`ExportFailed` for a failure after edgefuse's lowering started. ``SystemExit`` (hydra's
-    ``--help``, ``export.export_only``) passes through.
+    with edgefuse's code starts (an unknown override, a value the config rejects, a missing checkpoint,
+    a model that does not export, a SoC QNN does not know), :class:`QnnExportFailed` with the reason
+    for a QNN lowering that fails in ExecuTorch's or QNN's code, :class:`ExportFailed` for any other
+    failure after the lowering started, and :class:`edgefuse.qnn.QnnSdkUnavailable` for a QNN config
+    without the QNN libraries. ``SystemExit`` (hydra's ``--help``, ``export.export_only``) passes through.
     """
     from executorch.extension.llm.export import export_llm as entry
 
+    from edgefuse.qnn.pipeline import failure_reason, raised_in_edgefuse
+    from edgefuse.qnn.sdk import QnnSdkUnavailable
+
     if lowering not in LOWERINGS:
         raise ValueError(f"lowering is one of {', '.join(LOWERINGS)}, got {lowering!r}")
-    swaps = edgefuse_lowering(single_row) if lowering == EDGEFUSE else atomic_pte_writes()
+    exports: list[Swap] = []
     argv = [entry.__file__, *args]  # hydra names the job (and its log file) after the script
-    with swaps as swap, _swapped_entry(swap), _argv_and_full_errors(argv):
+    with _swapped_entry(exports, lowering, single_row), _argv_and_full_errors(argv):
         try:
             entry.main()
-        except (UnsupportedConfig, SystemExit):
+        except (ConfigRejected, QnnSdkUnavailable, SystemExit):
             raise
         except Exception as error:
-            if swap.lowering_started:
-                raise ExportFailed(f"export_llm failed in or after edgefuse's lowering: {export_llm_message(error)}") from error
-            raise ConfigRejected(export_llm_message(error)) from error
+            swap = exports[-1] if exports else None
+            if swap is None or not swap.lowering_started:
+                raise ConfigRejected(export_llm_message(error)) from error
+            if swap.qnn is not None and not raised_in_edgefuse(error):
+                raise QnnExportFailed(f"export_llm's QNN lowering failed: {failure_reason(error)}") from error
+            raise ExportFailed(f"export_llm failed in or after edgefuse's lowering: {export_llm_message(error)}") from error
+    if not exports:
+        raise ExportFailed("export_llm returned without calling export_llama; no .pte was written")
+    swap = exports[-1]
     result = LlmExport(swap.written[-1] if swap.written else None, swap, lowering, swap.config)
     _check_used(result)
     return result
 
 
 @contextlib.contextmanager
-def _swapped_entry(swap: Swap) -> Iterator[None]:
+def _swapped_entry(exports: list[Swap], lowering: str, single_row: str | None) -> Iterator[None]:
     import importlib
 
     owner = importlib.import_module(_ENTRY[0])
     original = getattr(owner, _ENTRY[1])
-    setattr(owner, _ENTRY[1], _entry(original, swap))
+    setattr(owner, _ENTRY[1], _entry(original, exports, lowering, single_row))
     try:
         yield
     finally:

@@ -82,6 +82,7 @@ class Swap:
     lowering_started: bool = False
     written: list[str] = field(default_factory=list)
     config: Any = None  # the config export_llm ran with, when the command line's entry point was used
+    qnn: Any = None  # edgefuse.llm.qnn.QnnRecord, for an export lowered for QNN
 
 
 def _resolve(module: str, name: str) -> tuple[Any, Callable]:

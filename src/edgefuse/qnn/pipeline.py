@@ -164,9 +164,9 @@ def _qnn_reason(soc: str, precision: str):
     try:
         yield
     except Exception as error:
-        if isinstance(error, QnnSdkUnavailable) or _raised_in_edgefuse(error):
+        if isinstance(error, QnnSdkUnavailable) or raised_in_edgefuse(error):
             raise
-        raise QnnLoweringFailed(f"QNN could not lower the model for {soc} at {precision}: {_reason(error)}") from error
+        raise QnnLoweringFailed(f"QNN could not lower the model for {soc} at {precision}: {failure_reason(error)}") from error
 
 
 def _chain(error: BaseException) -> list[BaseException]:
@@ -177,13 +177,13 @@ def _chain(error: BaseException) -> list[BaseException]:
     return chain
 
 
-def _raised_in_edgefuse(error: BaseException) -> bool:
+def raised_in_edgefuse(error: BaseException) -> bool:
     """Whether the innermost error of the chain was raised by a frame of edgefuse's package."""
     frames = traceback.extract_tb(_chain(error)[-1].__traceback__)
     return bool(frames) and frames[-1].filename.startswith(_EDGEFUSE)
 
 
-def _reason(error: BaseException, limit: int = 400) -> str:
+def failure_reason(error: BaseException, limit: int = 400) -> str:
     """The messages of an error's chain, outermost first, each once and at most ``limit`` characters."""
     parts = []
     for e in _chain(error):

@@ -1,0 +1,162 @@
+"""ExecuTorch's ``export_llm`` lowering for QNN, with edgefuse's QNN passes in place of the stock ones.
+
+For a config with ``backend.qnn.enabled=True``, ExecuTorch 1.5.1's ``export_llama`` runs its QNN path in
+``export_llama_lib._to_edge_and_lower_llama``: ``QnnQuantizer`` (``quantization.pt2e_quantize=qnn_8a8w``,
+``qnn_16a16w`` or ``qnn_16a4w``; its annotation pipeline runs ``RecomposeRmsNorm`` and
+``RemoveRedundancy``), the export to edge, the HTP pass manager's ``transform_for_to_edge_pipeline`` with a
+``passes_job`` it builds from ``get_capture_program_passes()`` (the same two passes, handed the edge
+program), and ``to_backend`` with the ``QnnPartitioner`` of ``get_qnn_partitioner``. Every pass list is
+built inside that call, so :func:`edgefuse.qnn.patched` around it puts edgefuse's passes in all of them;
+export_llm's export to edge keeps the norms they rebuild whole (:func:`rms_norm_kept_at_edge`).
+
+:func:`qnn_lowering` does that for the length of a ``with`` block (or, with ``recompose="stock"``, leaves
+the released passes), loads the QNN libraries first, records every graph QNN compiles, keeps the lowered
+builder, and writes the ``.pte`` atomically as the XNNPACK swap does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+from edgefuse.llm.lowering import WRITERS, Swap, _swapped, write_atomically
+
+#: The function of ``export_llama_lib`` whose call holds the whole QNN lowering (quantization included).
+QNN_LOWERING = ("executorch.examples.models.llama.export_llama_lib", "_to_edge_and_lower_llama")
+#: Whose passes run in QNN's pipelines: edgefuse's, or the released ones.
+RECOMPOSE = ("edgefuse", "stock")
+
+
+@dataclass
+class QnnRecord:
+    """What a :func:`qnn_lowering` block saw: the passes' runs (None for stock), the graphs QNN compiled,
+    and the lowered ``LLMEdgeManager`` (None until the QNN lowering returned)."""
+
+    recompose: str
+    patch: Any = None  # edgefuse.qnn.QnnPatch
+    compiled: Any = None  # the recording of edgefuse.qnn.graphs
+    builder: Any = None
+    graphs: Any = None  # edgefuse.qnn.graphs.QnnGraphs of the lowered program
+    quantized: bool = False
+
+    @property
+    def decisions(self) -> list:
+        """The norm decisions of every run of edgefuse's recomposition (empty for stock)."""
+        return list(self.patch.decisions) if self.patch is not None else []
+
+    @property
+    def rms_norms(self) -> int:
+        """How many QNN ``RmsNorm`` ops the compiled graphs of the program hold."""
+        return self.graphs.rms_norms if self.graphs is not None else 0
+
+    @property
+    def reference(self):
+        """What the program computes in eager: the converted (fake-quantized) module for a quantized
+        config, None for a float one (its reference is the eager model of the config)."""
+        return self.builder.pre_autograd_graph_module if self.quantized and self.builder is not None else None
+
+
+def is_qnn_config(config) -> bool:
+    """Whether ``export_llama`` lowers ``config`` through its QNN path: QNN on, and no XNNPACK lowering
+    (with both on, 1.5.1 lowers for XNNPACK alone)."""
+    from edgefuse.llm.export import _get, xnnpack_enabled
+
+    return bool(_get(config, "backend", "qnn", "enabled")) and not xnnpack_enabled(config)
+
+
+def soc_problem(config) -> str | None:
+    """Why ``backend.qnn.soc_model`` names no SoC QNN knows (1.5.1 fails on it with a bare
+    ``AttributeError`` after the export), or None."""
+    from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
+
+    from edgefuse.llm.export import _get
+
+    soc = _get(config, "backend", "qnn", "soc_model")
+    if isinstance(getattr(QcomChipset, str(soc), None), QcomChipset):
+        return None
+    return f"backend.qnn.soc_model={soc}: not a SoC QNN knows ({', '.join(c.name for c in QcomChipset)})"
+
+
+def _capture(original: Callable, swap: Swap) -> Callable:
+    """``_to_edge_and_lower_llama`` that loads the QNN libraries, marks the lowering started, keeps the
+    lowered builder and reads what QNN built for it."""
+    from edgefuse.qnn.graphs import qnn_graphs
+    from edgefuse.qnn.sdk import ensure_in_process
+
+    signature = inspect.signature(original)
+
+    def to_edge_and_lower_llama(*args, **kwargs):
+        ensure_in_process()  # here, after export_llm has checked the config and exported the model
+        swap.lowering_started = True
+        record: QnnRecord = swap.qnn
+        record.quantized = bool(signature.bind(*args, **kwargs).arguments.get("pt2e_quantize"))
+        builder = original(*args, **kwargs)
+        record.builder = builder
+        record.graphs = qnn_graphs(builder.edge_manager, record.compiled, record.decisions)
+        return builder
+
+    to_edge_and_lower_llama.__doc__ = original.__doc__
+    to_edge_and_lower_llama.__wrapped__ = original
+    return to_edge_and_lower_llama
+
+
+#: Where export_llm builds the ``EdgeCompileConfig`` of its export to edge.
+EDGE_CONFIG = ("executorch.extension.llm.export.builder", "LLMEdgeManager", "_get_edge_config")
+
+
+@contextlib.contextmanager
+def rms_norm_kept_at_edge() -> Iterator[None]:
+    """Within the block, export_llm's export to edge keeps ``aten.rms_norm`` whole (``preserve_ops``).
+
+    A quantized config's norms are rebuilt in the annotation pipeline and quantized as one op; export_llm's
+    ``to_edge`` (unlike ``to_edge_transform_and_lower_to_qnn``, whose partitioner names ``rms_norm`` among
+    the ops not to decompose) would decompose each into float ops between the norm's quantize and
+    dequantize, which QNN then fails to compile ("Could not prepare op"). Put back on exit."""
+    import importlib
+
+    module, owner_name, name = EDGE_CONFIG
+    owner = getattr(importlib.import_module(module), owner_name)
+    released = owner.__dict__[name]
+
+    def _get_edge_config(self):
+        import torch
+
+        config = released(self)
+        config.preserve_ops = [*config.preserve_ops, torch.ops.aten.rms_norm.default]
+        return config
+
+    _get_edge_config.__wrapped__ = released
+    setattr(owner, name, _get_edge_config)
+    try:
+        yield
+    finally:
+        setattr(owner, name, released)
+
+
+@contextlib.contextmanager
+def qnn_lowering(recompose: str = "edgefuse") -> Iterator[Swap]:
+    """Within the block, ``export_llama`` lowers a QNN config with edgefuse's QNN passes (``"edgefuse"``)
+    or the released ones (``"stock"``), records what QNN compiled (``swap.qnn``) and writes its ``.pte``
+    atomically; everything swapped is back when the block exits, also when it raises.
+
+    The QNN libraries are loaded when the QNN lowering starts, after export_llm has checked the config
+    and exported the model (a config it rejects is rejected with or without them); where they are not
+    set up, the export raises :class:`edgefuse.qnn.QnnSdkUnavailable`, whose message names
+    ``edgefuse qnn setup``.
+    """
+    from edgefuse.qnn.graphs import recording_compiled_graphs
+    from edgefuse.qnn.passes import patched
+
+    if recompose not in RECOMPOSE:
+        raise ValueError(f"recompose is one of {', '.join(RECOMPOSE)}, got {recompose!r}")
+    swap = Swap()
+    swap.qnn = QnnRecord(recompose)
+    targets = [(m, n, write_atomically) for m, n in WRITERS] + [(*QNN_LOWERING, _capture)]
+    edgefuse = recompose == "edgefuse"
+    passes = patched() if edgefuse else contextlib.nullcontext(None)
+    kept = rms_norm_kept_at_edge() if edgefuse else contextlib.nullcontext()
+    with _swapped(swap, targets), passes as patch, kept, recording_compiled_graphs() as compiled:
+        swap.qnn.patch, swap.qnn.compiled = patch, compiled
+        yield swap
