@@ -275,3 +275,42 @@ def test_generated_rounded_scaled_near_misses_square_unrounded_values_and_stay()
     assert any(s.index == 260 and s.seed == 11 for s in cases)
     for result in run_unit(cases[:24] + [s for s in cases if (s.seed, s.index) == (11, 260)], CHECKS[:1]):
         assert result.findings == [], [f.detail for f in result.findings]
+
+
+class QkNorm(nn.Module):
+    """A weighted QK norm over the last dim of [B, T, H, D], on the heads transposed or as they come."""
+
+    def __init__(self, transposed: bool):
+        super().__init__()
+        self.transposed = transposed
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, 32))
+
+    def forward(self, x):
+        h = x.transpose(1, 2) if self.transposed else x
+        return self.weight * (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+@pytest.mark.parametrize(
+    "mode, transposed",
+    [("edge", False), ("capture", True)],  # QNN's float limit: a [1, rows, 32] view; rule 9: a permutation
+)
+def test_a_norm_rebuilt_with_views_or_a_permutation_after_it_is_paired_with_its_twin(mode, transposed):
+    # The rewrite puts a view back (and rule 9 a permutation) after the rebuilt rms_norm: the node that
+    # takes the twin's uses over is the last of them, and that is what the twin is compared with.
+    x = torch.randn(2, 16, 4, 32, generator=torch.Generator().manual_seed(0))
+    target = exported(QkNorm(transposed), (x,), mode)
+    original = target.module() if mode != "capture" else export(QkNorm(transposed), (x,)).module()
+    result = edgefuse.recompose_rms_norm(target, backend="qnn")
+    [decision] = result.decisions
+    assert decision.rebuilt and ("view of its input" in decision.note or "permuted by" in decision.note), decision
+    gm = result.graph_module if mode == "capture" else target.module()
+    twins = pair(original, gm, {decision.node: decision.mean})
+    assert twins[decision.node] is not None, twins
+    [norm] = replay(original, gm, twins, (x,)).norms.values()
+    assert norm.ok and norm.comparison.max_error <= norm.comparison.allowed, norm
+    # A wrong eps in the rebuilt node is still caught by the comparison with the twin.
+    node = next(n for n in gm.graph.nodes if n.name == decision.node)
+    node.args = (*node.args[:3], 0.5)
+    gm.recompile()
+    [norm] = replay(original, gm, pair(original, gm, {decision.node: decision.mean}), (x,)).norms.values()
+    assert norm.twin is not None and not norm.ok, norm

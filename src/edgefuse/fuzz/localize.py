@@ -81,8 +81,39 @@ def _users_agree(new: Node, twin: Node, original: dict[str, Node]) -> bool:
     return True
 
 
+def _added(node: Node, original_names: set[str]) -> bool:
+    """Whether the rewrite added ``node``: the rewritten graph keeps the names of the nodes it kept, and
+    names a new node with a name no node of the original graph had."""
+    return node.name not in original_names
+
+
+def _replacement(new: Node, original_names: set[str]) -> Node:
+    """The node that took over the uses of the norm ``new`` was rebuilt from: ``new`` itself, or the last
+    of the views and the permutation the rewrite put after it (the view back in the input's shape of a
+    norm rebuilt on a ``[1, rows, D]`` view for a backend's limit; rule 9's permutation)."""
+    table = table_for(new.graph)
+    node = new
+    while len(node.users) == 1:
+        (user,) = node.users
+        reshapes = table.is_a(user, Role.RESHAPE) or table.is_a(user, Role.PERMUTE)
+        if not reshapes or not _added(user, original_names) or user.args[0] is not node:
+            break
+        node = user
+    return node
+
+
+def _norm_read(new: Node, original_names: set[str]) -> Node | None:
+    """The tensor of the original graph a rebuilt ``rms_norm`` normalizes: its input, or the tensor its
+    input views when the rewrite added that view."""
+    read = new.args[0] if new.args and isinstance(new.args[0], Node) else None
+    if read is not None and _added(read, original_names) and table_for(new.graph).is_a(read, Role.RESHAPE):
+        read = read.args[0] if isinstance(read.args[0], Node) else None
+    return read
+
+
 def pair(original: GraphModule, rewritten: GraphModule, rebuilt: Mapping[str, str]) -> dict[str, str | None]:
-    """For each rebuilt node (name -> name of the mean it was rebuilt from), its twin's name or None."""
+    """For each rebuilt node (name -> name of the mean it was rebuilt from), its twin's name or None: the
+    twin is compared with the node that took the twin's uses over (:func:`_replacement`)."""
     table = table_for(original.graph)
     skip = lambda node: table.is_a(node, Role.ASSERT_METADATA)  # noqa: E731
     kept = {n.name for n in rewritten.graph.nodes}
@@ -92,6 +123,7 @@ def pair(original: GraphModule, rewritten: GraphModule, rebuilt: Mapping[str, st
     twins: dict[str, str | None] = {}
     for name, mean_name in rebuilt.items():
         new, mean = new_nodes.get(name), by_name.get(mean_name)
+        new = _replacement(new, set(by_name)) if new is not None else None
         value = _meta(new) if new is not None else None
         twin = None
         if value is not None and mean is not None and mean.name not in kept:
@@ -212,26 +244,27 @@ class Replay:
 def replay(
     original: GraphModule, rewritten: GraphModule, twins: Mapping[str, str | None], inputs: Sequence, ulps: float = ULPS
 ) -> Replay:
-    """Compare each paired rebuilt node with its twin, computed from the same values (see the module)."""
+    """Compare each paired rebuilt node with its twin, computed from the same values (see the module):
+    the value compared is that of the node that took the twin's uses over (:func:`_replacement`)."""
+    original_names = {n.name for n in original.graph.nodes}
+    rewritten_nodes = {n.name: n for n in rewritten.graph.nodes}
+    out = {new: _replacement(rewritten_nodes[new], original_names).name for new in twins if new in rewritten_nodes}
+    inputs_read = {new: _norm_read(rewritten_nodes[new], original_names) for new in out}
+    inputs_read = {new: read.name for new, read in inputs_read.items() if read is not None}
     with torch.no_grad():
-        after = Recorder(rewritten, record=set(twins))
+        after = Recorder(rewritten, record=set(out.values()))
         final = _tensors(after.run(*copy.deepcopy(tuple(inputs))))
-        paired = {new: old for new, old in twins.items() if old is not None and new in after.values}
+        paired = {new: old for new, old in twins.items() if old is not None and out.get(new) in after.values}
         before = Recorder(
-            original, record={n.name for n in original.graph.nodes},
-            replace={old: after.values[new] for new, old in paired.items()},
+            original, record=original_names,
+            replace={old: after.values[out[new]] for new, old in paired.items()},
         )
         replayed = _tensors(before.run(*copy.deepcopy(tuple(inputs))))
-    rewritten_nodes = {n.name: n for n in rewritten.graph.nodes}
-    inputs_read = {
-        new: rewritten_nodes[new].args[0].name
-        for new in twins
-        if new in rewritten_nodes and rewritten_nodes[new].args and isinstance(rewritten_nodes[new].args[0], Node)
-    }
     result = Replay()
     for new, old in twins.items():
         check = NormCheck(new, old if new in paired else None)
-        value, reference = after.values.get(new), before.values.get(old) if old is not None else None
+        value = after.values.get(out[new]) if new in out else None
+        reference = before.values.get(old) if old is not None else None
         if check.twin is not None and isinstance(value, torch.Tensor) and isinstance(reference, torch.Tensor):
             check.comparison = compare_at(reference, value, value.dtype, ulps)
             read = inputs_read.get(new)
