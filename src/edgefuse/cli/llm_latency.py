@@ -9,10 +9,12 @@ vocabulary 256) it writes params and a random-weight checkpoint of ExecuTorch's 
 exports it with ``export_llm`` stock and with edgefuse's lowering from the same overrides (KV cache,
 custom SDPA, XNNPACK with extended ops; ``fp16``: ``model.dtype_override=fp16``; ``bf16``: with
 ``backend.xnnpack.enable_bf16=True``; ``8da4w``: group size 32). Each pair is checked once: both load,
-their logits have the dtype asked for, and agree within the dtype's bound. Then each pair is timed as
-``edgefuse bench-llm`` times it (a prefill of ``--prefill`` tokens at position 0 and ``--decode`` single
-tokens, the two programs alternating round by round, medians over ``--rounds``), and a pair whose prefill
-or decode ratio (edgefuse / stock) is 0.99 or above is timed again ``--repeats`` times. One table on
+their logits have the dtype asked for, and agree within the dtype's bound (64 units in the last place
+at the largest logit, as ``llm_check`` allows; a quantized pair may differ by more, as the int8 rounding
+of its activations amplifies the programs' float32 differences: the table shows by how much). Then each
+pair is timed as ``edgefuse bench-llm`` times it (a prefill of ``--prefill`` tokens at position 0 and
+``--decode`` single tokens, the two programs alternating round by round, medians over ``--rounds``), and
+a pair whose prefill or decode ratio (edgefuse / stock) is 0.99 or above is timed again ``--repeats`` times. One table on
 stdout: size, dtype, run, stock and edgefuse prefill ms and their ratio, stock and edgefuse decode ms per
 token and their ratio; progress on stderr.
 
@@ -110,6 +112,8 @@ class Pair:
     logits: str = ""
     agree: bool = False
     contents: dict | None = None  # delegates, kernels outside, means, casts of each
+    difference: float | None = None  # the largest difference between the two programs' logits
+    bound: float | None = None  # what the dtype allows at the largest logit
 
     @property
     def key(self) -> str:
@@ -127,7 +131,8 @@ def read_manifest(folder: str) -> tuple[dict, list[Pair]]:
             data = json.load(f)
         limits = {k: int(data[k]) for k in ("max_seq_length", "max_context_length")}
         pairs = [Pair(p["size"], p["dtype"], str(p["stock"]), str(p["edgefuse"]), float(p.get("export_seconds", 0)),
-                      str(p.get("logits", "")), bool(p.get("agree", False)), p.get("contents"))
+                      str(p.get("logits", "")), bool(p.get("agree", False)), p.get("contents"),
+                      p.get("difference"), p.get("bound"))
                  for p in data["pairs"]]
     except (ValueError, KeyError, TypeError) as error:
         raise UsageError(f"{path}: not a manifest of this command ({type(error).__name__}: {error})") from error
@@ -222,8 +227,9 @@ def check_pair(folder: str, pair: Pair, say) -> None:
     logits = [run_step(p.method, prompt, 0, k) for k, p in enumerate(programs)]
     pair.logits = str(logits[1].dtype).removeprefix("torch.")
     same = logits[0].dtype == logits[1].dtype == getattr(torch, LOGITS[pair.dtype])
-    pair.agree = bool(same and torch.isfinite(logits[0]).all() and
-                      max_error(logits[0], logits[1]) <= finite_tolerance(logits[0].dtype, logits[0], ULPS))
+    pair.difference = max_error(logits[0], logits[1]) if same else None
+    pair.bound = finite_tolerance(logits[0].dtype, logits[0], ULPS)
+    pair.agree = bool(same and torch.isfinite(logits[0]).all() and pair.difference <= pair.bound)
     pair.contents = {}
     for how, path in zip(("stock", "edgefuse"), paths):
         c = read_pte(path)
@@ -238,9 +244,10 @@ def export_table(pairs: list[Pair]) -> str:
     rows = []
     for p in pairs:
         s, e = p.contents["stock"], p.contents["edgefuse"]
-        rows.append([p.size, p.dtype, p.logits, "yes" if p.agree else "NO", s["delegates"], s["kernels"], s["means"],
+        difference = "-" if p.difference is None else f"{p.difference:.3g} ({p.bound:.3g})"
+        rows.append([p.size, p.dtype, p.logits, "yes" if p.agree else "NO", difference, s["delegates"], s["kernels"], s["means"],
                      s["casts"], e["delegates"], e["kernels"], e["means"], e["casts"], f"{p.export_seconds:.0f}"])
-    header = ("size", "dtype", "logits", "agree", "stock delegates", "kernels", "means", "casts",
+    header = ("size", "dtype", "logits", "agree", "difference (bound)", "stock delegates", "kernels", "means", "casts",
               "edgefuse delegates", "kernels", "means", "casts", "export s (both)")
     return format_table(header, rows)
 
