@@ -45,6 +45,7 @@ BASE_OVERRIDES = (
     "backend.xnnpack.extended_ops=True",
 )
 FP32 = ()
+FP16 = ("model.dtype_override=fp16",)
 Q8DA4W = ("quantization.qmode=8da4w", "quantization.group_size=32")
 BF16 = ("model.dtype_override=bf16", "backend.xnnpack.enable_bf16=True")
 
@@ -125,18 +126,29 @@ def export_case(case: Case, directory: str, lowerings=("stock", "edgefuse"), api
     Through export_llm's command line (:func:`~edgefuse.llm.export.run_export_llm`), or with ``api``
     edgefuse's program through the Python API (:func:`~edgefuse.llm.export.export_llm`) on the config
     the same overrides make."""
-    from edgefuse.llm.eager import config_from_overrides, write_small_model
+    from edgefuse.llm.eager import write_small_model
+
+    model_files = write_small_model(directory, case.params)
+    return export_programs(case, model_files, directory, lowerings, api)
+
+
+def export_programs(case: Case, model_files: tuple[str, str], directory: str, lowerings=("stock", "edgefuse"),
+                    api: bool = False, extra: tuple[str, ...] = ()) -> dict:
+    """Export ``case`` from its model files (params, checkpoint) with each lowering, as ``HOW.pte`` in
+    ``directory`` (hydra's run directory ``hydra-HOW`` beside it, not in the working directory), with the
+    further overrides ``extra``; the LlmExports by lowering."""
+    from edgefuse.llm.eager import config_from_overrides
     from edgefuse.llm.export import export_llm, run_export_llm
 
-    params_path, checkpoint_path = write_small_model(directory, case.params)
-    arguments = case_arguments(case, params_path, checkpoint_path)
+    arguments = [*case_arguments(case, *model_files), *extra]
     exports = {}
     for how in lowerings:
         overrides = [*arguments, f"export.output_name={os.path.join(directory, how + '.pte')}"]
         if api and how == "edgefuse":
             exports[how] = export_llm(config_from_overrides(overrides))
         else:
-            exports[how] = run_export_llm(overrides, lowering=how)
+            run_dir = f"hydra.run.dir={os.path.join(directory, 'hydra-' + how)}"
+            exports[how] = run_export_llm([*overrides, run_dir], lowering=how)
     return exports
 
 

@@ -158,82 +158,66 @@ def load_llm_kernels() -> None:
             importlib.import_module(optional)
 
 
-def _llm_inputs(tokens, position: int) -> list:
-    """The inputs of an export_llm program with a KV cache: tokens ``[1, n]`` and the start position ``[1]``."""
-    import torch
+def load_llm_programs(paths, say: Say) -> list:
+    """Each ``.pte`` of ``paths`` loaded in ``executorch.runtime`` with the LLM kernels (a ``LoadedProgram``
+    each); :class:`UsageError` naming a file that is missing or does not load. Set the threads first."""
+    from edgefuse.runtime import LoadedProgram
 
-    return [tokens, torch.tensor([position], dtype=torch.long)]
+    load_llm_kernels()
+    programs = []
+    for path in paths:
+        if not os.path.isfile(path):
+            raise UsageError(f"{path}: no such file")
+        say(f"loading {path}")
+        with open(path, "rb") as f:
+            blob = f.read()
+        try:
+            programs.append(LoadedProgram(blob))
+        except Exception as error:  # the runtime says why in its log, which the error carries
+            raise UsageError(f"{path} does not load in executorch.runtime: {error}") from error
+    return programs
 
 
-def bench_llm(args, say: Say) -> int:
-    """``edgefuse bench-llm STOCK.pte EDGEFUSE.pte``: prefill latency and decode ms per token, alternating."""
-    import statistics
-    import time
+@contextlib.contextmanager
+def failed_steps_named(paths):
+    """A step that fails in the block becomes a :class:`UsageError` naming the program's file."""
+    from edgefuse.llm.latency import StepFailed
 
+    try:
+        yield
+    except StepFailed as error:
+        raise UsageError(f"{paths[error.index]} {error} (is --prefill plus --decode within the program's "
+                         "context length?)") from error
+
+
+def check_bench_numbers(args, more: tuple[tuple[str, int, int], ...] = ()) -> None:
+    """:class:`UsageError` unless ``--prefill``, ``--decode``, ``--rounds``, ``--warmup``, ``--threads`` (and
+    ``more``: name, value, least) are counts a timing can use."""
     from edgefuse.cli.threads import threads_problem
 
     for name, value, least in (("--prefill", args.prefill, 1), ("--decode", args.decode, 1),
-                               ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0)):
+                               ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0), *more):
         if value < least:
             raise UsageError(f"{name} must be at least {least}")
     problem = threads_problem(args.threads)
     if problem:
         raise UsageError(problem)
-    blobs = []
-    for path in (args.stock, args.edgefuse):
-        if not os.path.isfile(path):
-            raise UsageError(f"{path}: no such file")
-        with open(path, "rb") as f:
-            blobs.append(f.read())
 
-    import torch
 
-    from edgefuse.runtime import LoadedProgram, set_threads
+def bench_llm(args, say: Say) -> int:
+    """``edgefuse bench-llm STOCK.pte EDGEFUSE.pte``: prefill latency and decode ms per token, alternating."""
+    check_bench_numbers(args)
+    paths = (args.stock, args.edgefuse)
+    from edgefuse.llm.latency import prompt_for, time_prefill_decode
+    from edgefuse.runtime import cpu_features, set_threads
 
-    load_llm_kernels()
     threads = set_threads(args.threads)
-    programs = []
-    for path, blob in zip((args.stock, args.edgefuse), blobs):
-        say(f"loading {path}")
-        try:
-            programs.append(LoadedProgram(blob))
-        except Exception as error:  # the runtime says why in its log, which the error carries
-            raise UsageError(f"{path} does not load in executorch.runtime: {error}") from error
-
-    def run(program: LoadedProgram, path: str, tokens, position: int):
-        try:
-            return program.method.execute(_llm_inputs(tokens, position))
-        except Exception as error:
-            raise UsageError(
-                f"{path} failed on {tokens.shape[1]} token(s) at position {position} (is --prefill plus "
-                f"--decode within the program's context length?): {error}"
-            ) from error
-
-    probe = run(programs[0], args.stock, torch.zeros((1, 1), dtype=torch.long), 0)[0]
-    vocab = probe.shape[-1]
-    generator = torch.Generator().manual_seed(0)
-    prompt = torch.randint(0, vocab, (1, args.prefill), generator=generator, dtype=torch.long)
-    steps = torch.randint(0, vocab, (args.decode, 1, 1), generator=generator, dtype=torch.long)
-
-    prefill: list[list[float]] = [[] for _ in programs]
-    decode: list[list[float]] = [[] for _ in programs]
-    last_logits: list = [None for _ in programs]
+    programs = load_llm_programs(paths, say)
     say(f"timing {args.rounds} rounds of each program, alternating, after {args.warmup} warm-up rounds")
-    for round_ in range(args.warmup + args.rounds):
-        order = range(len(programs)) if round_ % 2 == 0 else reversed(range(len(programs)))
-        for k in order:
-            program, path = programs[k], (args.stock, args.edgefuse)[k]
-            start = time.perf_counter_ns()
-            run(program, path, prompt, 0)
-            prefilled = time.perf_counter_ns()
-            for i in range(args.decode):
-                logits = run(program, path, steps[i], args.prefill + i)[0]
-            done = time.perf_counter_ns()
-            last_logits[k] = logits
-            if round_ >= args.warmup:
-                prefill[k].append((prefilled - start) / 1e6)
-                decode[k].append((done - prefilled) / 1e6 / args.decode)
-    medians = [(statistics.median(p), statistics.median(d)) for p, d in zip(prefill, decode)]
+    with failed_steps_named(paths):
+        prompt, steps = prompt_for(programs[0].method, args.prefill, args.decode)
+        timing = time_prefill_decode([p.method for p in programs], prompt, steps, args.rounds, args.warmup)
+    medians = [timing.medians(k) for k in range(len(programs))]
     from edgefuse.cli.tables import format_table
 
     rows = []
@@ -244,6 +228,7 @@ def bench_llm(args, say: Say) -> int:
           f"swapped every round) after {args.warmup} warm-up rounds; medians over rounds; ratio = edgefuse / stock "
           "(below 1 is faster)")
     print(format_table(("program", "file", "prefill ms", "decode ms/token", "prefill ratio", "decode ratio"), rows))
-    difference = float((last_logits[0].float() - last_logits[1].float()).abs().max())
+    difference = float((timing.last_logits[0].float() - timing.last_logits[1].float()).abs().max())
     print(f"last decode step's logits, largest difference between the programs: {difference:.3g}")
+    print(f"CPU: {cpu_features()}")
     return OK

@@ -44,8 +44,7 @@ class PteContents:
         return self.count(CAST_KERNELS)
 
 
-def read_pte(source: str | os.PathLike | bytes, method: str = "forward") -> PteContents:
-    """The delegates and kernels of ``method`` in a ``.pte`` given as a path or as bytes."""
+def _plan(source: str | os.PathLike | bytes, method: str):
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     data = source if isinstance(source, bytes) else open(source, "rb").read()
@@ -54,16 +53,39 @@ def read_pte(source: str | os.PathLike | bytes, method: str = "forward") -> PteC
     plans = {plan.name: plan for plan in program.execution_plan}
     if method not in plans:
         raise ValueError(f"the program has no method {method!r}; it has {', '.join(sorted(plans))}")
-    plan = plans[method]
+    return plans[method]
+
+
+def instruction_labels(source: str | os.PathLike | bytes, method: str = "forward") -> list[list[tuple[str, str]]]:
+    """Each chain's instructions in order, as (kind, name): ``("kernel", "aten::mean.out")``,
+    ``("delegate", "XnnpackBackend")``, or the instruction's kind and an empty name (moves, jumps, frees).
+    ETDump names its events by chain and instruction index; these say what each one ran."""
+    plan = _plan(source, method)
     operators = [op.name + (f".{op.overload}" if op.overload else "") for op in plan.operators]
-    delegates: Counter = Counter()
-    kernels: Counter = Counter()
+    chains = []
     for chain in plan.chains:
+        labels = []
         for instruction in chain.instructions:
             args = instruction.instr_args
             kind = type(args).__name__
             if kind == "KernelCall":
-                kernels[operators[args.op_index]] += 1
+                labels.append(("kernel", operators[args.op_index]))
             elif kind == "DelegateCall":
-                delegates[plan.delegates[args.delegate_index].id] += 1
+                labels.append(("delegate", plan.delegates[args.delegate_index].id))
+            else:
+                labels.append((kind, ""))
+        chains.append(labels)
+    return chains
+
+
+def read_pte(source: str | os.PathLike | bytes, method: str = "forward") -> PteContents:
+    """The delegates and kernels of ``method`` in a ``.pte`` given as a path or as bytes."""
+    delegates: Counter = Counter()
+    kernels: Counter = Counter()
+    for chain in instruction_labels(source, method):
+        for kind, name in chain:
+            if kind == "kernel":
+                kernels[name] += 1
+            elif kind == "delegate":
+                delegates[name] += 1
     return PteContents(method, delegates, kernels)

@@ -38,16 +38,29 @@ def start_threadpool() -> int:
 class LoadedProgram:
     """The ``forward`` method of a loaded ``.pte``; holds the program, which must outlive its method.
 
-    Loading and running raise errors that say what the runtime logged about the failure."""
+    Loading and running raise errors that say what the runtime logged about the failure. With
+    ``etdump=True`` the runtime records every run's profile (:meth:`etdump`)."""
 
-    def __init__(self, pte: bytes, method: str = "forward") -> None:
+    def __init__(self, pte: bytes, method: str = "forward", etdump: bool = False) -> None:
         from executorch.runtime import Runtime
 
         start_threadpool()
-        self.program = with_its_log(lambda: Runtime.get().load_program(pte))
+        self.program = with_its_log(lambda: Runtime.get().load_program(pte, enable_etdump=etdump))
         self.method = with_its_log(lambda: self.program.load_method(method))
         if self.method is None:
             raise ValueError(f"the program has no method {method!r}")
+
+    def etdump(self) -> bytes:
+        """The ETDump the runtime recorded since loading (load with ``etdump=True``): one run per
+        ``execute``, each instruction's time, and each op's inside an XNNPACK delegate."""
+        import os
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="edgefuse-etdump-") as folder:
+            path = os.path.join(folder, "run.etdp")
+            with_its_log(lambda: self.program.write_etdump_result_to_file(path, os.path.join(folder, "debug.bin")))
+            with open(path, "rb") as f:
+                return f.read()
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         """The tensor outputs of one run."""
@@ -69,6 +82,50 @@ def set_threads(threads: int) -> int:
     with without_set_up_noise():  # "Resetting threadpool to N threads": the caller states the count
         portable_lib._unsafe_reset_threadpool(threads)
     return portable_lib._threadpool_get_thread_count()
+
+
+#: The CPU features that decide how XNNPACK runs float16, bfloat16 and int8 work: (flag in /proc/cpuinfo,
+#: what a reader of a timing needs to know about it), on x86 and on Arm.
+_X86_FEATURES = (
+    ("f16c", "F16C (float16 conversions)"),
+    ("avx512fp16", "AVX512-FP16 (float16 arithmetic)"),
+    ("avx512_bf16", "AVX512-BF16 (bfloat16 dot products)"),
+    ("amx_bf16", "AMX-BF16"),
+    ("amx_fp16", "AMX-FP16"),
+    ("avx512_vnni", "AVX512-VNNI (int8 dot products)"),
+    ("avx_vnni", "AVX-VNNI (int8 dot products)"),
+)
+_ARM_FEATURES = (
+    ("asimdhp", "Arm FP16 arithmetic"),
+    ("bf16", "Arm BF16"),
+    ("asimddp", "Arm int8 dot products"),
+    ("i8mm", "Arm int8 matrix multiply"),
+)
+
+
+def cpu_features(cpuinfo: str | None = None) -> str:
+    """The CPU's model and which of its float16, bfloat16 and int8 features are present or absent, from
+    ``/proc/cpuinfo`` (or the text given): a timing of float16 or bfloat16 programs means little without it."""
+    import platform
+
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return f"{platform.machine()}; features unknown (no /proc/cpuinfo)"
+    model, flags = platform.machine(), set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip().lower()
+        if key in ("model name", "cpu model") and model == platform.machine():
+            model = value.strip()
+        elif key in ("flags", "features") and not flags:
+            flags = set(value.split())
+    relevant = _ARM_FEATURES if "asimd" in flags else _X86_FEATURES
+    present = [name for flag, name in relevant if flag in flags]
+    absent = [name for flag, name in relevant if flag not in flags]
+    return f"{model}; has {', '.join(present) or 'none of the float16/bfloat16/int8 features'}; lacks {', '.join(absent) or 'none'}"
 
 
 @dataclass

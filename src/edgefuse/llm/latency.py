@@ -1,0 +1,88 @@
+"""Prefill latency and decode time per token of ``export_llm`` programs, timed side by side.
+
+A program with a KV cache takes tokens ``[1, n]`` and the start position ``[1]``. :func:`time_prefill_decode`
+runs each program through the same prompt at position 0 and then single-token decode steps, one round of
+each program in turn with the order swapped every round (so a change of machine load hits all alike),
+and keeps every round's times; the medians are what a table shows.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+
+def llm_inputs(tokens: torch.Tensor, position: int) -> list[torch.Tensor]:
+    """The inputs of an export_llm program with a KV cache: tokens ``[1, n]`` and the start position ``[1]``."""
+    return [tokens, torch.tensor([position], dtype=torch.long)]
+
+
+class StepFailed(RuntimeError):
+    """A program failed on a step; ``index`` is the program's place in the list, the message the runtime's."""
+
+    def __init__(self, index: int, tokens: int, position: int, error: Exception) -> None:
+        super().__init__(f"failed on {tokens} token(s) at position {position}: {error}")
+        self.index, self.tokens, self.position = index, tokens, position
+
+
+def run_step(method, tokens: torch.Tensor, position: int, index: int = 0) -> torch.Tensor:
+    """The logits of one call of a loaded method (``LoadedProgram.method``); :class:`StepFailed` if it fails."""
+    try:
+        return method.execute(llm_inputs(tokens, position))[0]
+    except Exception as error:  # the runtime raises RuntimeError with its log, or ValueError on shapes
+        raise StepFailed(index, tokens.shape[1], position, error) from error
+
+
+def prompt_for(method, prefill: int, decode: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random prompt of ``prefill`` tokens and ``decode`` single tokens within the vocabulary of the
+    program (read from the logits of a one-token probe)."""
+    from edgefuse.llm.eager import prompt_and_steps
+
+    vocab = run_step(method, torch.zeros((1, 1), dtype=torch.long), 0).shape[-1]
+    return prompt_and_steps(vocab, prefill, decode, seed)
+
+
+@dataclass
+class PrefillDecode:
+    """Each program's times over the timed rounds: the prefill in ms, and decode in ms per token; the
+    logits of each program's last decode step."""
+
+    prefill_ms: list[list[float]]
+    decode_ms: list[list[float]]
+    last_logits: list[torch.Tensor | None] = field(default_factory=list)
+
+    def medians(self, index: int) -> tuple[float, float]:
+        """The median prefill ms and decode ms per token of program ``index``."""
+        return statistics.median(self.prefill_ms[index]), statistics.median(self.decode_ms[index])
+
+    def ratios(self, index: int = 1, reference: int = 0) -> tuple[float, float]:
+        """Program ``index``'s medians over ``reference``'s: prefill, decode (below 1 is faster)."""
+        (p, d), (p0, d0) = self.medians(index), self.medians(reference)
+        return p / p0, d / d0
+
+
+def time_prefill_decode(methods: Sequence, prompt: torch.Tensor, steps: torch.Tensor, rounds: int,
+                        warmup: int) -> PrefillDecode:
+    """Time a prefill of ``prompt`` and the decode ``steps`` of each loaded method, alternating round by
+    round (the order swapped every round), ``rounds`` timed rounds after ``warmup`` untimed ones."""
+    decode = steps.shape[0]
+    result = PrefillDecode([[] for _ in methods], [[] for _ in methods], [None for _ in methods])
+    for round_ in range(warmup + rounds):
+        order = range(len(methods)) if round_ % 2 == 0 else reversed(range(len(methods)))
+        for k in order:
+            method = methods[k]
+            start = time.perf_counter_ns()
+            logits = run_step(method, prompt, 0, k)
+            prefilled = time.perf_counter_ns()
+            for i in range(decode):
+                logits = run_step(method, steps[i], prompt.shape[1] + i, k)
+            done = time.perf_counter_ns()
+            result.last_logits[k] = logits
+            if round_ >= warmup:
+                result.prefill_ms[k].append((prefilled - start) / 1e6)
+                result.decode_ms[k].append((done - prefilled) / 1e6 / max(decode, 1))
+    return result

@@ -1,0 +1,183 @@
+"""``python -m edgefuse.cli.llm_latency``: its argument handling, the programs ``--export-only`` prepares,
+and what its tables name. A benchmark: no test here asserts a time; the timing and profile runs on
+the smallest size check only what the output names."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from edgefuse.cli import llm_latency
+from edgefuse.cli.errors import OK, USAGE
+
+
+def run(capsys, *argv):
+    code = llm_latency.main(["-q", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- bad usage: exit 2 with a message, before anything is exported ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--sizes", "100x2", "--export-only", "--dir", "{tmp}"], "DIM a multiple of 32"),
+        (["--sizes", "128", "--export-only", "--dir", "{tmp}"], "DIMxLAYERS"),
+        (["--sizes", "128x0", "--export-only", "--dir", "{tmp}"], "at least one layer"),
+        (["--dtypes", "fp64", "--export-only", "--dir", "{tmp}"], "unknown dtype 'fp64'"),
+        (["--export-only"], "--export-only needs --dir"),
+        (["--bench-only", "{tmp}", "--dir", "{tmp}"], "drop --dir"),
+        (["--bench-only", "{tmp}"], "no manifest.json"),
+        (["--profile", "128x2:int8", "--bench-only", "{tmp}"], "DTYPE one of"),
+        (["--profile", "128x2:fp32", "--export-only", "--dir", "{tmp}"], "not with --export-only"),
+        (["--threads", "0", "--bench-only", "{tmp}"], "--threads must be at least 1"),
+        (["--rounds", "0", "--bench-only", "{tmp}"], "--rounds must be at least 1"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_message_and_write_nothing(tmp_path, capsys, argv, message):
+    code, out, err = run(capsys, *(a.format(tmp=tmp_path) for a in argv))
+    assert code == USAGE, err
+    assert message in err and "Traceback" not in err
+    assert os.listdir(tmp_path) == []
+
+
+def test_export_only_and_bench_only_exclude_each_other(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exited:
+        llm_latency.main(["--export-only", "--bench-only", str(tmp_path)])
+    assert exited.value.code == USAGE and "not allowed with" in capsys.readouterr().err
+
+
+def _manifest(folder, pairs, seq=128, context=256):
+    for pair in pairs:
+        for name in (pair["stock"], pair["edgefuse"]):
+            path = folder / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(b"")
+    (folder / "manifest.json").write_text(json.dumps({"max_seq_length": seq, "max_context_length": context,
+                                                      "pairs": pairs}))
+
+
+def test_bench_only_refuses_a_prefill_and_decode_the_programs_cannot_take(tmp_path, capsys):
+    _manifest(tmp_path, [{"size": "128x2", "dtype": "fp32", "stock": "a/stock.pte", "edgefuse": "a/edgefuse.pte"}])
+    code, _, err = run(capsys, "--bench-only", str(tmp_path), "--prefill", "100", "--decode", "200")
+    assert code == USAGE and "does not fit" in err
+
+
+@pytest.mark.parametrize("name", ["../outside.pte", "/etc/passwd", "missing.pte"])
+def test_bench_only_refuses_a_manifest_naming_a_program_outside_its_folder(tmp_path, capsys, name):
+    folder = tmp_path / "programs"
+    _manifest(folder, [{"size": "128x2", "dtype": "fp32", "stock": "a/stock.pte", "edgefuse": "a/edgefuse.pte"}])
+    data = json.loads((folder / "manifest.json").read_text())
+    data["pairs"][0]["edgefuse"] = name
+    (folder / "manifest.json").write_text(json.dumps(data))
+    (tmp_path / "outside.pte").write_bytes(b"")
+    code, _, err = run(capsys, "--bench-only", str(folder))
+    assert code == USAGE and "is not a file inside" in err
+
+
+def test_bench_only_says_when_no_prepared_pair_is_asked_for(tmp_path, capsys):
+    _manifest(tmp_path, [{"size": "128x2", "dtype": "fp32", "stock": "a/stock.pte", "edgefuse": "a/edgefuse.pte"}])
+    code, _, err = run(capsys, "--bench-only", str(tmp_path), "--dtypes", "bf16")
+    assert code == USAGE and "no program of the sizes" in err
+
+
+def test_a_malformed_manifest_exits_2(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text('{"pairs": 3}')
+    code, _, err = run(capsys, "--bench-only", str(tmp_path))
+    assert code == USAGE and "not a manifest of this command" in err
+
+
+def test_the_export_context_fits_the_prefill_and_the_decode_steps():
+    assert llm_latency.context_for(100, 32) == (128, 256)
+    assert llm_latency.context_for(10, 12) == (128, 128)
+    seq, context = llm_latency.context_for(200, 100)
+    assert seq > 200 and context >= 301 and context % 128 == 0
+
+
+# -- the verdict ----------------------------------------------------------------------------------------
+
+
+def _row(size, dtype, prefill, decode, run_=1):
+    pair = llm_latency.Pair(size, dtype, "s.pte", "e.pte", logits="float32")
+    return llm_latency.Row(pair, run_, [(10.0, 1.0), (10.0 * prefill, decode)], (prefill, decode))
+
+
+def test_the_verdict_holds_at_two_decimals_and_names_the_largest_ratio():
+    rows = [_row("128x2", "fp32", 0.97, 0.999), _row("1024x4", "fp16", 0.90, 0.95)]
+    assert llm_latency.verdict(rows).startswith("edgefuse never slower")
+    assert "largest ratio 0.999: 128x2 fp32 decode" in llm_latency.verdict(rows)
+    rows.append(_row("128x2", "bf16", 1.02, 0.98, 2))
+    line = llm_latency.verdict(rows)
+    assert line.startswith("edgefuse slower than stock at the median (ratio above 1.00) in: 128x2 bf16 prefill")
+    assert "largest ratio 1.020: 128x2 bf16 prefill (run 2)" in line
+
+
+def test_the_latency_table_has_one_row_per_run():
+    table = llm_latency.latency_table([_row("128x2", "fp32", 0.995, 0.9), _row("128x2", "fp32", 0.985, 0.91, 2)])
+    lines = table.splitlines()
+    assert lines[0].split()[:4] == ["size", "dtype", "run", "logits"] and len(lines) == 3
+    assert lines[1].split()[2] == "1" and lines[2].split()[2] == "2"
+    assert lines[1].split()[6] == "0.995" and lines[2].split()[-1] == "0.910"
+
+
+# -- the smallest size, exported ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """``--export-only`` of the smallest Llama (64x1) in float32: the folder, exit code and stdout."""
+    import contextlib
+    import io
+
+    folder = tmp_path_factory.mktemp("latency") / "programs"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = llm_latency.main(["-q", "--export-only", "--dir", str(folder), "--sizes", "64x1", "--dtypes", "fp32",
+                                 "--prefill", "8", "--decode", "4"])
+    return folder, code, out.getvalue()
+
+
+def test_export_only_writes_the_model_files_both_programs_and_the_manifest(prepared):
+    folder, code, out = prepared
+    assert code == OK, out
+    for name in ("manifest.json", "64x1/params.json", "64x1/checkpoint.pth", "64x1/fp32/stock.pte",
+                 "64x1/fp32/edgefuse.pte"):
+        assert (folder / name).is_file(), name
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (pair,) = manifest["pairs"]
+    assert (pair["size"], pair["dtype"], pair["logits"], pair["agree"]) == ("64x1", "fp32", "float32", True)
+    assert pair["contents"]["stock"]["means"] == 3 and pair["contents"]["edgefuse"]["means"] == 0
+    assert (manifest["max_seq_length"], manifest["max_context_length"]) == (128, 128)
+    assert "--bench-only" in out.splitlines()[-1]
+    assert not (folder / "outputs").exists() and not os.path.exists("outputs")  # hydra's run folder stays inside
+
+
+def test_bench_only_prints_one_row_per_pair_and_the_conditions(prepared, capsys):
+    folder, _, _ = prepared
+    code, out, err = run(capsys, "--bench-only", str(folder), "--prefill", "8", "--decode", "4", "--rounds", "1",
+                         "--warmup", "0", "--repeats", "0")
+    assert code == OK, err
+    lines = out.splitlines()
+    assert "1 thread(s)" in lines[0] and "CPU: " in lines[0] and "prefill of 8 tokens" in lines[0]
+    assert lines[1].split()[:3] == ["size", "dtype", "run"]
+    assert lines[2].split()[:4] == ["64x1", "fp32", "1", "float32"]
+    assert lines[3].startswith("edgefuse ")
+
+
+def test_the_profile_names_the_kernels_outside_and_xnnpacks_operators(prepared, capsys):
+    folder, _, _ = prepared
+    code, out, err = run(capsys, "--bench-only", str(folder), "--profile", "64x1:fp32", "--prefill", "8",
+                         "--decode", "2", "--profile-rounds", "1")
+    assert code == OK, err
+    lines = out.splitlines()
+    assert lines[1].split()[:3] == ["group", "what", "calls"]
+    assert lines[-2].startswith("largest differences in the prefill (edgefuse - stock, ms): ")
+    assert lines[-1].startswith("largest differences in the decode (edgefuse - stock, ms): ")
+    rows = {(line.split()[0], " ".join(line.split()[1:-7])): line.split()[-7] for line in lines[2:-2]}
+    assert rows[("outside", "aten::mean.out")] == "3/0"  # stock's three means, none left by edgefuse
+    assert rows[("inside", "XnnpackBackend: Fully Connected (NC, F32) GEMM")].split("/")[0] != "0"
+    assert ("delegate", "XnnpackBackend calls") in rows and ("method", "Method::execute (whole call)") in rows
