@@ -12,8 +12,10 @@ through the model's tens of ops, each of which may round once differently, as th
 acceptance check allows. In 8da4w the runtime quantizes activations with XNNPACK's own kernels, not as
 torchao's eager reference does, and stock's program is itself far from eager (2% of the largest logit
 on the small Llama): there edgefuse's program must match eager as closely as stock's does (its error
-at most stock's plus the float32 bound) and match stock's logits within the float32 bound, since the
-two differ only in where means and casts run. The check fails when edgefuse leaves a mean or a cast
+at most stock's plus the float32 bound). It is not held to stock's logits: the runtime rounds each
+activation to int8, so a last-bit difference in a mean (computed inside a delegate rather than by a
+portable kernel) moves a value by a whole step; at width 1024 the two programs' logits were measured
+0.037 apart at a largest logit of 2.77. The check fails when edgefuse leaves a mean or a cast
 outside a delegate, or a program misses its bound.
 """
 
@@ -190,7 +192,11 @@ def check_programs(case: Case, paths: dict[str, str], config, prefill: int = 10,
         for how, check in checks.items():
             if how != "stock":
                 check.allowed = [s + b for s, b in zip(stock.errors, bound)]
-    if "stock" in logits:
+    if "stock" in logits and not case.quantized:
+        # A float program must give stock's logits within the dtype's bound. A quantized one need not: its
+        # activations are quantized at run time, so a last-bit difference before a quantize (a mean
+        # computed inside a delegate rather than by a portable kernel) moves a value by a whole step, and
+        # the two programs are held to eager instead (edgefuse's error within stock's plus the bound).
         for how, check in checks.items():
             check.versus_stock = [_error(s, a) for s, a in zip(logits["stock"], logits[how])]
             check.versus_stock_allowed = [finite_tolerance(case.dtype, s, ULPS) for s in logits["stock"]]
