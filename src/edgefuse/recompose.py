@@ -32,6 +32,7 @@ from edgefuse.profiles import BackendProfile, get_profile
 from edgefuse.signature import sync_signature
 
 
+_HALF = (torch.float16, torch.bfloat16)
 #: The start of the reason of a norm left because reading the graph raised: a malformed graph, or a bug.
 UNREADABLE = "edgefuse could not read this graph here"
 #: Why a norm inside a subgraph (a branch or body of ``torch.cond``, ``while_loop``, ``map``, or a
@@ -179,7 +180,28 @@ class _Rewriter:
         return _decision(mean, reasons[0], found[0])
 
     def _profile_reason(self, match: NormMatch) -> str | None:
-        return self.profile.dtype_reason(match.dtype, self.capture)
+        return self.profile.dtype_reason(match.dtype, self.capture) or self._tensor_exponent_reason(match)
+
+    def _tensor_exponent_reason(self, match: NormMatch) -> str | None:
+        """Why a norm whose square or root is a ``pow`` by a constant tensor stays, or None.
+
+        ATen computes ``pow`` by a tensor with its general power function and ``pow`` by a number 2, -0.5
+        or 0.5 as a square, rsqrt or sqrt: in float32 and float64 the two round differently, in float16
+        and bfloat16 (computed in float32, then rounded) alike. QNN's export passes lift every scalar
+        operand into such a tensor, so in the graphs of QNN's pipelines (the ``qnn`` profile) it stands
+        for the model's number, and the HTP computes the whole norm in its own arithmetic either way.
+        """
+        if self.profile.name == "qnn":
+            return None
+        for node in match.nodes:
+            exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
+            dtype = dtype_of(node)
+            if self.table.is_a(node, Role.POW) and isinstance(exponent, Node) and dtype not in _HALF:
+                return (
+                    f"{node.name} raises to a power held in the tensor {exponent.name}: in {dtype_name(dtype)} that "
+                    "rounds differently from the square or root a rebuilt rms_norm computes"
+                )
+        return None
 
     def _weight_for(self, match: NormMatch) -> Node | torch.Tensor | None | str:
         """The weight the new node reads: a node, a tensor to add as a constant, None, or why there is none."""
@@ -330,9 +352,9 @@ class _Rewriter:
         if not x.is_contiguous():
             return f"{wrong}, and this input is not contiguous, so it has no [1, rows, D] view"
         rows = (1, math.prod(shape[:-1]), shape[-1])
-        viewed = _viewed(x, rows)
+        viewed = _viewed(x, rows, self.table.view)
         normalized = _rms_norm_meta(viewed, match, weight, self.made)
-        back = _viewed(normalized, shape) if normalized is not None else None
+        back = _viewed(normalized, shape, self.table.view) if normalized is not None else None
         mine, theirs = _properties(back) if back is not None else None, _properties(value)
         if mine is None or theirs is None or mine[1:5] != theirs[1:5]:  # shape, strides, offset, dtype
             return f"{wrong}, and edgefuse could not show that a norm of its [1, rows, D] view keeps its layout"
@@ -423,10 +445,11 @@ def _meta_key(mode: object, x: torch.Tensor, w: torch.Tensor | None, match: Norm
     return (id(mode), x_properties, w_properties, tuple(match.normalized_shape), match.eps, torch.is_grad_enabled())
 
 
-def _viewed(x: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """The fake tensor a view of the fake tensor ``x`` in ``shape`` produces."""
+def _viewed(x: torch.Tensor, shape: tuple[int, ...], view) -> torch.Tensor:
+    """The fake tensor the graph's ``view`` op (``aten.view``, which keeps the storage offset, or the edge
+    dialect's ``view_copy``) makes of the fake tensor ``x`` in ``shape``."""
     with detect_fake_mode([x]):
-        return torch.ops.aten.view_copy.default(x, list(shape))
+        return view(x, list(shape))
 
 
 def _permuted_meta(found: Permuted, value: torch.Tensor) -> torch.Tensor | None:

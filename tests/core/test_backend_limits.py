@@ -180,11 +180,11 @@ class ConstantExponent(nn.Module):
 @pytest.mark.parametrize("mode", MODES)
 def test_a_pow_by_a_constant_two_is_a_square(mode):
     module, inputs = ConstantExponent(2.0), (_x((2, 5, 16)),)
-    rewritten = rewrite(module, inputs, mode)
+    rewritten = rewrite(module, inputs, mode, backend="qnn")
     [decision] = rewritten.result.decisions
     assert decision.rebuilt, decision.reason
     assert_matches_eager(rewritten)
-    left = rewrite(ConstantExponent(3.0), inputs, mode)
+    left = rewrite(ConstantExponent(3.0), inputs, mode, backend="qnn")
     [decision] = left.result.decisions
     assert not decision.rebuilt and "pow(x, 3.0), not a square" in decision.reason
 
@@ -233,4 +233,48 @@ def test_a_limit_holds_for_the_tensor_rule_9_rebuilds_on(dtype):
     assert _view_source(back)[1] == list(shape)
     [permuted] = back.users
     assert list(permuted.meta["val"].shape) == [shape[0], shape[2], shape[1], 32]
+    assert_matches_eager(rewritten)
+
+
+class TensorPowers(nn.Module):
+    """A norm whose square and rsqrt are ``pow`` by 0-dim tensors (2 and -0.5), as QNN's export passes
+    leave them; with ``numbers``, the same norm written with Python numbers, the form they were lifted from."""
+
+    def __init__(self, numbers: bool = False):
+        super().__init__()
+        self.numbers = numbers
+        self.register_buffer("two", torch.tensor(2.0))
+        self.register_buffer("minus_half", torch.tensor(-0.5))
+
+    def forward(self, x):
+        two, minus_half = (2.0, -0.5) if self.numbers else (self.two, self.minus_half)
+        return x * torch.pow(torch.pow(x, two).mean(-1, keepdim=True) + EPS, minus_half)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_pow_by_a_tensor_in_float32_is_left_outside_qnn_and_rebuilt_for_it(mode):
+    # ATen's pow by a tensor is its general power function; by the number 2 or -0.5 a square or an rsqrt.
+    # In float32 they round differently (about 1 element in 4 of the rsqrt), so a rebuild would move a
+    # rounding; QNN's graphs hold such tensors in place of the model's numbers.
+    inputs = (_x((4096, 16)),)
+    left = rewrite(TensorPowers(), inputs, mode)
+    [decision] = left.result.decisions
+    assert not decision.rebuilt and "raises to a power held in the tensor" in decision.reason, decision
+    assert_matches_eager(left, ulps=0)
+    rebuilt = rewrite(TensorPowers(), inputs, mode, backend="qnn")
+    [decision] = rebuilt.result.decisions
+    assert decision.rebuilt, decision.reason
+    # compared with the norm written with numbers, which QNN's lift stood for, at 2 units of float32
+    expected, actual = TensorPowers(numbers=True)(*inputs), rebuilt.run(*inputs)
+    comparison = compare_elementwise(expected, actual, 2.0)
+    assert comparison.dtype_ok and comparison.ok, comparison
+
+
+@pytest.mark.parametrize("dtype", (torch.float16, torch.bfloat16))
+def test_a_pow_by_a_tensor_in_a_half_dtype_is_rebuilt_for_any_backend(dtype):
+    # computed in float32 and rounded to the half dtype, the general pow and the square agree
+    module, inputs = TensorPowers().to(dtype), (_x((64, 16), dtype),)
+    rewritten = rewrite(module, inputs, "capture")
+    [decision] = rewritten.result.decisions
+    assert decision.rebuilt, decision.reason
     assert_matches_eager(rewritten)

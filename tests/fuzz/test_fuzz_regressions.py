@@ -314,3 +314,26 @@ def test_a_norm_rebuilt_with_views_or_a_permutation_after_it_is_paired_with_its_
     gm.recompile()
     [norm] = replay(original, gm, pair(original, gm, {decision.node: decision.mean}), (x,)).norms.values()
     assert norm.twin is not None and not norm.ok, norm
+
+
+class TwiceNormed(nn.Module):
+    """``n(n(x))`` on [2, 16, 32]: under QNN's float limit, each norm is rebuilt on a rows view."""
+
+    def forward(self, x):
+        for _ in range(2):
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x
+
+
+def test_a_norm_whose_view_back_feeds_the_next_norms_view_is_paired():
+    # The first norm's view back is read by the second norm's rows view: the walk to the node that took
+    # the twin's uses over stops at the view back, not inside the next norm.
+    x = torch.randn(2, 16, 32, generator=torch.Generator().manual_seed(0))
+    target = exported(TwiceNormed(), (x,), "edge")
+    original = target.module()
+    result = edgefuse.recompose_rms_norm(target, backend="qnn")
+    assert [d.rebuilt for d in result.decisions] == [True, True], result.decisions
+    gm = target.module()
+    twins = pair(original, gm, {d.node: d.mean for d in result.decisions})
+    assert None not in twins.values(), twins
+    assert all(norm.ok for norm in replay(original, gm, twins, (x,)).norms.values())

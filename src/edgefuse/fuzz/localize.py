@@ -98,6 +98,8 @@ def _replacement(new: Node, original_names: set[str]) -> Node:
         reshapes = table.is_a(user, Role.RESHAPE) or table.is_a(user, Role.PERMUTE)
         if not reshapes or not _added(user, original_names) or user.args[0] is not node:
             break
+        if any(table.is_a(u, Role.RMS_NORM) for u in user.users):  # the next rebuilt norm's rows view
+            break
         node = user
     return node
 
