@@ -98,3 +98,21 @@ def test_every_stock_xnnpack_recipe_type_has_an_edgefuse_twin_built_like_it():
             assert [type(c.ao_base_config) for c in stock.quantization_recipe.ao_quantization_configs or []] == \
                 [type(c.ao_base_config) for c in ours.quantization_recipe.ao_quantization_configs or []]
         assert ours.lowering_recipe.edge_compile_config == stock.lowering_recipe.edge_compile_config
+
+
+@pytest.mark.parametrize("quantized", (False, True))
+def test_export_llms_edge_config_keeps_rms_norm_whole_only_for_a_quantized_qnn_config(quantized):
+    # A quantized config's norms are rebuilt and quantized before export_llm's to_edge, which must keep
+    # them whole; a float config's to_edge decomposes a norm the model wrote, as the released flow does.
+    import torch
+    from executorch.extension.llm.export.builder import LLMEdgeManager
+
+    from edgefuse.llm.qnn import rms_norm_kept_at_edge
+
+    released = LLMEdgeManager.__dict__["_get_edge_config"]
+    manager = LLMEdgeManager.__new__(LLMEdgeManager)
+    manager.skip_dim_order = False
+    with rms_norm_kept_at_edge(lambda: quantized):
+        kept = torch.ops.aten.rms_norm.default in (LLMEdgeManager._get_edge_config(manager).preserve_ops or [])
+    assert kept == quantized
+    assert LLMEdgeManager.__dict__["_get_edge_config"] is released

@@ -19,6 +19,7 @@ from torch import nn
 import edgefuse.qnn
 from edgefuse.qnn.passes import QNN_PACKAGE, QnnRecomposeRmsNorm, QnnRemoveRedundancy
 from edgefuse.quant.qnn import sdk_setup_left_to_caller
+from edgefuse.verify import compare_elementwise
 
 STOCK = {
     "RecomposeRmsNorm": "executorch.backends.qualcomm._passes.recompose_rms_norm",
@@ -86,6 +87,21 @@ def test_nested_blocks_restore_in_turn():
     assert qnn_pass_manager.RecomposeRmsNorm is _stock("RecomposeRmsNorm")
 
 
+def test_blocks_that_end_out_of_order_leave_the_stock_classes():
+    # Two blocks of two threads: the first ends while the second is open, then the second ends.
+    from executorch.backends.qualcomm._passes import qnn_pass_manager
+
+    first, second = edgefuse.qnn.patched(), edgefuse.qnn.patched()
+    a = first.__enter__()
+    b = second.__enter__()
+    first.__exit__(None, None, None)
+    assert qnn_pass_manager.RecomposeRmsNorm is b.recompose  # the open block keeps its classes
+    second.__exit__(None, None, None)
+    assert qnn_pass_manager.RecomposeRmsNorm is _stock("RecomposeRmsNorm")
+    assert qnn_pass_manager.RemoveRedundancy is _stock("RemoveRedundancy")
+    assert a.recompose is not b.recompose
+
+
 class GemmaBlock(nn.Module):
     """Linear -> transformers' GemmaRMSNorm (``1 + w``) -> Linear: the released pass leaves it decomposed."""
 
@@ -106,22 +122,29 @@ def _annotated(patch: bool):
     import contextlib
     import io
 
-    captured = torch.export.export(GemmaBlock().eval(), (torch.randn(1, 8, 32),)).module()
+    model = GemmaBlock().eval()
+    captured = torch.export.export(model, (torch.randn(1, 8, 32),)).module()
     block = edgefuse.qnn.patched() if patch else contextlib.nullcontext(None)
     with block as swap, sdk_setup_left_to_caller(), contextlib.redirect_stdout(io.StringIO()):
         quantizer = QnnQuantizer()
         quantizer.set_default_quant_config(QuantDtype.use_16a8w)
         prepared = prepare_pt2e(captured, quantizer)
     norms = [n for n in prepared.graph.nodes if n.target == torch.ops.aten.rms_norm.default]
-    return norms, swap
+    return norms, swap, (model, prepared)
 
 
 def test_a_quantizer_script_gets_edgefuse_with_one_line():
-    norms, swap = _annotated(patch=True)
+    norms, swap, (model, prepared) = _annotated(patch=True)
     assert len(norms) == 1
+    # the prepared graph (observers pass values through) computes the model: 2 units of float32, the
+    # rebuilt rms_norm reading the first Linear's output and the folded 1 + w
+    x = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        comparison = compare_elementwise(model(x), prepared(x), 2.0)
+    assert comparison.dtype_ok and comparison.ok, comparison
     [run] = [r for r in swap.runs if r.name == "RecomposeRmsNorm"]
     assert run.pipeline == "annotation" and [d.rebuilt for d in run.decisions] == [True]
-    stock_norms, _ = _annotated(patch=False)
+    stock_norms, _, _ = _annotated(patch=False)
     assert stock_norms == []  # the released pass takes Gemma's 1 + w for no weight at all
 
 

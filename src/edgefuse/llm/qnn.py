@@ -107,13 +107,17 @@ EDGE_CONFIG = ("executorch.extension.llm.export.builder", "LLMEdgeManager", "_ge
 
 
 @contextlib.contextmanager
-def rms_norm_kept_at_edge() -> Iterator[None]:
-    """Within the block, export_llm's export to edge keeps ``aten.rms_norm`` whole (``preserve_ops``).
+def rms_norm_kept_at_edge(when: Callable[[], bool]) -> Iterator[None]:
+    """Within the block, export_llm's export to edge keeps ``aten.rms_norm`` whole (``preserve_ops``)
+    whenever ``when()`` says so at the time (for a quantized config).
 
     A quantized config's norms are rebuilt in the annotation pipeline and quantized as one op; export_llm's
     ``to_edge`` (unlike ``to_edge_transform_and_lower_to_qnn``, whose partitioner names ``rms_norm`` among
     the ops not to decompose) would decompose each into float ops between the norm's quantize and
-    dequantize, which QNN then fails to compile ("Could not prepare op"). Put back on exit."""
+    dequantize, which QNN then fails to compile ("Could not prepare op"). A float config rebuilds its
+    norms after ``to_edge``, where a norm the model wrote as ``F.rms_norm`` must still be decomposed as
+    the released flow does (QNN's limits are checked on norms edgefuse rebuilds, and a norm QNN does not
+    take has no portable kernel), so it is left alone. Put back on exit."""
     import importlib
 
     module, owner_name, name = EDGE_CONFIG
@@ -124,7 +128,8 @@ def rms_norm_kept_at_edge() -> Iterator[None]:
         import torch
 
         config = released(self)
-        config.preserve_ops = [*config.preserve_ops, torch.ops.aten.rms_norm.default]
+        if when():
+            config.preserve_ops = [*config.preserve_ops, torch.ops.aten.rms_norm.default]
         return config
 
     _get_edge_config.__wrapped__ = released
@@ -156,7 +161,7 @@ def qnn_lowering(recompose: str = "edgefuse") -> Iterator[Swap]:
     targets = [(m, n, write_atomically) for m, n in WRITERS] + [(*QNN_LOWERING, _capture)]
     edgefuse = recompose == "edgefuse"
     passes = patched() if edgefuse else contextlib.nullcontext(None)
-    kept = rms_norm_kept_at_edge() if edgefuse else contextlib.nullcontext()
+    kept = rms_norm_kept_at_edge(lambda: swap.qnn.quantized) if edgefuse else contextlib.nullcontext()
     with _swapped(swap, targets), passes as patch, kept, recording_compiled_graphs() as compiled:
         swap.qnn.patch, swap.qnn.compiled = patch, compiled
         yield swap

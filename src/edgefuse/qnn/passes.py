@@ -155,6 +155,8 @@ def _keeps_dtype(condition):
 
 
 _LOCK = threading.RLock()
+#: The classes of each open :func:`patched` block, oldest first.
+_OPEN: list[dict[str, type]] = []
 
 
 def _referring_modules(values: dict[str, object]) -> list[tuple[object, str, object]]:
@@ -185,7 +187,9 @@ def patched() -> Iterator[QnnPatch]:
         patch.decisions  # what edgefuse rebuilt, and why it left the rest
 
     A ``passes_job`` the script builds (``get_capture_program_passes()``) must be built inside the block:
-    one built before it names the stock classes. Blocks may nest; each records its own runs.
+    one built before it names the stock classes. Blocks may nest, and may end in any order (threads):
+    each records its own runs, and when one ends QNN's modules get the classes of the newest block still
+    open, or the stock ones when none is.
     """
     for module in _USERS:
         importlib.import_module(module)
@@ -197,15 +201,17 @@ def patched() -> Iterator[QnnPatch]:
             "RemoveRedundancy", (QnnRemoveRedundancy,), {"patch": patch, "__module__": __name__}
         )
         ours = {"RecomposeRmsNorm": patch.recompose, "RemoveRedundancy": patch.remove_redundancy}
-        swapped = _referring_modules(current)
-        for module, name, _ in swapped:
+        for module, name, _ in _referring_modules(current):
             setattr(module, name, ours[name])
+        _OPEN.append(ours)
     try:
         yield patch
     finally:
         with _LOCK:
-            for module, name, value in swapped:
-                setattr(module, name, value)
-            # a QNN module imported inside the block took edgefuse's class from the package: give it back
+            _OPEN.remove(ours)
+            after = _OPEN[-1] if _OPEN else {name: getattr(importlib.import_module(m), name) for name, m in _STOCK.items()}
+            # where this block's classes are in place (every module it swapped, and any QNN module imported
+            # inside it), the newest open block's or the stock ones take their place; a block that ends
+            # before a newer one changes nothing the newer one put in place
             for module, name, _ in _referring_modules(ours):
-                setattr(module, name, current[name])
+                setattr(module, name, after[name])
