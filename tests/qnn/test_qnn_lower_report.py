@@ -14,27 +14,16 @@ import torch
 from edgefuse import cli
 from edgefuse.cli import qnn_check, qnn_flows
 from edgefuse.cli.errors import CHECK_FAILED, OK, USAGE
+from tests.cli.command_runs import MODELS_PY as COMMAND_MODELS_PY
 
-#: Linear -> Hugging Face Llama's norm -> Linear, and a model QNN cannot compile: a whole transformers
-#: Llama, whose mask code becomes a QNN graph with no input ("No graph inputs present for graph [0]").
-MODELS_PY = textwrap.dedent(
+#: The command tests' models (Hugging Face Llama's norm ``Norm`` among them), a Linear -> norm -> Linear
+#: block, and a model QNN cannot compile: a whole transformers Llama, whose mask code becomes a QNN graph
+#: with no input ("No graph inputs present for graph [0]").
+MODELS_PY = COMMAND_MODELS_PY + textwrap.dedent(
     '''
-    import torch
-    from torch import nn
 
 
-    class Norm(nn.Module):
-        def __init__(self, width):
-            super().__init__()
-            self.weight = nn.Parameter(1 + 0.1 * torch.randn(width))
-
-        def forward(self, x):
-            h = x.to(torch.float32)
-            h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
-            return self.weight * h.to(x.dtype)
-
-
-    class Block(nn.Module):
+    class LinearBlock(nn.Module):
         def __init__(self, width=32):
             super().__init__()
             self.a, self.norm, self.b = nn.Linear(width, width), Norm(width), nn.Linear(width, width)
@@ -43,9 +32,9 @@ MODELS_PY = textwrap.dedent(
             return self.b(self.norm(self.a(x))) * 0.5
 
 
-    def block():
+    def linear_block():
         torch.manual_seed(0)
-        return Block(), (torch.randn(1, 8, 32),)
+        return LinearBlock(), (torch.randn(1, 8, 32),)
 
 
     def whole_llama():
@@ -67,7 +56,7 @@ def models(tmp_path_factory, qnn_sdk):
 @pytest.mark.parametrize("precision, reference", [("fp16", "eager"), ("16a8w", "the fake-quantized module")])
 def test_lower_qnn_writes_a_pte_that_runs_and_a_map_of_the_qnn_delegate(models, precision, reference, capsys):
     out = models / f"block-{precision}.pte"
-    code = cli.main(["-q", "lower", f"{models / 'models.py'}:block", "--backend", "qnn", "--precision", precision,
+    code = cli.main(["-q", "lower", f"{models / 'models.py'}:linear_block", "--backend", "qnn", "--precision", precision,
                      "-o", str(out)])
     stdout = capsys.readouterr().out
     assert code == OK, stdout
@@ -107,12 +96,12 @@ def _block(models):
     loaded = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = loaded  # torch.export reads the model's source through its module
     spec.loader.exec_module(loaded)
-    module, inputs = loaded.block()
+    module, inputs = loaded.linear_block()
     return module.eval(), inputs
 
 
 def test_report_compile_says_which_qnn_op_each_norm_became(models, capsys):
-    code = cli.main(["-q", "report", f"{models / 'models.py'}:block", "--compile"])
+    code = cli.main(["-q", "report", f"{models / 'models.py'}:linear_block", "--compile"])
     stdout = capsys.readouterr().out
     assert code == OK, stdout
     header, row = stdout.splitlines()[1:3]
@@ -134,7 +123,7 @@ def test_a_model_qnn_cannot_lower_exits_2_with_qnns_reason_and_writes_nothing(mo
 
 def test_lower_qnn_exits_1_when_edgefuses_program_is_outside_its_tolerance(models, monkeypatch, capsys):
     monkeypatch.setattr(qnn_flows, "FP16_ULPS", 0)  # any rounding at all is now too much
-    code = cli.main(["-q", "lower", f"{models / 'models.py'}:block", "--backend", "qnn", "-o", str(models / "tight.pte")])
+    code = cli.main(["-q", "lower", f"{models / 'models.py'}:linear_block", "--backend", "qnn", "-o", str(models / "tight.pte")])
     stdout = capsys.readouterr().out
     assert code == CHECK_FAILED, stdout
     assert "check failed: the edgefuse program differs from eager by " in stdout
