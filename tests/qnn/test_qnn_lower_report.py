@@ -37,6 +37,23 @@ MODELS_PY = COMMAND_MODELS_PY + textwrap.dedent(
         return LinearBlock(), (torch.randn(1, 8, 32),)
 
 
+    class InlineNorm(nn.Module):
+        """Linear -> a norm written in the model's own forward -> Linear."""
+
+        def __init__(self, width=32):
+            super().__init__()
+            self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+        def forward(self, x):
+            h = self.a(x)
+            return self.b(h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+
+    def inline_norm():
+        torch.manual_seed(0)
+        return InlineNorm(), (torch.randn(1, 8, 32),)
+
+
     def whole_llama():
         from edgefuse.cli.models import build_model
 
@@ -173,3 +190,10 @@ def test_a_program_that_reads_memory_it_did_not_write_is_marked(qnn_sdk):
     assert not stock.ok and stock.repeatable is False, stock.line()
     assert qnn_flows.VARIES in stock.line()
     assert any(qnn_flows.VARIES in failure for failure in qnn_flows.failures(stock))
+
+
+def test_a_norm_in_the_models_own_forward_is_found_in_qnns_program(models, capsys):
+    code = cli.main(["-q", "report", f"{models / 'models.py'}:inline_norm", "--compile"])
+    stdout = capsys.readouterr().out
+    assert code == OK, stdout
+    assert "1 of 1 norms are one QNN RmsNorm" in stdout, stdout

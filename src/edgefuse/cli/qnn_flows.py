@@ -168,22 +168,27 @@ def failures(program: QnnProgram) -> list[str]:
     return found
 
 
+#: The key of the model's own ``forward`` (a node no submodule produced) in :func:`norm_ops`.
+ROOT = ""
+
+
 def not_one_rms_norm(program: QnnProgram) -> list[str]:
-    """The modules (or means, where the graph names no module) of norms edgefuse rebuilt that QNN did not
-    compile each as one ``RmsNorm``, with what they became.
+    """The modules (:data:`ROOT` for the model's own ``forward``) of norms edgefuse rebuilt that QNN did
+    not compile each as one ``RmsNorm``, with what they became.
 
     A norm is followed by its module (``nn_module_stack`` survives quantization and re-export, node names
     do not): a module whose code holds ``n`` rebuilt norms must hold ``n`` ``RmsNorm`` ops in QNN.
     """
     if not program.lowered_ok:
         return []
-    rebuilt = Counter(d.module_path or d.mean for d in program.lowered.decisions if d.rebuilt)
+    rebuilt = Counter(d.module_path or ROOT for d in program.lowered.decisions if d.rebuilt)
     ops = norm_ops(program.lowered)
     missing = []
     for path, count in rebuilt.items():
         in_qnn = [op for where, op in ops.get(path, []) if where == QNN_BACKEND]
         if in_qnn.count(RMS_NORM) < count:
-            missing.append(f"{path} ({describe_norm(ops.get(path, []))})")
+            where = path if path != ROOT else "the model's own forward"
+            missing.append(f"{where} ({describe_norm(ops.get(path, []))})")
     return missing
 
 
@@ -346,7 +351,8 @@ def run_and_check(
         i = comparisons.index(worst)
         if i < len(counted) and counted[i] is not None and steps[i] is not None:
             program.roundings, program.step = counted[i], steps[i]
-    program.error = max((c.max_error for c in comparisons), default=0.0)
+    # the error and the bound of one output, the worst against its own bound
+    program.error = worst.max_error if worst is not None else 0.0
     program.allowed = worst.allowed if worst is not None else 0.0
     program.within = all(c.ok for c in comparisons)
     return program
@@ -414,7 +420,8 @@ def _eager(module, inputs: tuple):
 # --- what QNN built, per norm -----------------------------------------------------------------------------
 
 def norm_ops(lowered) -> dict[str, list[tuple[str, str]]]:
-    """For each module path, what its code became in the lowered program: ``(where, op)`` pairs, ``where``
+    """For each module path (:data:`ROOT` for the model's own ``forward``), what its code became in the
+    lowered program: ``(where, op)`` pairs, ``where``
     the delegate's backend (``QnnBackend``) with ``op`` the QNN op type QNN compiled the node as (the
     edge op's name when QNN's graph names no op after it), or ``"outside"`` with the edge op. Quantize
     and dequantize ops (QNN folds them into its tensors' encodings) and tuple access are left out."""
@@ -431,9 +438,7 @@ def norm_ops(lowered) -> dict[str, list[tuple[str, str]]]:
                 if inner is not None:
                     visit(inner, getattr(delegate, "backend_id", None) or "delegate")
                 continue
-            path = module_path(node)
-            if path is None:
-                continue
+            path = module_path(node) or ROOT
             op = op_name(node)
             if where == QNN_BACKEND:
                 compiled = graphs.find(node.name)
