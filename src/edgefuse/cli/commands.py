@@ -178,21 +178,13 @@ def qnn_options(args, flag: str, wanted: bool) -> tuple[str, str] | None:
         if given:
             raise UsageError(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for QNN: add {flag}")
         return None
+    from edgefuse.qnn.socs import qnn_socs
+
     soc = soc or DEFAULT_SOC
     known = qnn_socs()
     if known and soc not in known:
         raise UsageError(f"--soc {soc}: ExecuTorch's QNN backend knows {', '.join(known)}")
     return soc, precision or "fp16"
-
-
-def qnn_socs() -> list[str]:
-    """The SoC names of the pinned ExecuTorch's QNN backend (``QcomChipset``; no torch import), or [] when
-    its Qualcomm package is missing (the lowering then says why)."""
-    try:
-        from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
-    except Exception:  # noqa: BLE001  (an installation without the Qualcomm backend)
-        return []
-    return sorted(c.name for c in QcomChipset if c.value != 0)
 
 
 def _output_paths(args) -> tuple[str, str]:

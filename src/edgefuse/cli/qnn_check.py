@@ -128,10 +128,11 @@ def _main(argv: list[str] | None) -> int:
     if bad:
         print(f"unknown precisions {', '.join(bad)}; choose from fp16, 16a8w, 16a16w, 8a8w", file=sys.stderr)
         return USAGE
-    from edgefuse.cli.commands import qnn_socs
+    from edgefuse.qnn.socs import qnn_socs
 
-    if qnn_socs() and args.soc not in qnn_socs():
-        print(f"--soc {args.soc}: ExecuTorch's QNN backend knows {', '.join(qnn_socs())}", file=sys.stderr)
+    known = qnn_socs()
+    if known and args.soc not in known:
+        print(f"--soc {args.soc}: ExecuTorch's QNN backend knows {', '.join(known)}", file=sys.stderr)
         return USAGE
 
     import torch
