@@ -169,7 +169,8 @@ def report(args, say: Say) -> int:
 
 def qnn_options(args, flag: str, wanted: bool) -> tuple[str, str] | None:
     """``(soc, precision)`` for a QNN lowering when ``wanted`` (``flag`` names the option that asks for it),
-    else None; ``--soc`` or ``--precision`` without it, or a SoC ExecuTorch does not know, is a usage error."""
+    else None; ``--soc`` or ``--precision`` without it, a SoC ExecuTorch does not know, or ``--dtype bfloat16``
+    (QNN has no bfloat16) is a usage error."""
     from edgefuse.cli import DEFAULT_SOC
 
     soc, precision = getattr(args, "soc", None), getattr(args, "precision", None)
@@ -178,6 +179,9 @@ def qnn_options(args, flag: str, wanted: bool) -> tuple[str, str] | None:
         if given:
             raise UsageError(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for QNN: add {flag}")
         return None
+    if getattr(args, "dtype", None) == "bfloat16":
+        raise UsageError(f"--dtype bfloat16 with {flag}: QNN's HTP computes no bfloat16; use --dtype float32 or "
+                         "float16 (with --precision fp16 the HTP runs float16)")
     from edgefuse.qnn.socs import qnn_socs
 
     soc = soc or DEFAULT_SOC
