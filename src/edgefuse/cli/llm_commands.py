@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from typing import Callable
@@ -125,13 +126,16 @@ class StockQnnFailed(Exception):
 
 
 def _run(passed: list[str], lowering: str, single_row: str | None):
-    """One run of export_llm's command line with ``lowering``; the library's errors become the command's
-    (a failure after edgefuse's lowering started is not caught: it is a bug, exit 4)."""
+    """One run of export_llm's command line with ``lowering``, its own output (hydra's and the model's
+    lines, QNN's per-op lines) on stderr and its log records below ERROR dropped; the library's errors
+    become the command's (a failure after edgefuse's lowering started is not caught: it is a bug, exit 4)."""
+    from edgefuse.cli.progress import quiet_root_logger
     from edgefuse.llm.export import ConfigRejected, QnnExportFailed, run_export_llm
     from edgefuse.qnn.sdk import QnnSdkUnavailable
 
     try:
-        return run_export_llm(passed, lowering=lowering, single_row=single_row)
+        with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):  # stdout holds the result alone
+            return run_export_llm(passed, lowering=lowering, single_row=single_row)
     except ConfigRejected as error:
         raise UsageError(f"export_llm rejected the config:\n{error}") from error
     except QnnExportFailed as error:
