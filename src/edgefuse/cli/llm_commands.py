@@ -164,7 +164,9 @@ def load_llm_kernels() -> None:
 
 def load_llm_programs(paths, say: Say) -> list:
     """Each ``.pte`` of ``paths`` loaded in ``executorch.runtime`` with the LLM kernels (a ``LoadedProgram``
-    each); :class:`UsageError` naming a file that is missing or does not load. Set the threads first."""
+    each); :class:`UsageError` naming a file that is missing, does not load, or runs on QNN. Set the
+    threads first."""
+    from edgefuse.llm.pte import read_pte
     from edgefuse.runtime import LoadedProgram
 
     load_llm_kernels()
@@ -175,6 +177,9 @@ def load_llm_programs(paths, say: Say) -> list:
         say(f"loading {path}")
         with open(path, "rb") as f:
             blob = f.read()
+        if b"QnnBackend" in blob and "QnnBackend" in read_pte(blob).delegates:
+            raise UsageError(f"{path} runs on QNN (a QnnBackend delegate): this times programs that run on this "
+                             "CPU (XNNPACK and portable kernels), not QNN ones")
         try:
             programs.append(LoadedProgram(blob))
         except Exception as error:  # the runtime says why in its log, which the error carries
