@@ -14,7 +14,7 @@ jsonschema = pytest.importorskip("jsonschema")
 pytest.importorskip("transformers")
 
 from edgefuse import cli  # noqa: E402
-from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Unavailable  # noqa: E402
+from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Unavailable, UsageError  # noqa: E402
 from edgefuse.cli.models import MODEL_NAMES  # noqa: E402
 from edgefuse.cli.modelspec import resolve  # noqa: E402
 from edgefuse.cli.report import build_report, schema, summary_line, to_json  # noqa: E402
@@ -257,3 +257,51 @@ def test_a_mismatch_exits_1(workdir, monkeypatch, capsys):
     monkeypatch.setattr(report, "compare", off_by_a_lot)
     assert cli.main(["-q", "report", f"{workdir / 'models.py'}:block", "--stage", "capture"]) == CHECK_FAILED
     assert "OUTSIDE the allowed" in capsys.readouterr().out
+
+
+# --- the python -m commands fail as `edgefuse` does ---------------------------------------------------------
+
+def _latency(monkeypatch, raised):
+    from edgefuse.cli import llm_latency
+
+    def run(args, say):
+        raise raised
+
+    monkeypatch.setattr(llm_latency, "run", run)
+    return llm_latency.main(["-q", "--export-only", "--dir", "unused"])
+
+
+def _qnn_check(monkeypatch, raised, module: str, argv: list[str]):
+    import importlib
+
+    from edgefuse.cli import qnn_flows
+
+    def require_libraries():
+        raise raised
+
+    monkeypatch.setattr(qnn_flows, "require_libraries", require_libraries)
+    return importlib.import_module(module).main(argv)
+
+
+COMMANDS = {
+    "llm_latency": _latency,
+    "qnn_check": lambda monkeypatch, raised: _qnn_check(monkeypatch, raised, "edgefuse.cli.qnn_check",
+                                                        ["-q", "--models", "tiny-llama-layer", "--precisions", "fp16"]),
+    "llm_qnn_check": lambda monkeypatch, raised: _qnn_check(monkeypatch, raised, "edgefuse.cli.llm_qnn_check",
+                                                            ["--cases", "llama-fp16"]),
+}
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("raised, code, message", [
+    (RuntimeError("a bug"), 4, "internal error (a bug in edgefuse"),
+    (KeyboardInterrupt(), 130, "interrupted"),
+    (Unavailable("no QNN libraries"), UNAVAILABLE, "no QNN libraries"),
+    (UsageError("bad input"), USAGE, "bad input"),
+])
+def test_the_python_m_commands_turn_what_they_raise_into_the_exit_codes_of_edgefuse(
+        command, raised, code, message, monkeypatch, capsys):
+    assert COMMANDS[command](monkeypatch, raised) == code
+    err = capsys.readouterr().err
+    assert f"python -m edgefuse.cli.{command}: {message}" in err or (
+        command == "llm_qnn_check" and code == UNAVAILABLE and message in err)

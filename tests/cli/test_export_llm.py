@@ -107,6 +107,46 @@ def test_a_qnn_config_export_llm_rejects_exits_2_with_its_message_before_lowerin
     assert (qnn_pass_manager.RecomposeRmsNorm, qnn_pass_manager.RemoveRedundancy) == stock
 
 
+@pytest.mark.parametrize("qnn", [False, True], ids=["xnnpack", "qnn"])
+@pytest.mark.parametrize("output, message", [
+    ("missing/model.pte", "export.output_name=missing/model.pte: the folder missing does not exist"),
+    ("folder.pte", "export.output_name=folder.pte: folder.pte is a directory; name the .pte file to write"),
+    ("model", "export.output_name=model (in export.output_dir=missing): the folder missing does not exist"),
+])
+def test_an_output_path_export_llm_cannot_write_exits_2_before_exporting(
+    small_llama, tmp_path, capsys, monkeypatch, qnn, output, message
+):
+    """Checked before the export, which otherwise fails to write only once it is done; no export starts."""
+    from edgefuse.llm import export as llm_export
+
+    def no_export(*args, **kwargs):
+        raise AssertionError("the export started")
+
+    monkeypatch.setattr(llm_export, "lowering_for", no_export)
+    directory, params, checkpoint = small_llama
+    arguments = ([*QNN_ARGUMENTS, f"base.params={params}", f"base.checkpoint={checkpoint}"] if qnn
+                 else case_arguments(CASES["llama-fp32"], params, checkpoint))
+    (tmp_path / "folder.pte").mkdir()
+    with inside(tmp_path):
+        code = cli.main(["-q", "export-llm", *arguments, f"export.output_name={output}",
+                         *(["export.output_dir=missing"] if output == "model" else [])])
+    err = capsys.readouterr().err
+    assert code == USAGE, err
+    assert message in err and "Traceback" not in err
+    assert ptes(tmp_path) == [] and nothing_swapped()
+
+
+def test_a_single_row_policy_for_a_qnn_config_exits_2_naming_the_qnn_config(small_llama, tmp_path, capsys):
+    directory, params, checkpoint = small_llama
+    with inside(tmp_path):
+        code = cli.main(["-q", "export-llm", "--single-row", "auto", *QNN_ARGUMENTS, f"base.params={params}",
+                         f"base.checkpoint={checkpoint}", "export.output_name=model.pte"])
+    err = capsys.readouterr().err
+    assert code == USAGE, err
+    assert "single-row policy 'auto'" in err and "this is a QNN config (backend.qnn.enabled=True)" in err
+    assert ptes(tmp_path) == [] and nothing_swapped()
+
+
 def test_an_option_export_llm_does_not_take_exits_2_before_exporting(tmp_path, capsys):
     with inside(tmp_path):
         code = cli.main(["-q", "export-llm", "--config", str(tmp_path / "missing.yaml")])
@@ -172,6 +212,8 @@ def test_export_llm_compare_prints_both_programs_side_by_side(llama_fp32_command
     code, out, directory, _ = llama_fp32_command
     assert code == OK, out
     lines = out.splitlines()
+    assert lines[0].startswith("edgefuse lowering: "), lines[:3]  # export_llm's own output went to stderr
+    assert len(lines) < 40, len(lines)
     header = next(line for line in lines if line.lstrip().startswith("stock ("))
     assert "edgefuse (" in header and header.index("stock (") < header.index("edgefuse (")
     rows = {line.split()[0] if not line.startswith("  ") else line.split()[0]: line.split()[-2:]

@@ -181,3 +181,16 @@ def test_the_profile_names_the_kernels_outside_and_xnnpacks_operators(prepared, 
     assert rows[("outside", "aten::mean.out")] == "3/0"  # stock's three means, none left by edgefuse
     assert rows[("inside", "XnnpackBackend: Fully Connected (NC, F32) GEMM")].split("/")[0] != "0"
     assert ("delegate", "XnnpackBackend calls") in rows and ("method", "Method::execute (whole call)") in rows
+
+
+def test_a_config_export_llm_rejects_is_a_usage_error(monkeypatch):
+    from edgefuse.cli import llm_check
+    from edgefuse.cli.errors import UsageError
+    from edgefuse.llm.export import ConfigRejected
+
+    def rejected(*args, **kwargs):
+        raise ConfigRejected("Could not override 'export.nothing'")
+
+    monkeypatch.setattr(llm_check, "export_programs", rejected)
+    with pytest.raises(UsageError, match="export_llm rejected llama-64x1-fp32:\nCould not override"):
+        llm_latency._exported(llm_latency.dtype_case("64x1", "fp32"), ("p", "c"), "unused", ())

@@ -10,18 +10,18 @@ import sys
 import textwrap
 from types import SimpleNamespace
 
+import jsonschema
 import pytest
 import torch
-
-pytest.importorskip("transformers")
+import transformers  # noqa: F401  (the built-in models need it; pinned in the test extra)
 
 from edgefuse import cli
-from edgefuse.cli import qnn_flows  # noqa: E402
-from edgefuse.cli.commands import _write_bytes  # noqa: E402
-from edgefuse.cli.errors import UNAVAILABLE, USAGE  # noqa: E402
-from edgefuse.cli.qnn_flows import QNN_BACKEND, QnnProgram, describe_norm, failures  # noqa: E402
-from edgefuse.cli.qnn_models import QNN_MODEL_NAMES, build_qnn_model  # noqa: E402
-from edgefuse.recompose import Decision, recompose_rms_norm  # noqa: E402
+from edgefuse.cli import qnn_flows
+from edgefuse.cli.commands import _write_bytes
+from edgefuse.cli.errors import UNAVAILABLE, USAGE
+from edgefuse.cli.qnn_flows import QNN_BACKEND, QnnProgram, describe_norm, failures
+from edgefuse.cli.qnn_models import QNN_MODEL_NAMES, build_qnn_model
+from edgefuse.recompose import Decision, recompose_rms_norm
 
 BLOCK = textwrap.dedent(
     '''
@@ -70,6 +70,10 @@ USAGE_CASES = {
     "--soc and --precision without --compile": (["report", "{block}", "--soc", "SM8750", "--precision", "fp16"],
                                                 "--soc and --precision are for QNN: add --compile"),
     "-o not a .pte": (["lower", "{block}", "-o", "out.bin", "--backend", "qnn"], "must end in .pte"),
+    "bfloat16 for QNN": (["lower", "{block}", "-o", "{out}", "--backend", "qnn", "--dtype", "bfloat16"],
+                         "--dtype bfloat16 with --backend qnn: QNN's HTP computes no bfloat16"),
+    "bfloat16 for --compile": (["report", "{block}", "--compile", "--dtype", "bfloat16"],
+                               "--dtype bfloat16 with --compile: QNN's HTP computes no bfloat16"),
 }
 
 
@@ -254,7 +258,6 @@ def test_failures_name_an_error_over_tolerance_and_a_program_that_did_not_run(fa
 # --- report --compile: the column, the summary line and the JSON -------------------------------------------
 
 def test_a_compiled_report_has_a_qnn_op_column_a_line_and_json_that_validates(block):
-    jsonschema = pytest.importorskip("jsonschema")
     from edgefuse.cli.modelspec import resolve
     from edgefuse.cli.report import build_report, format_report, schema, to_json
 

@@ -125,3 +125,19 @@ def test_the_python_api_puts_every_qnn_swap_back_when_the_export_raises(qnn_sdk,
         export_llm(config)
     assert seen == [False]  # the pass ran while everything was swapped in
     assert ptes(tmp_path) == [] and nothing_patched()
+
+
+def test_bench_llm_refuses_a_qnn_program_saying_it_times_programs_of_this_cpu(qnn_sdk, tmp_path, capsys):
+    """A program with a QnnBackend delegate runs on the HTP: bench-llm says what it times (exit 2) instead
+    of failing to load QNN's libraries in executorch.runtime."""
+    import torch
+
+    from edgefuse.qnn import lower
+
+    torch.manual_seed(0)
+    program = tmp_path / "qnn.pte"
+    program.write_bytes(lower(torch.nn.Linear(8, 8), (torch.randn(1, 8),)).to_pte())
+    assert cli.main(["-q", "bench-llm", str(program), str(program)]) == USAGE
+    err = capsys.readouterr().err
+    assert f"{program} runs on QNN (a QnnBackend delegate)" in err and "XNNPACK and portable kernels" in err
+    assert "Traceback" not in err

@@ -346,3 +346,15 @@ def test_qnns_harmless_option_66_line_is_left_out_of_its_log_lines():
         "[ERROR] [Qnn ExecuTorch]:  <E> Failed to create device_handle\n"
     )
     assert qnn_sdk_module.qnn_log_lines(log) == "[ERROR] [Qnn ExecuTorch]:  <E> Failed to create device_handle"
+
+
+def test_qnns_info_lines_are_left_out_of_its_log_lines():
+    """INFO lines say what ran, not why it failed: without an error line, only the warnings are quoted."""
+    log = (
+        "[INFO] [Qnn ExecuTorch]: Running level=3 optimization.\n"
+        "INFO:root:Qnn partitioner: 12 nodes supported\n"
+        "[WARNING] [Qnn ExecuTorch]: QnnDsp <W> a warning\n"
+        "[INFO] [Qnn ExecuTorch]: Destroy Qnn context\n"
+    )
+    assert qnn_sdk_module.qnn_log_lines(log) == "[WARNING] [Qnn ExecuTorch]: QnnDsp <W> a warning"
+    assert qnn_sdk_module.qnn_log_lines("[INFO] [Qnn ExecuTorch]: Destroy Qnn context\n") == ""

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-import traceback
 
-from edgefuse.cli.errors import INTERNAL, EdgefuseError
+from edgefuse.cli.errors import run_command
 
 MODEL_HELP = (
     "a built-in model (tiny-llama, tiny-qwen3, tiny-gemma3, tiny-t5, tiny-olmo2, ...; an unknown name "
@@ -231,37 +230,29 @@ def main(argv: list[str] | None = None) -> int:
     args = _fuzz_arguments(argv) or parser.parse_args(argv)
     quiet_libraries()
     say = Progress(enabled=not args.quiet)
-    try:
-        if args.command == "demo":
-            from edgefuse.cli.demo import run
+    command = " ".join(filter(None, (args.command, getattr(args, "qnn_command", None))))
+    return run_command(f"edgefuse {command}", _run, args, say)
 
-            code = run(say)
-            say(f"demo done in {say.elapsed():.1f}s")
-            return code
-        if args.command == "qnn":
-            from edgefuse.cli.qnn_setup import run as qnn
 
-            return qnn(args, say)
-        if args.command in LLM_COMMANDS:
-            from edgefuse.cli import llm_commands
+def _run(args: argparse.Namespace, say) -> int:
+    """Run the parsed command; :func:`main` turns what it raises into an exit code."""
+    if args.command == "demo":
+        from edgefuse.cli.demo import run
 
-            return getattr(llm_commands, LLM_COMMANDS[args.command])(args, say)
-        from edgefuse.cli import commands
+        code = run(say)
+        say(f"demo done in {say.elapsed():.1f}s")
+        return code
+    if args.command == "qnn":
+        from edgefuse.cli.qnn_setup import run as qnn
 
-        return getattr(commands, args.command)(args, say)
-    except EdgefuseError as error:
-        command = " ".join(filter(None, (args.command, getattr(args, "qnn_command", None))))
-        print(f"edgefuse {command}: {error}", file=sys.stderr)
-        return error.exit_code
-    except KeyboardInterrupt:
-        print("edgefuse: interrupted", file=sys.stderr)
-        return 130
-    except Exception:
-        traceback.print_exc()
-        print(f"edgefuse {args.command}: internal error (a bug in edgefuse: please report it with the "
-              "traceback above)", file=sys.stderr)
-        return INTERNAL
+        return qnn(args, say)
+    if args.command in LLM_COMMANDS:
+        from edgefuse.cli import llm_commands
 
+        return getattr(llm_commands, LLM_COMMANDS[args.command])(args, say)
+    from edgefuse.cli import commands
+
+    return getattr(commands, args.command)(args, say)
 
 if __name__ == "__main__":
     raise SystemExit(main())

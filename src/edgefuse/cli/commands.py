@@ -169,7 +169,8 @@ def report(args, say: Say) -> int:
 
 def qnn_options(args, flag: str, wanted: bool) -> tuple[str, str] | None:
     """``(soc, precision)`` for a QNN lowering when ``wanted`` (``flag`` names the option that asks for it),
-    else None; ``--soc`` or ``--precision`` without it, or a SoC ExecuTorch does not know, is a usage error."""
+    else None; ``--soc`` or ``--precision`` without it, a SoC ExecuTorch does not know, or ``--dtype bfloat16``
+    (QNN has no bfloat16) is a usage error."""
     from edgefuse.cli import DEFAULT_SOC
 
     soc, precision = getattr(args, "soc", None), getattr(args, "precision", None)
@@ -178,21 +179,16 @@ def qnn_options(args, flag: str, wanted: bool) -> tuple[str, str] | None:
         if given:
             raise UsageError(f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for QNN: add {flag}")
         return None
+    if getattr(args, "dtype", None) == "bfloat16":
+        raise UsageError(f"--dtype bfloat16 with {flag}: QNN's HTP computes no bfloat16; use --dtype float32 or "
+                         "float16 (with --precision fp16 the HTP runs float16)")
+    from edgefuse.qnn.socs import qnn_socs
+
     soc = soc or DEFAULT_SOC
     known = qnn_socs()
     if known and soc not in known:
         raise UsageError(f"--soc {soc}: ExecuTorch's QNN backend knows {', '.join(known)}")
     return soc, precision or "fp16"
-
-
-def qnn_socs() -> list[str]:
-    """The SoC names of the pinned ExecuTorch's QNN backend (``QcomChipset``; no torch import), or [] when
-    its Qualcomm package is missing (the lowering then says why)."""
-    try:
-        from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
-    except Exception:  # noqa: BLE001  (an installation without the Qualcomm backend)
-        return []
-    return sorted(c.name for c in QcomChipset if c.value != 0)
 
 
 def _output_paths(args) -> tuple[str, str]:

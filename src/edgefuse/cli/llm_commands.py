@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import sys
 import tempfile
 from collections import Counter
 from typing import Callable
@@ -125,13 +126,16 @@ class StockQnnFailed(Exception):
 
 
 def _run(passed: list[str], lowering: str, single_row: str | None):
-    """One run of export_llm's command line with ``lowering``; the library's errors become the command's
-    (a failure after edgefuse's lowering started is not caught: it is a bug, exit 4)."""
+    """One run of export_llm's command line with ``lowering``, its own output (hydra's and the model's
+    lines, QNN's per-op lines) on stderr and its log records below ERROR dropped; the library's errors
+    become the command's (a failure after edgefuse's lowering started is not caught: it is a bug, exit 4)."""
+    from edgefuse.cli.progress import quiet_root_logger
     from edgefuse.llm.export import ConfigRejected, QnnExportFailed, run_export_llm
     from edgefuse.qnn.sdk import QnnSdkUnavailable
 
     try:
-        return run_export_llm(passed, lowering=lowering, single_row=single_row)
+        with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):  # stdout holds the result alone
+            return run_export_llm(passed, lowering=lowering, single_row=single_row)
     except ConfigRejected as error:
         raise UsageError(f"export_llm rejected the config:\n{error}") from error
     except QnnExportFailed as error:
@@ -160,7 +164,9 @@ def load_llm_kernels() -> None:
 
 def load_llm_programs(paths, say: Say) -> list:
     """Each ``.pte`` of ``paths`` loaded in ``executorch.runtime`` with the LLM kernels (a ``LoadedProgram``
-    each); :class:`UsageError` naming a file that is missing or does not load. Set the threads first."""
+    each); :class:`UsageError` naming a file that is missing, does not load, or runs on QNN. Set the
+    threads first."""
+    from edgefuse.llm.pte import read_pte
     from edgefuse.runtime import LoadedProgram
 
     load_llm_kernels()
@@ -171,6 +177,9 @@ def load_llm_programs(paths, say: Say) -> list:
         say(f"loading {path}")
         with open(path, "rb") as f:
             blob = f.read()
+        if b"QnnBackend" in blob and "QnnBackend" in read_pte(blob).delegates:
+            raise UsageError(f"{path} runs on QNN (a QnnBackend delegate): this times programs that run on this "
+                             "CPU (XNNPACK and portable kernels), not QNN ones")
         try:
             programs.append(LoadedProgram(blob))
         except Exception as error:  # the runtime says why in its log, which the error carries

@@ -42,7 +42,7 @@ if __name__ == "__main__":
 
     quiet_libraries()
 
-from edgefuse.cli.errors import CHECK_FAILED, OK, EdgefuseError, UsageError
+from edgefuse.cli.errors import CHECK_FAILED, OK, UsageError, run_command
 
 #: The precisions and the export_llm overrides that set each (beside llm_check's cases).
 DTYPES = ("fp32", "fp16", "bf16", "8da4w")
@@ -197,11 +197,11 @@ def export_pairs(folder: str, sizes: list[str], dtypes: list[str], prefill: int,
 
 def _exported(case, model_files, folder: str, extra) -> dict:
     from edgefuse.cli.llm_check import export_programs
-    from edgefuse.llm.export import ConfigRejected, UnsupportedConfig
+    from edgefuse.llm.export import ConfigRejected
 
     try:
         return export_programs(case, model_files, folder, extra=extra)
-    except (ConfigRejected, UnsupportedConfig) as error:
+    except ConfigRejected as error:
         raise UsageError(f"export_llm rejected {case.name}:\n{error}") from error
 
 
@@ -221,6 +221,7 @@ def check_pair(folder: str, pair: Pair, say, config) -> None:
     from edgefuse.cli.llm_commands import load_llm_programs
     from edgefuse.llm.eager import prompt_and_steps
     from edgefuse.llm.latency import run_step
+    from edgefuse.llm.pte import read_pte
 
     paths = [os.path.join(folder, p) for p in (pair.stock, pair.edgefuse)]
     programs = load_llm_programs(paths, lambda _: None)
@@ -494,11 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_libraries()
     say = Progress(enabled=not args.quiet)
-    try:
-        return run(args, say)
-    except EdgefuseError as error:
-        print(f"python -m edgefuse.cli.llm_latency: {error}", file=sys.stderr)
-        return error.exit_code
+    return run_command("python -m edgefuse.cli.llm_latency", run, args, say)
 
 
 if __name__ == "__main__":

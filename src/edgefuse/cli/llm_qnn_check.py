@@ -174,6 +174,13 @@ def rows(case: QnnCase, checks: dict[str, QnnProgramCheck]) -> list[list[object]
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command on ``argv`` (default ``sys.argv[1:]``); its exit code."""
+    from edgefuse.cli.errors import run_command
+
+    return run_command("python -m edgefuse.cli.llm_qnn_check", _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m edgefuse.cli.llm_qnn_check", description=__doc__.split("\n")[0])
     parser.add_argument("--cases", default="llama-fp16,qwen3-fp16,llama-16a4w",
                         help=f"comma-separated, of {', '.join(CASES)} (default: the fp16 ones and llama-16a4w)")

@@ -28,10 +28,11 @@ if __name__ == "__main__":  # run as a command: torchao and torch log warnings a
 
     quiet_libraries()
 
-from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Unavailable
+from edgefuse.cli.errors import CHECK_FAILED, OK, USAGE, run_command
 from edgefuse.cli.qnn_models import QNN_MODEL_NAMES
 
 PRECISIONS = ("fp16", "16a8w")
+PROG = "python -m edgefuse.cli.qnn_check"
 HEADER = ("model", "precision", "flow", "norms", "rebuilt", "RmsNorm", "max err", "allowed", "vs float", "result",
           "lowered")
 
@@ -101,8 +102,13 @@ def markdown(header, rows) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command on ``argv`` (default ``sys.argv[1:]``); its exit code."""
+    return run_command(PROG, _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m edgefuse.cli.qnn_check",
+        prog=PROG,
         description="The QNN model table: edgefuse beside stock through ExecuTorch's QNN flow, compiled, run on "
         "the x86 HTP emulator and compared with eager.",
     )
@@ -122,10 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"unknown precisions {', '.join(bad)}; choose from fp16, 16a8w, 16a16w, 8a8w", file=sys.stderr)
         return USAGE
-    from edgefuse.cli.commands import qnn_socs
+    from edgefuse.qnn.socs import qnn_socs
 
-    if qnn_socs() and args.soc not in qnn_socs():
-        print(f"--soc {args.soc}: ExecuTorch's QNN backend knows {', '.join(qnn_socs())}", file=sys.stderr)
+    known = qnn_socs()
+    if known and args.soc not in known:
+        print(f"--soc {args.soc}: ExecuTorch's QNN backend knows {', '.join(known)}", file=sys.stderr)
         return USAGE
 
     import torch
@@ -137,19 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     say = Progress(enabled=not args.quiet)
     rows, failed = [], []
-    try:
-        from edgefuse.cli.qnn_flows import require_libraries
+    from edgefuse.cli.qnn_flows import require_libraries
 
-        require_libraries()
-        for name in models:
-            for precision in precisions:
-                say(f"{name} {precision}")
-                more, failures = check(name, precision, args.soc, say)
-                rows += more
-                failed += failures
-    except Unavailable as error:
-        print(f"python -m edgefuse.cli.qnn_check: {error}", file=sys.stderr)
-        return UNAVAILABLE
+    require_libraries()
+    for name in models:
+        for precision in precisions:
+            say(f"{name} {precision}")
+            more, failures = check(name, precision, args.soc, say)
+            rows += more
+            failed += failures
     print(f"QNN HTP {args.soc}, x86 emulator; reference: eager (fp16), the fake-quantized module (quantized; "
           "'vs float': against float eager, information)")
     print(markdown(HEADER, rows) if args.markdown else format_table(HEADER, rows))

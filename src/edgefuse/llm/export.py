@@ -69,14 +69,33 @@ def _get(config, *path: str):
 
 
 def check_supported(config) -> None:
-    """Raise :class:`ConfigRejected` for a QNN config whose SoC QNN does not know (export_llm fails on it
-    with a bare ``AttributeError``, after the export)."""
+    """Raise :class:`ConfigRejected` for a config export_llm fails on only after the whole export: an
+    output path it cannot write, or a QNN config whose SoC QNN does not know (a bare ``AttributeError``)."""
     from edgefuse.llm.qnn import is_qnn_config, soc_problem
 
-    if is_qnn_config(config):
-        problem = soc_problem(config)
-        if problem:
-            raise ConfigRejected(problem)
+    problem = output_problem(config) or (soc_problem(config) if is_qnn_config(config) else None)
+    if problem:
+        raise ConfigRejected(problem)
+
+
+def output_problem(config) -> str | None:
+    """Why export_llm could not write the ``.pte`` of ``config`` (its folder missing, or the path a
+    directory), or None. The path is export_llm's: ``export.output_name`` as given when it ends in
+    ``.pte``, else ``export.output_dir/NAME.pte``."""
+    folder = str(_get(config, "export", "output_dir") or ".")
+    name = _get(config, "export", "output_name")
+    if not name:
+        path, what = None, f"export.output_dir={folder}"
+    elif str(name).endswith(".pte"):
+        path, what = str(name), f"export.output_name={name}"
+    else:
+        path, what = os.path.join(folder, f"{name}.pte"), f"export.output_name={name} (in export.output_dir={folder})"
+    if path is not None and os.path.isdir(path):
+        return f"{what}: {path} is a directory; name the .pte file to write"
+    parent = folder if path is None else os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        return f"{what}: the folder {parent} does not exist"
+    return None
 
 
 def xnnpack_enabled(config) -> bool:
@@ -89,10 +108,16 @@ def xnnpack_enabled(config) -> bool:
 
 def lowering_for(config, lowering: str = EDGEFUSE, single_row: str | None = None):
     """The swap that exports ``config`` with ``lowering``: the QNN one for a config export_llama lowers
-    for QNN, else the XNNPACK one (edgefuse's, or stock's with only the atomic writer)."""
+    for QNN, else the XNNPACK one (edgefuse's, or stock's with only the atomic writer). A single-row
+    policy for a QNN config is :class:`ConfigRejected`: QNN's passes have no such choice to make."""
     from edgefuse.llm.qnn import is_qnn_config, qnn_lowering
 
     if is_qnn_config(config):
+        if single_row is not None:
+            raise ConfigRejected(
+                f"single-row policy {single_row!r}: it is for edgefuse's XNNPACK lowering, and this is a QNN "
+                "config (backend.qnn.enabled=True); leave the policy out"
+            )
         return qnn_lowering(lowering)
     return edgefuse_lowering(single_row) if lowering == EDGEFUSE else atomic_pte_writes()
 

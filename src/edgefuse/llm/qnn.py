@@ -69,14 +69,13 @@ def is_qnn_config(config) -> bool:
 def soc_problem(config) -> str | None:
     """Why ``backend.qnn.soc_model`` names no SoC QNN knows (1.5.1 fails on it with a bare
     ``AttributeError`` after the export), or None."""
-    from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset
-
     from edgefuse.llm.export import _get
+    from edgefuse.qnn.socs import qnn_socs
 
-    soc = _get(config, "backend", "qnn", "soc_model")
-    if isinstance(getattr(QcomChipset, str(soc), None), QcomChipset):
+    soc, known = _get(config, "backend", "qnn", "soc_model"), qnn_socs()
+    if str(soc) in known or not known:  # none known: the Qualcomm package is missing, and the export says so
         return None
-    return f"backend.qnn.soc_model={soc}: not a SoC QNN knows ({', '.join(c.name for c in QcomChipset)})"
+    return f"backend.qnn.soc_model={soc}: not a SoC QNN knows ({', '.join(known)})"
 
 
 def _capture(original: Callable, swap: Swap) -> Callable:

@@ -83,12 +83,13 @@ def compiler_specs(soc: str, precision: str) -> list:
         generate_qnn_executorch_compiler_spec,
     )
 
-    chipset = getattr(QcomChipset, soc, None)
-    if not isinstance(chipset, QcomChipset):
-        known = ", ".join(c.name for c in QcomChipset)
-        raise ValueError(f"unknown SoC {soc!r}: QNN knows {known}")
+    from edgefuse.qnn.socs import qnn_socs
+
+    known = qnn_socs()
+    if soc not in known:
+        raise ValueError(f"unknown SoC {soc!r}: QNN knows {', '.join(known)}")
     return generate_qnn_executorch_compiler_spec(
-        soc_model=chipset, backend_options=generate_htp_compiler_spec(use_fp16=precision == "fp16")
+        soc_model=QcomChipset[soc], backend_options=generate_htp_compiler_spec(use_fp16=precision == "fp16")
     )
 
 

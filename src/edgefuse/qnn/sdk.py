@@ -450,8 +450,10 @@ def self_check(root: Path, timeout: float = _SELF_CHECK_TIMEOUT) -> SelfCheck:
 
 def qnn_log_lines(log: str, count: int = 6) -> str:
     """What QNN and ExecuTorch's QNN backend logged about a failure, in one line: the last ``count`` of
-    their error lines (``[ERROR]``, ``<E>``, ``E hh:mm:ss``), or of all their lines when none is an error."""
-    ours = [line.strip() for line in log.splitlines() if _QNN_LINE.search(line) and not _HARMLESS.search(line)]
+    their error lines (``[ERROR]``, ``<E>``, ``E hh:mm:ss``), or of their other lines but INFO ones (which
+    say what ran, not what failed) when none is an error."""
+    ours = [line.strip() for line in log.splitlines()
+            if _QNN_LINE.search(line) and not _HARMLESS.search(line) and not _INFO_LINE.search(line)]
     errors = [line for line in ours if _ERROR_LINE.search(line)]
     return "; ".join((errors or ours)[-count:])
 
@@ -464,6 +466,8 @@ _QNN_LINE = re.compile(r"Qnn|QNN|htp_device_config")
 #: (the self-check's fp16 error is nonzero and within fp16's tolerance). Left out so it never hides
 #: the line that explains a failure.
 _HARMLESS = re.compile(r"unexpected GraphHtpSettings option 66")
+#: An INFO line of QNN (``[INFO]``, ``<I>``, ``I hh:mm:ss``) or of Python's logging (``INFO:``).
+_INFO_LINE = re.compile(r"\[INFO\]|<I>|^I \d|^INFO:|\bINFO\b:")
 _ERROR_LINE = re.compile(r"\[ERROR\]|<E>|^E \d|\] cannot|\] the real")
 
 
