@@ -17,8 +17,9 @@ prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) an
   :func:`edgefuse.qnn.emulator.output_tolerances` on each call's inputs (the one ``lower --backend qnn``
   uses: one logit step per rounding on the longest path, or what the module carries to the logits when
   each rounding lands one level off, whichever is more); against float eager as information. A program
-  whose logits depend on an op coarser than their roundings allow together cannot be told apart from a
-  wrong one and does not pass (:attr:`edgefuse.qnn.emulator.Roundings.told_apart`).
+  whose tolerance is set by one coarse op cannot be told apart from a
+  wrong one and does not pass (:func:`edgefuse.cli.qnn_flows.told_apart`: a tolerance looser than
+  float16's on the same logits).
 
   ``llama-16a4w`` is not among the default cases: as ExecuTorch ships it, it cannot pass. export_llm's
   QNN path puts a causal mask of -inf in place of the model's boolean one (``replace_causal_mask``), and
@@ -108,11 +109,7 @@ class QnnProgramCheck:
     def within(self) -> bool:
         return bool(self.errors) and all(e <= a for e, a in zip(self.errors, self.allowed))
 
-    @property
-    def told_apart(self) -> bool:
-        """Every compared call's tolerance can tell a wrong program apart
-        (:attr:`edgefuse.qnn.emulator.Roundings.told_apart`); always so for fp16."""
-        return all(counted.told_apart for _, counted in self.tolerances)
+    told_apart: bool = True  # quantized programs: no tolerance looser than float16's (qnn_flows.told_apart)
 
     @property
     def ok(self) -> bool:
@@ -135,8 +132,8 @@ def counted_step(reference):
     """A step of the converted (fake-quantized) module ``reference`` as :func:`eager_step` makes it, and the
     list it appends each call's derived tolerance of the logits to
     (:func:`edgefuse.qnn.emulator.output_tolerances`: the logits' step and the roundings on their longest
-    path, on that call's inputs). The tolerance is read after the call, on the same tokens and position:
-    the KV cache the module writes is then written again with the same values."""
+    path, or what the module carries to them, on that call's inputs). The tolerance is read after the
+    call, on the same tokens and position; reading it puts the module's KV cache back as it was."""
     from edgefuse.llm.eager import eager_step
     from edgefuse.qnn.emulator import output_tolerances
 
@@ -156,7 +153,7 @@ def counted_step(reference):
 def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
                lowerings=("stock", "edgefuse")) -> dict[str, QnnProgramCheck]:
     """Export ``case`` with each lowering in ``directory`` and check each program on the emulator."""
-    from edgefuse.cli.qnn_flows import FP16_ULPS
+    from edgefuse.cli.qnn_flows import FP16_ULPS, told_apart
     from edgefuse.llm.eager import eager_model, eager_step, logits_sequence, prompt_and_steps, write_small_model
     from edgefuse.llm.export import run_export_llm
     from edgefuse.llm.pte import read_pte
@@ -187,6 +184,7 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
             comparisons = [compare_at_steps(e, a, step, counted.steps)
                            for e, a, (step, counted) in zip(expected, actual, tolerances)]
             check.tolerances = tolerances
+            check.told_apart = all(told_apart(e, c.allowed) for e, c in zip(expected, comparisons))
             check.versus_float = [max_error(e, a) for e, a in zip(float_logits, actual)]
         else:
             comparisons = [compare(e, a, ulps=FP16_ULPS, dtype=torch.float16) for e, a in zip(float_logits, actual)]
@@ -230,7 +228,8 @@ def _roundings(check: QnnProgramCheck, i: int) -> str:
         return "-"
     step, counted = check.tolerances[i]
     return (f"{counted.steps:.0f} = max({counted.count}, {counted.carried:.1f}) "
-            f"({counted.coarsest:.3g} after {counted.coarsest_op} = {counted.coarsest / step:.0f})")
+            f"({counted.coarsest:.3g} after {counted.coarsest_op} = {counted.coarsest_steps:.0f}, "
+            f"one level alone {counted.coarsest_carried:.0f})")
 
 
 def main(argv: list[str] | None = None) -> int:

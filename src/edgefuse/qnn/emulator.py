@@ -104,15 +104,7 @@ class Roundings:
     coarsest_op: str
     carried: float = 0.0
     coarsest_steps: float = 0.0  # ``coarsest`` in steps of the output
-
-    @property
-    def told_apart(self) -> bool:
-        """Whether a level of every op the output depends on is finer than the count allows together.
-        Where one is coarser (an additive mask of -inf quantized at 16 bits puts the scores' step at 1.0,
-        thousands of output steps; an 8-bit KV cache, hundreds), a level the HTP lands on there moves the
-        output by more than any count of roundings: a program inside its tolerance then cannot be told
-        apart from one that is wrong by as much, and does not pass on that tolerance."""
-        return self.coarsest_steps <= self.count
+    coarsest_carried: float = 0.0  # output steps one level of the coarsest rounding alone moves it by
 
     @property
     def steps(self) -> float:
@@ -159,7 +151,7 @@ def _rounding_quantizes(converted, leaves: list) -> tuple[dict[Any, bool], list[
             return super().run_node(node)
 
     outputs = Recorder(converted).run(*leaves)
-    return rounds, [t.detach().clone() for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    return rounds, [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(outputs)]
 
 
 def _moved_outputs(converted, leaves: list, rounds: dict[Any, bool], move: str) -> list[torch.Tensor]:
@@ -182,7 +174,7 @@ def _moved_outputs(converted, leaves: list, rounds: dict[Any, bool], move: str) 
             return result
 
     outputs = Moved(converted).run(*leaves)
-    return [t for t in pytree.tree_leaves(outputs) if isinstance(t, torch.Tensor)]
+    return pytree.tree_leaves(outputs)
 
 
 def roundings(converted, inputs: Sequence[Any]) -> list[Roundings | None]:
@@ -207,25 +199,36 @@ def roundings(converted, inputs: Sequence[Any]) -> list[Roundings | None]:
         found = [coarsest[a] for a in inputs_of if a in coarsest]
         if rounds.get(node, False):
             source = node.args[0]
-            found.append((float(node.args[1]), str(getattr(source, "target", source))))
+            found.append((float(node.args[1]), str(getattr(source, "target", source)), node))
         if found:
             coarsest[node] = max(found, key=lambda f: f[0])
     (output,) = [node for node in converted.graph.nodes if node.op == "output"]
     steps = output_steps(converted)
+    alone: dict[Any, list[list]] = {}
     result: list[Roundings | None] = []
     for i, leaf in enumerate(pytree.tree_leaves(output.args[0])):
         if leaf not in coarsest:
             result.append(None)
             continue
         step = steps[i] if i < len(steps) else None
-        carried = max(
-            (float((m[i].double() - base[i].double()).abs().max()) / step for m in moved
-             if step and i < len(m) and i < len(base) and m[i].is_floating_point()),
-            default=0.0,
-        )
-        worst = coarsest[leaf][0] / step if step else math.inf
-        result.append(Roundings(depth[leaf], *coarsest[leaf], carried, worst))
+        size, op, quantize = coarsest[leaf]
+        if quantize not in alone:
+            with torch.no_grad(), kept_state(converted):
+                alone[quantize] = [_moved_outputs(converted, leaves, {quantize: True}, move) for move in _LEVEL_MOVES]
+        result.append(Roundings(
+            depth[leaf], size, op, _largest_move(moved, base, i, step), size / step if step else math.inf,
+            _largest_move(alone[quantize], base, i, step),
+        ))
     return result
+
+
+def _largest_move(moved: list[list], base: list, i: int, step: float | None) -> float:
+    """The largest change of output ``i`` among the ``moved`` runs against ``base``, in steps of ``step``."""
+    return max(
+        (float((m[i].double() - base[i].double()).abs().max()) / step for m in moved
+         if step and i < len(m) and i < len(base) and isinstance(m[i], torch.Tensor) and m[i].is_floating_point()),
+        default=0.0,
+    )
 
 
 def output_tolerances(converted, inputs: Sequence[Any]) -> list[tuple[float, Roundings] | None]:
