@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch import nn
 
+from edgefuse.cli.qnn_flows import FP16_ULPS
 from edgefuse.qnn import QnnLoweringFailed, lower
-from edgefuse.quant.facts import is_dequantize, is_quantize
+from edgefuse.qnn.emulator import compare_at_steps, output_tolerances
 from edgefuse.runtime import LoadedProgram
-
-
+from edgefuse.verify import compare
 
 pytestmark = pytest.mark.usefixtures("qnn_sdk")
 
@@ -88,25 +88,22 @@ def _run(lowered, inputs):
     return LoadedProgram(lowered.to_pte()).run(inputs)[0]
 
 
-def _float16_tolerance(reference: torch.Tensor, ops: int) -> float:
-    """The HTP computes each op in float16: each of ``ops`` ops on the path rounds its output once, half a
-    unit in the last place of float16 relative to its value; the norms rescale to the output's magnitude,
-    so the bound is ``ops`` such half-units at the output's largest value, and twice that for the rounding
-    of the input and weights to float16."""
-    return 2 * ops * 0.5 * torch.finfo(torch.float16).eps * float(reference.abs().max())
+def _within_float16(expected: torch.Tensor, actual: torch.Tensor) -> None:
+    """fp16 on the HTP against float32 eager at the application's derived bound (:data:`FP16_ULPS` units of
+    float16 at the output's largest magnitude); the output tensor is the last Linear's, times 0.5."""
+    got = compare(expected, actual.to(expected.dtype), ulps=FP16_ULPS, dtype=torch.float16)
+    assert got.shape_ok and got.max_error <= got.allowed, (got.max_error, got.allowed)
 
 
-def _output_step(converted: torch.fx.GraphModule) -> float:
-    """The quantization step of the converted program's output (the scale its last dequantize reads)."""
-    [output] = [n for n in converted.graph.nodes if n.op == "output"]
-    node = output.args[0][0] if isinstance(output.args[0], (tuple, list)) else output.args[0]
-    assert is_dequantize(node), node
-    return float(node.args[1])
-
-
-def _quantized_ops(converted: torch.fx.GraphModule) -> int:
-    """How many activations the converted program requantizes: each may round one step off the reference."""
-    return sum(1 for n in converted.graph.nodes if is_quantize(n) and n.args and n.args[0].op != "get_attr")
+def _within_steps(lowered, inputs) -> float:
+    """A quantized program on the emulator against its fake-quantized module at the derived tolerance
+    (:func:`edgefuse.qnn.emulator.output_tolerances`); returns the error in output steps."""
+    ((step, counted),) = output_tolerances(lowered.reference, inputs)
+    with torch.no_grad():
+        expected = lowered.reference(*inputs)
+    got = compare_at_steps(expected, _run(lowered, inputs), step, counted.steps)
+    assert got.shape_ok and got.max_error <= got.allowed, (got.max_error / step, counted)
+    return got.max_error / step
 
 
 @pytest.mark.parametrize("fixture", ["edgefuse_fp16", "edgefuse_16a8w"])
@@ -125,23 +122,17 @@ def test_each_rebuilt_norm_is_one_qnn_rms_norm(fixture, request):
 def test_fp16_program_matches_eager(edgefuse_fp16):
     model, lowered = edgefuse_fp16
     inputs = _inputs(7)
-    expected, actual = model(*inputs), _run(lowered, inputs)
-    ops = 2 * len(ALL) + 2  # each block's norm and Linear, the first Linear, and the final multiply
-    allowed = _float16_tolerance(expected, ops)
-    assert (actual - expected).abs().max() <= allowed, ((actual - expected).abs().max(), allowed)
+    with torch.no_grad():
+        _within_float16(model(*inputs), _run(lowered, inputs))
 
 
 def test_16a8w_program_matches_the_fake_quantized_module(edgefuse_16a8w):
     model, lowered = edgefuse_16a8w
     inputs = CALIBRATION[0]  # calibrated inputs: every value in range, so the error is rounding alone
-    reference = lowered.reference(*inputs)
-    actual = _run(lowered, inputs)
-    step = _output_step(lowered.reference)
-    allowed = _quantized_ops(lowered.reference) * step
-    error = float((actual - reference).abs().max())
-    assert error <= allowed, (error, allowed, step)
-    float_error = float((actual - model(*inputs)).abs().max())  # information: what quantization costs
-    print(f"16a8w: {error / step:.1f} steps from the fake-quantized module, {float_error:.3g} from float eager")
+    steps = _within_steps(lowered, inputs)
+    with torch.no_grad():
+        float_error = float((_run(lowered, inputs) - model(*inputs)).abs().max())  # information: quantization's
+    print(f"16a8w: {steps:.1f} steps from the fake-quantized module, {float_error:.3g} from float eager")
 
 
 def test_stock_leaves_gemma_decomposed_at_16a8w(stock_16a8w, edgefuse_16a8w):
@@ -151,10 +142,7 @@ def test_stock_leaves_gemma_decomposed_at_16a8w(stock_16a8w, edgefuse_16a8w):
     # the released pass rebuilds fewer (Gemma's 1 + w never): the rest are quantized op by op
     assert stock.graphs.rms_norms < ours.graphs.rms_norms == 3
     assert stock.graphs.delegates[0].op_types()["ReduceMean"] == 3 - stock.graphs.rms_norms
-    inputs = CALIBRATION[0]
-    step = _output_step(stock.reference)
-    error = float((_run(stock, inputs) - stock.reference(*inputs)).abs().max())
-    assert error <= _quantized_ops(stock.reference) * step  # stock's program is right too, only larger
+    _within_steps(stock, CALIBRATION[0])  # stock's program is right too, only larger
 
 
 def test_stock_cannot_lower_gemma_at_fp16():
@@ -179,6 +167,5 @@ def test_stock_fp16_beside_edgefuse(edgefuse_fp16):
     stock = lower(model, _inputs(), precision="fp16", recompose="stock")
     assert stock.graphs.rms_norms == 2 and stock.graphs.outside == []
     inputs = _inputs(7)
-    expected = model(*inputs)
-    error = float((_run(stock, inputs) - expected).abs().max())
-    assert error <= _float16_tolerance(expected, 2 * 2 + 2)
+    with torch.no_grad():
+        _within_float16(model(*inputs), _run(stock, inputs))

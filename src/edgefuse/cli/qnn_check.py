@@ -13,7 +13,8 @@ program runs once more after the other flow's program ran on other values; a res
 came out different (:func:`edgefuse.cli.qnn_flows.check_repeatable`: QNN read memory it did not write).
 
 Exit status: 1 if edgefuse fails to lower a model stock lowers, a norm edgefuse rebuilt is not one
-RmsNorm in QNN, or an edgefuse program is outside its tolerance (stock's rows are information: its
+RmsNorm in QNN, or an edgefuse program is outside its tolerance or its tolerance cannot tell it apart
+from a wrong one (:func:`edgefuse.cli.qnn_flows.told_apart`; stock's rows are information: its
 QK-norm Llama is wrong in float16, which is what this table shows); 2 for bad options; 3 when the QNN
 libraries are not set up (``edgefuse qnn setup``); 0 otherwise.
 """
@@ -67,7 +68,9 @@ def _row(name: str, precision: str, program, passed: bool | None) -> list[str]:
     else:
         lowered = "yes"
     if passed is None:  # stock: information
-        result = "-" if not program.ran else ("right" if program.ok else "WRONG")
+        result = "-" if not program.ran else (
+            "right" if program.ok else "not told apart" if program.within and not program.told_apart else "WRONG"
+        )
     else:
         result = "PASS" if passed else "FAIL"
     if program.repeatable is False:

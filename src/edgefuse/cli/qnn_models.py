@@ -36,6 +36,10 @@ SEQ_LEN = 16
 #: is the range of the scores it is added to, so -1e4 put their 16-bit step at 0.15 (a level moved by
 #: the HTP then moved a layer's output by 1000 of its steps), where -60 puts it at 9e-4.
 MASKED = -60.0
+#: What ExecuTorch's own QNN Llama example adds where a token may not look (``PADDING_MASK_VALUE`` of
+#: ``executorch/examples/qualcomm/oss_scripts/llama/masking_utils.py``, which cannot be imported alone:
+#: its package imports models that need torchtune). Softmax gives e^-255 nothing either.
+QNN_LLAMA_MASKED = -255.0
 
 
 def build_qnn_model(
@@ -55,7 +59,8 @@ def executorch_llama(
     dim: int = 128, layers: int = 1, vocab: int = 128,
 ) -> tuple[torch.nn.Module, tuple]:
     """The ``Transformer`` of ``executorch.examples.models.llama`` from small params: tokens in, the logits
-    of every position out (no KV cache)."""
+    of every position out (no KV cache), with the additive float causal mask QNN's users give it
+    (:func:`float_causal_mask`)."""
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
@@ -73,8 +78,27 @@ def executorch_llama(
     model = construct_transformer(args)
     gen = torch.Generator().manual_seed(seed)
     jitter_norm_weights(model, gen)
+    float_causal_mask(model)
     tokens = torch.randint(0, vocab, (1, seq_len), generator=gen, dtype=torch.int64)
     return _Logits(model).eval().to(dtype), (tokens,)
+
+
+def float_causal_mask(model: torch.nn.Module) -> None:
+    """Put in place of each attention's boolean causal ``mask`` buffer the additive float mask ExecuTorch's
+    own QNN Llama example builds: 0 where a token may look, :data:`QNN_LLAMA_MASKED` where it may not.
+
+    As ExecuTorch ships it, the bool mask reaches QNN as -inf, which QNN clips to -65535: quantized at 16
+    bits, the mask sets the range of the scores it is added to, whose step becomes 1.0, and a level the HTP
+    lands on beside the fake-quantized module's then moves the logits by about 15,400 of their steps
+    (measured on QNN 2.51's emulator, all four variants, 16a8w, stock's flow and edgefuse's alike). With
+    this mask edgefuse's programs are 4.3e-4 to 5.8e-4 off the fake-quantized module, within the 1.3e-3
+    to 2.0e-3 their roundings allow, so the 16a8w rows measure the norms, not the mask. In float32 eager
+    the two masks give the same logits, bit for bit.
+    """
+    for module in model.modules():
+        mask = module._buffers.get("mask")
+        if mask is not None and mask.dtype == torch.bool:
+            module._buffers["mask"] = torch.zeros(mask.shape).masked_fill(~mask, QNN_LLAMA_MASKED)
 
 
 class _Logits(torch.nn.Module):

@@ -9,6 +9,7 @@ place), and segments are aligned as QNN's context binaries require.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -87,22 +88,50 @@ _ON_GRID = 0.05
 
 @dataclass(frozen=True)
 class Roundings:
-    """The roundings one output of a converted (fake-quantized) graph depends on, on given inputs.
+    """The roundings one output of a converted (fake-quantized) graph depends on, on given inputs, and the
+    output steps they may move it by.
 
     ``count`` is the number of quantize ops on the longest path from an input to the output that round
     the value they get (a quantize whose input already lies on its grid, after a reshape or a transpose
     of values quantized alike, rounds nothing); ``coarsest`` the largest step among all the rounding
     quantize ops the output depends on, and ``coarsest_op`` the op whose output that quantize rounds.
+    ``carried`` is how far, in steps of the output, the module itself moves the output when every
+    rounding lands one level off (:func:`roundings`); ``steps`` the number of output steps allowed.
     """
 
     count: int
     coarsest: float
     coarsest_op: str
+    carried: float = 0.0
+    coarsest_steps: float = 0.0  # ``coarsest`` in steps of the output
+    coarsest_carried: float = 0.0  # output steps one level of the coarsest rounding alone moves it by
+
+    @property
+    def steps(self) -> float:
+        """One output step per rounding on the longest path, or what the module carries to the output
+        when each rounding lands one level off, whichever is more.
+
+        The count holds where the ops after a rounding carry its level at a gain of about one output step;
+        a norm does not: it divides by the rms of its row, so a level of its input becomes ``w / rms``
+        times that level at its output, and its output's range (hence its step) is set by the row whose
+        ``|x| / rms`` is largest. Measured on QNN 2.51's emulator, SM8650, 16a8w: a QNN ``RmsNorm`` alone
+        lands within one step of the fake-quantized module (a mean of -0.5 steps: its integer kernel
+        rounds down), and Linear -> ``GemmaRMSNorm`` is 3 to 4 steps off where its 3 roundings would allow
+        3: the Linear's level reaches the norm's output at 1.1 to 1.7 of its steps.
+        """
+        return max(float(self.count), self.carried)
 
 
-def roundings(converted, inputs: Sequence[Any]) -> list[Roundings | None]:
-    """The :class:`Roundings` of each output of ``converted`` run on ``inputs`` (None for an output no
-    quantize op reaches): which quantize ops round is read from the values they get on these inputs."""
+#: The levels each rounding quantize op is moved by to measure what the module carries to its outputs:
+#: all one level up, all one level down (the HTP's kernels round one way: a consistent level adds up
+#: along a path), and each element up or down at random (seeded), which no shift-invariant op (softmax)
+#: can cancel.
+_LEVEL_MOVES = ("up", "down", "either")
+
+
+def _rounding_quantizes(converted, leaves: list) -> tuple[dict[Any, bool], list[torch.Tensor]]:
+    """Which quantize ops of ``converted`` round the values they get on ``leaves`` (its flat inputs), and
+    the graph's flat outputs on them."""
     from torch.utils import _pytree as pytree
 
     from edgefuse.quant.facts import is_quantize
@@ -121,8 +150,47 @@ def roundings(converted, inputs: Sequence[Any]) -> list[Roundings | None]:
                 )
             return super().run_node(node)
 
-    with torch.no_grad():
-        Recorder(converted).run(*pytree.tree_leaves(tuple(inputs)))
+    outputs = Recorder(converted).run(*leaves)
+    return rounds, [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(outputs)]
+
+
+def _moved_outputs(converted, leaves: list, rounds: dict[Any, bool], move: str) -> list[torch.Tensor]:
+    """The flat outputs of ``converted`` on ``leaves`` with the result of every quantize op that rounds
+    moved by one level (``move`` of :data:`_LEVEL_MOVES`), kept within its range."""
+    from torch.utils import _pytree as pytree
+
+    generator = torch.Generator().manual_seed(0)
+
+    class Moved(torch.fx.Interpreter):
+        def run_node(self, node):
+            result = super().run_node(node)
+            if rounds.get(node, False):
+                low, high = int(node.args[3]), int(node.args[4])
+                if move == "either":
+                    shift = torch.randint(0, 2, result.shape, generator=generator, dtype=torch.int64) * 2 - 1
+                else:
+                    shift = 1 if move == "up" else -1
+                result = (result.to(torch.int64) + shift).clamp(low, high).to(result.dtype)
+            return result
+
+    outputs = Moved(converted).run(*leaves)
+    return pytree.tree_leaves(outputs)
+
+
+def roundings(converted, inputs: Sequence[Any]) -> list[Roundings | None]:
+    """The :class:`Roundings` of each output of ``converted`` run on ``inputs`` (None for an output no
+    quantize op reaches): which quantize ops round is read from the values they get on these inputs, and
+    what the module carries from them to each output by running it again with every one of them moved one
+    level (:data:`_LEVEL_MOVES`), the largest change of the output in its steps. The module's buffers (a
+    KV cache it writes) are put back as they were."""
+    from torch.utils import _pytree as pytree
+
+    from edgefuse.fresh import kept_state
+
+    leaves = pytree.tree_leaves(tuple(inputs))
+    with torch.no_grad(), kept_state(converted):
+        rounds, base = _rounding_quantizes(converted, leaves)
+        moved = [_moved_outputs(converted, leaves, rounds, move) for move in _LEVEL_MOVES] if any(rounds.values()) else []
     depth: dict[Any, int] = {}
     coarsest: dict[Any, tuple[float, str]] = {}
     for node in converted.graph.nodes:
@@ -131,11 +199,46 @@ def roundings(converted, inputs: Sequence[Any]) -> list[Roundings | None]:
         found = [coarsest[a] for a in inputs_of if a in coarsest]
         if rounds.get(node, False):
             source = node.args[0]
-            found.append((float(node.args[1]), str(getattr(source, "target", source))))
+            found.append((float(node.args[1]), str(getattr(source, "target", source)), node))
         if found:
             coarsest[node] = max(found, key=lambda f: f[0])
     (output,) = [node for node in converted.graph.nodes if node.op == "output"]
+    steps = output_steps(converted)
+    alone: dict[Any, list[list]] = {}
+    result: list[Roundings | None] = []
+    for i, leaf in enumerate(pytree.tree_leaves(output.args[0])):
+        if leaf not in coarsest:
+            result.append(None)
+            continue
+        step = steps[i] if i < len(steps) else None
+        size, op, quantize = coarsest[leaf]
+        if quantize not in alone:
+            with torch.no_grad(), kept_state(converted):
+                alone[quantize] = [_moved_outputs(converted, leaves, {quantize: True}, move) for move in _LEVEL_MOVES]
+        result.append(Roundings(
+            depth[leaf], size, op, _largest_move(moved, base, i, step), size / step if step else math.inf,
+            _largest_move(alone[quantize], base, i, step),
+        ))
+    return result
+
+
+def _largest_move(moved: list[list], base: list, i: int, step: float | None) -> float:
+    """The largest change of output ``i`` among the ``moved`` runs against ``base``, in steps of ``step``."""
+    return max(
+        (float((m[i].double() - base[i].double()).abs().max()) / step for m in moved
+         if step and i < len(m) and i < len(base) and isinstance(m[i], torch.Tensor) and m[i].is_floating_point()),
+        default=0.0,
+    )
+
+
+def output_tolerances(converted, inputs: Sequence[Any]) -> list[tuple[float, Roundings] | None]:
+    """The derived tolerance of each output of a converted (fake-quantized) graph run on ``inputs``: its
+    quantization step (:func:`output_steps`) and the :class:`Roundings` on its longest path
+    (:func:`roundings`); a program's output is compared with the module's at ``counted.steps`` of them
+    (``compare_at_steps(expected, actual, step, counted.steps)``). None for an output the quantizer left
+    in float, which is compared as float16."""
+    steps, counted = output_steps(converted), roundings(converted, inputs)
     return [
-        Roundings(depth[leaf], *coarsest[leaf]) if leaf in coarsest else None
-        for leaf in pytree.tree_leaves(output.args[0])
+        (step, count) if step is not None and count is not None else None
+        for step, count in zip(steps, counted)
     ]
