@@ -209,3 +209,19 @@ def test_a_norm_in_the_models_own_forward_is_found_in_qnns_program(models, capsy
     stdout = capsys.readouterr().out
     assert code == OK, stdout
     assert "1 of 1 norms are one QNN RmsNorm" in stdout, stdout
+
+
+def test_a_program_alone_is_run_again_after_itself_on_other_values(qnn_sdk):
+    # Stock cannot lower a Gemma (1 + w) norm at fp16: edgefuse's program is still run again, after
+    # itself on other values, and found to give the same bits.
+    from tests.qnn.test_qnn_pipeline import Blocks, _inputs  # the block test_stock_cannot_lower_gemma_at_fp16 lowers
+
+    module, inputs = Blocks(("gemma",)).eval(), _inputs()
+    programs = [
+        qnn_flows.run_and_check(qnn_flows.lower(module, inputs, how, soc="SM8650", precision="fp16"), module, inputs)
+        for how in (qnn_flows.EDGEFUSE, qnn_flows.STOCK)
+    ]
+    qnn_flows.check_repeatable(programs, inputs)
+    ours, stock = programs
+    assert not stock.lowered_ok, stock.line()
+    assert ours.ok and ours.repeatable is True, ours.line()
