@@ -7,8 +7,6 @@ import os
 import pytest
 import torch
 
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("transformers")
 
 from edgefuse.cli.errors import OK, USAGE  # noqa: E402
 from edgefuse.cli.models import MODEL_NAMES  # noqa: E402

@@ -10,8 +10,6 @@ import textwrap
 
 import pytest
 
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("transformers")
 
 from edgefuse.cli.errors import OK, USAGE  # noqa: E402
 

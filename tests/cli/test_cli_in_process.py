@@ -10,8 +10,7 @@ import sys
 import pytest
 import torch
 
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("transformers")
+import jsonschema
 
 from edgefuse import cli  # noqa: E402
 from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Unavailable, UsageError  # noqa: E402

@@ -13,8 +13,7 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("transformers")
+import jsonschema
 
 from edgefuse import cli  # noqa: E402
 from edgefuse.cli.errors import OK  # noqa: E402

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-import pytest
-
-jsonschema = pytest.importorskip("jsonschema")
-pytest.importorskip("transformers")
+import jsonschema
 
 from edgefuse.cli.stock_and_edgefuse import DelegateSummary, Segment  # noqa: E402
 from edgefuse.cli.report import layer_of, schema  # noqa: E402
