@@ -214,29 +214,40 @@ def check_bench_numbers(args, more: tuple[tuple[str, int, int], ...] = ()) -> No
 
 
 def bench_llm(args, say: Say) -> int:
-    """``edgefuse bench-llm STOCK.pte EDGEFUSE.pte``: prefill latency and decode ms per token, alternating."""
-    check_bench_numbers(args)
+    """``edgefuse bench-llm STOCK.pte EDGEFUSE.pte``: prefill latency and decode ms per token, alternating, in
+    ``--runs`` runs on programs loaded afresh, the one loaded first alternating."""
+    check_bench_numbers(args, (("--runs", args.runs, 1),))
     paths = (args.stock, args.edgefuse)
-    from edgefuse.llm.latency import prompt_for, time_prefill_decode
+    from edgefuse.llm.latency import pooled, time_runs
     from edgefuse.runtime import cpu_features, set_threads
 
     threads = set_threads(args.threads)
-    programs = load_llm_programs(paths, say)
-    say(f"timing {args.rounds} rounds of each program, alternating, after {args.warmup} warm-up rounds")
+    labels = ("stock", "edgefuse")
+
+    def load(order):
+        say(f"run with {labels[order[0]]} loaded first: {args.rounds} rounds of each program, alternating, after "
+            f"{args.warmup} warm-up rounds")
+        loaded = load_llm_programs([paths[k] for k in order], say)
+        return [loaded[order.index(k)] for k in range(len(paths))]
+
     with failed_steps_named(paths):
-        prompt, steps = prompt_for(programs[0].method, args.prefill, args.decode)
-        timing = time_prefill_decode([p.method for p in programs], prompt, steps, args.rounds, args.warmup)
-    medians = [timing.medians(k) for k in range(len(programs))]
+        runs = time_runs(load, len(paths), args.prefill, args.decode, args.runs, args.rounds, args.warmup)
+    timing = pooled(runs)
+    medians = [timing.medians(k) for k in range(len(paths))]
     from edgefuse.cli.tables import format_table
 
     rows = []
-    for label, path, (p, d) in zip(("stock", "edgefuse"), (args.stock, args.edgefuse), medians):
+    for label, path, (p, d) in zip(labels, paths, medians):
         rows.append([label, path, f"{p:.3f}", f"{d:.4f}", f"{p / medians[0][0]:.3f}", f"{d / medians[0][1]:.3f}"])
     print(f"executorch.runtime with the LLM custom ops, {threads} thread(s); prefill of {args.prefill} tokens at "
-          f"position 0, then {args.decode} decode steps of one token; {args.rounds} rounds alternating (order "
-          f"swapped every round) after {args.warmup} warm-up rounds; medians over rounds; ratio = edgefuse / stock "
-          "(below 1 is faster)")
+          f"position 0, then {args.decode} decode steps of one token; {args.runs} run(s) of {args.rounds} rounds "
+          f"alternating (order swapped every round) after {args.warmup} warm-up rounds, both programs loaded "
+          "afresh each run, stock first in odd runs and edgefuse in even ones; medians over every round; "
+          "ratio = edgefuse / stock (below 1 is faster)")
     print(format_table(("program", "file", "prefill ms", "decode ms/token", "prefill ratio", "decode ratio"), rows))
+    for k, run in enumerate(runs, 1):
+        prefill, decode = run.timing.ratios()
+        print(f"run {k}, {labels[run.order[0]]} loaded first: prefill ratio {prefill:.3f}, decode ratio {decode:.3f}")
     difference = float((timing.last_logits[0].float() - timing.last_logits[1].float()).abs().max())
     print(f"last decode step's logits, largest difference between the programs: {difference:.3g}")
     print(f"CPU: {cpu_features()}")

@@ -14,10 +14,14 @@ model (a float program within the dtype's bound of eager and of stock's logits; 
 stock's error plus that bound, since the int8 rounding of its activations turns a last-bit difference
 into a whole step: the table shows edgefuse's error and what it is allowed). Then each
 pair is timed as ``edgefuse bench-llm`` times it (a prefill of ``--prefill`` tokens at position 0 and
-``--decode`` single tokens, the two programs alternating round by round, medians over ``--rounds``), and
-a pair whose prefill or decode ratio (edgefuse / stock) is 0.99 or above is timed again ``--repeats`` times. One table on
-stdout: size, dtype, run, stock and edgefuse prefill ms and their ratio, stock and edgefuse decode ms per
-token and their ratio; progress on stderr.
+``--decode`` single tokens, the two programs alternating round by round, medians over ``--rounds``) in
+two runs, each on both programs loaded afresh, stock loaded first in one and edgefuse in the other (where
+a program's memory lands moves its time by as much as the differences looked for:
+:mod:`edgefuse.llm.latency`); a pair whose prefill or decode ratio (edgefuse / stock) over both runs is
+0.99 or above gets ``--repeats`` more such pairs of runs. One table on stdout: size, dtype, run, the
+program loaded first, stock and edgefuse prefill ms and their ratio, stock and edgefuse decode ms per
+token and their ratio, a line per run and an ``all`` line per pair with the medians over every round of
+its runs, which the verdict reads; progress on stderr.
 
 ``--export-only --dir DIR`` prepares the programs (``DIR/manifest.json`` names them), which
 ``--bench-only DIR`` times later, on an idle machine. ``--profile SIZE:DTYPE`` prints, instead of the
@@ -260,52 +264,85 @@ def export_table(pairs: list[Pair]) -> str:
 
 @dataclass
 class Row:
+    """A line of the table: one run of a pair (``run`` its number, ``first`` the program loaded first), or
+    every run of it pooled (``run`` is ``"all"``, ``first`` empty)."""
+
     pair: Pair
-    run: int
+    run: int | str
+    first: str
     medians: list[tuple[float, float]]
     ratios: tuple[float, float]
 
 
-def bench_pair(folder: str, pair: Pair, args, run: int, say) -> Row:
-    """Time ``pair``'s two programs as ``edgefuse bench-llm`` does; one row of the table."""
+def _row(pair: Pair, run: int | str, first: str, timing) -> Row:
+    return Row(pair, run, first, [timing.medians(0), timing.medians(1)], timing.ratios())
+
+
+def bench_pair(folder: str, pair: Pair, args, runs: int, first_run: int, say) -> list:
+    """Time ``pair``'s two programs in ``runs`` runs (``TimedRun``), loaded afresh each run with the program
+    loaded first alternating, stock first in the first."""
     from edgefuse.cli.llm_commands import failed_steps_named, load_llm_programs
-    from edgefuse.llm.latency import prompt_for, time_prefill_decode
+    from edgefuse.llm.latency import time_runs
 
     paths = [os.path.join(folder, p) for p in (pair.stock, pair.edgefuse)]
-    programs = load_llm_programs(paths, lambda _: None)
-    say(f"{pair.size} {pair.dtype} run {run}: {args.rounds} rounds of each program, alternating, after "
-        f"{args.warmup} warm-up rounds")
+    run = first_run
+
+    def load(order):
+        nonlocal run
+        say(f"{pair.size} {pair.dtype} run {run} ({LABELS[order[0]]} loaded first): {args.rounds} rounds of each "
+            f"program, alternating, after {args.warmup} warm-up rounds")
+        run += 1
+        loaded = load_llm_programs([paths[k] for k in order], lambda _: None)
+        return [loaded[order.index(k)] for k in range(len(paths))]
+
     with failed_steps_named(paths):
-        prompt, steps = prompt_for(programs[0].method, args.prefill, args.decode)
-        timing = time_prefill_decode([p.method for p in programs], prompt, steps, args.rounds, args.warmup)
-    return Row(pair, run, [timing.medians(0), timing.medians(1)], timing.ratios())
+        return time_runs(load, len(paths), args.prefill, args.decode, runs, args.rounds, args.warmup)
+
+
+#: The programs of a pair, by their index in a timing.
+LABELS = ("stock", "edgefuse")
+
+
+def time_pair(folder: str, pair: Pair, args, say) -> list[Row]:
+    """The rows of ``pair``: two runs (each program loaded first once), two more for each of ``--repeats``
+    when the pooled prefill or decode ratio is :data:`REPEAT_AT` or above, and the pooled row."""
+    from edgefuse.llm.latency import pooled
+
+    runs = bench_pair(folder, pair, args, 2, 1, say)
+    if max(pooled(runs).ratios()) >= REPEAT_AT and args.repeats:
+        runs += bench_pair(folder, pair, args, 2 * args.repeats, len(runs) + 1, say)
+    rows = [_row(pair, k + 1, LABELS[run.order[0]], run.timing) for k, run in enumerate(runs)]
+    return rows + [_row(pair, "all", "", pooled(runs))]
 
 
 def latency_table(rows: list[Row]) -> str:
     from edgefuse.cli.tables import format_table
 
-    header = ("size", "dtype", "run", "logits", "stock prefill ms", "edgefuse prefill ms", "ratio",
+    header = ("size", "dtype", "run", "loaded first", "logits", "stock prefill ms", "edgefuse prefill ms", "ratio",
               "stock decode ms/token", "edgefuse decode ms/token", "ratio")
     body = []
     for r in rows:
         (sp, sd), (ep, ed) = r.medians
-        body.append([r.pair.size, r.pair.dtype, r.run, r.pair.logits, f"{sp:.3f}", f"{ep:.3f}", f"{r.ratios[0]:.3f}",
-                     f"{sd:.4f}", f"{ed:.4f}", f"{r.ratios[1]:.3f}"])
+        body.append([r.pair.size, r.pair.dtype, r.run, r.first or "-", r.pair.logits, f"{sp:.3f}", f"{ep:.3f}",
+                     f"{r.ratios[0]:.3f}", f"{sd:.4f}", f"{ed:.4f}", f"{r.ratios[1]:.3f}"])
     return format_table(header, body)
 
 
 def verdict(rows: list[Row]) -> str:
-    """Whether edgefuse is never slower at the median (each ratio, to two decimals, at most 1.00), and the
-    largest ratio and where it is."""
-    worst = max(((ratio, phase, r) for r in rows for phase, ratio in zip(("prefill", "decode"), r.ratios)),
-                key=lambda item: item[0])
-    ratio, phase, r = worst
-    slower = sorted({f"{x.pair.size} {x.pair.dtype} {phase_}" for x in rows
-                     for phase_, value in zip(("prefill", "decode"), x.ratios) if round(value, 2) > 1.00})
-    where = f"largest ratio {ratio:.3f}: {r.pair.size} {r.pair.dtype} {phase} (run {r.run})"
+    """Whether edgefuse is never slower at the median over a pair's runs (each pooled ratio, to two
+    decimals, at most 1.00), and the largest pooled ratio and where it is."""
+    pooled_rows = [r for r in rows if r.run == "all"]
+    ratio, phase, r = max(((ratio, phase, r) for r in pooled_rows for phase, ratio in zip(PHASES, r.ratios)),
+                          key=lambda item: item[0])
+    slower = sorted({f"{x.pair.size} {x.pair.dtype} {phase_}" for x in pooled_rows
+                     for phase_, value in zip(PHASES, x.ratios) if round(value, 2) > 1.00})
+    where = f"largest ratio {ratio:.3f}: {r.pair.size} {r.pair.dtype} {phase} (all runs)"
     if slower:
         return f"edgefuse slower than stock at the median (ratio above 1.00) in: {', '.join(slower)}; {where}"
     return f"edgefuse never slower than stock at the median (every ratio at most 1.00); {where}"
+
+
+PHASES = ("prefill", "decode")
 
 
 # -- profile --------------------------------------------------------------------------------------------
@@ -371,7 +408,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=30, help="timed rounds of each program (default 30)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     parser.add_argument("--repeats", type=int, default=1,
-                        help=f"further runs of a pair with a ratio of {REPEAT_AT} or above (default 1)")
+                        help=f"further pairs of runs (each program loaded first once) of a pair whose ratio over "
+                        f"its first two runs is {REPEAT_AT} or above (default 1)")
     parser.add_argument("--dir", default=None, help="where the programs are written (default: a fresh private "
                         "folder, removed afterwards); needed with --export-only")
     modes = parser.add_mutually_exclusive_group()
@@ -470,16 +508,13 @@ def _time_or_profile(folder: str, pairs: list[Pair], args, profile, say) -> int:
               f"microseconds, the rest of a delegate's time is the call beyond its operators); {conditions}")
         print(profile_table(folder, pair, args, say))
         return OK
-    rows = [bench_pair(folder, pair, args, 1, say) for pair in pairs]
-    for pair in pairs:
-        first = next(r for r in rows if r.pair is pair)
-        if max(first.ratios) >= REPEAT_AT:
-            rows += [bench_pair(folder, pair, args, 1 + k, say) for k in range(1, args.repeats + 1)]
-    rows.sort(key=lambda r: (pairs.index(r.pair), r.run))
+    rows = [row for pair in pairs for row in time_pair(folder, pair, args, say)]
     print(f"{conditions}; prefill of {args.prefill} tokens at position 0, then {args.decode} decode steps of one "
-          f"token; {args.rounds} rounds alternating (order swapped every round) after {args.warmup} warm-up rounds; "
-          f"medians over rounds; ratio = edgefuse / stock (below 1 is faster); a pair with a ratio of {REPEAT_AT} "
-          f"or above timed {args.repeats} more time(s)")
+          f"token; each run loads both programs afresh and times {args.rounds} rounds alternating (order swapped "
+          f"every round) after {args.warmup} warm-up rounds; two runs a pair, stock loaded first in one and edgefuse "
+          f"in the other, and {2 * args.repeats} more for a pair whose ratio over both is {REPEAT_AT} or above; "
+          "medians over rounds, and over every round of a pair's runs on its 'all' line, which the verdict reads; "
+          "ratio = edgefuse / stock (below 1 is faster)")
     print(latency_table(rows))
     print(verdict(rows))
     status = OK

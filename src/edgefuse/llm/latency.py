@@ -4,6 +4,14 @@ A program with a KV cache takes tokens ``[1, n]`` and the start position ``[1]``
 runs each program through the same prompt at position 0 and then single-token decode steps, one round of
 each program in turn with the order swapped every round (so a change of machine load hits all alike),
 and keeps every round's times; the medians are what a table shows.
+
+Where a program's memory lands decides a little of its speed, and the first program loaded into a
+process is not placed as the second one is. On the 2-core x86 machine the project is measured on, one
+``.pte`` (ExecuTorch's Llama at dim 128, 2 layers, 8da4w) loaded twice into one process ran its decode
+steps 0.2 % to 2.9 % faster as the second copy (1,000 rounds a run, eleven runs in four processes), as
+large as the differences a comparison looks for. :func:`time_runs` therefore loads the programs afresh for
+each run, alternating which is loaded first (:func:`load_orders`), and :func:`pooled` gives the medians
+over every round of every run.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -86,3 +94,48 @@ def time_prefill_decode(methods: Sequence, prompt: torch.Tensor, steps: torch.Te
                 result.prefill_ms[k].append((prefilled - start) / 1e6)
                 result.decode_ms[k].append((done - prefilled) / 1e6 / max(decode, 1))
     return result
+
+
+def load_orders(count: int, runs: int) -> list[tuple[int, ...]]:
+    """The order in which each of ``runs`` runs loads ``count`` programs: as given, then reversed, in turn."""
+    given = tuple(range(count))
+    return [given if run % 2 == 0 else given[::-1] for run in range(runs)]
+
+
+@dataclass
+class TimedRun:
+    """One run: the programs' indices in the order they were loaded, and their times."""
+
+    order: tuple[int, ...]
+    timing: PrefillDecode
+
+
+def time_runs(load: Callable[[tuple[int, ...]], Sequence], count: int, prefill: int, decode: int, runs: int,
+              rounds: int, warmup: int, seed: int = 0) -> list[TimedRun]:
+    """Time ``count`` programs in ``runs`` runs of :func:`time_prefill_decode`, each on programs loaded
+    afresh in the run's :func:`load_orders` order.
+
+    ``load(order)`` loads the programs in that order and returns them (each with a ``method``) by their
+    index, whatever the order; the previous run's programs are released before it is called. The prompt
+    (``prefill`` tokens, then ``decode`` single ones) is drawn once, from the first program's vocabulary.
+    """
+    timed: list[TimedRun] = []
+    prompt = steps = None
+    for order in load_orders(count, runs):
+        programs = load(order)
+        methods = [program.method for program in programs]
+        if prompt is None:
+            prompt, steps = prompt_for(methods[0], prefill, decode, seed)
+        timed.append(TimedRun(order, time_prefill_decode(methods, prompt, steps, rounds, warmup)))
+        del programs, methods
+    return timed
+
+
+def pooled(runs: Sequence[TimedRun]) -> PrefillDecode:
+    """Every timed round of ``runs`` as one :class:`PrefillDecode`; the last logits are the last run's."""
+    count = len(runs[0].timing.prefill_ms)
+    return PrefillDecode(
+        [[ms for run in runs for ms in run.timing.prefill_ms[k]] for k in range(count)],
+        [[ms for run in runs for ms in run.timing.decode_ms[k]] for k in range(count)],
+        list(runs[-1].timing.last_logits),
+    )
