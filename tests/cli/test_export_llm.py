@@ -260,19 +260,20 @@ def test_bench_llm_prints_medians_ratios_and_the_thread_count(llama_fp32_command
     _, _, directory, _ = llama_fp32_command
     stock, ours = str(directory / "llama.stock.pte"), str(directory / "llama.pte")
     code = cli.main(["-q", "bench-llm", stock, ours, "--prefill", "4", "--decode", "2", "--rounds", "2",
-                     "--warmup", "0", "--threads", "1", "--runs", "3"])
+                     "--warmup", "0", "--threads", "1", "--runs", "4"])
     out = capsys.readouterr().out.splitlines()
     assert code == OK
     assert "1 thread(s)" in out[0] and "prefill of 4 tokens" in out[0] and "2 decode steps" in out[0]
-    assert "3 run(s) of 2 rounds" in out[0] and "stock first in odd runs" in out[0]
+    assert "4 runs of 2 rounds" in out[0] and "stock first in runs 1, 3, ..." in out[0]
     assert out[1].split() == ["program", "file", "prefill", "ms", "decode", "ms/token", "prefill", "ratio",
                               "decode", "ratio"]
     stock_row, our_row = out[2].split(), out[3].split()
     assert stock_row[0] == "stock" and our_row[0] == "edgefuse"
     assert stock_row[-2:] == ["1.000", "1.000"] and all(float(v) > 0 for v in our_row[2:])
-    assert [line.split(":")[0] for line in out[4:7]] == [
-        "run 1, stock loaded first", "run 2, edgefuse loaded first", "run 3, stock loaded first"]
-    assert out[7].startswith("last decode step's logits, largest difference between the programs:")
+    assert [line.split(":")[0] for line in out[4:8]] == [
+        "run 1, stock loaded first", "run 2, edgefuse loaded first", "run 3, stock loaded first",
+        "run 4, edgefuse loaded first"]
+    assert out[8].startswith("last decode step's logits, largest difference between the programs:")
 
 
 def test_bench_llm_says_when_the_context_is_too_short(llama_fp32_command, capsys):
@@ -282,9 +283,10 @@ def test_bench_llm_says_when_the_context_is_too_short(llama_fp32_command, capsys
     assert code == USAGE and "context length" in capsys.readouterr().err
 
 
-def test_bench_llm_refuses_zero_runs_before_loading_anything(capsys):
-    code = cli.main(["-q", "bench-llm", "missing.stock.pte", "missing.pte", "--runs", "0"])
-    assert code == USAGE and "--runs must be at least 1" in capsys.readouterr().err
+@pytest.mark.parametrize("runs, message", [("0", "--runs must be at least 2"), ("3", "--runs 3: give an even number")])
+def test_bench_llm_refuses_runs_that_do_not_load_each_program_first_as_often_before_loading(runs, message, capsys):
+    code = cli.main(["-q", "bench-llm", "missing.stock.pte", "missing.pte", "--runs", runs])
+    assert code == USAGE and message in capsys.readouterr().err
 
 
 # -- export recipes ---------------------------------------------------------------------------------

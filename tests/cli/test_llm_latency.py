@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import os
 
+from types import SimpleNamespace
+
 import pytest
 
 from edgefuse.cli import llm_latency
@@ -135,6 +137,34 @@ def test_the_latency_table_has_one_row_per_run_and_one_for_all_runs():
     assert lines[1].split()[7] == "0.995" and lines[2].split()[-1] == "0.910"
 
 
+def _timed(order, stock_ms, edgefuse_ms):
+    from edgefuse.llm.latency import PrefillDecode, TimedRun
+
+    return TimedRun(order, PrefillDecode([[10.0], [10.0 * edgefuse_ms / stock_ms]], [[stock_ms], [edgefuse_ms]],
+                                         [None, None]))
+
+
+@pytest.mark.parametrize("ratio, repeats, runs", [(1.01, 1, 4), (1.01, 2, 6), (0.95, 1, 2), (1.01, 0, 2)])
+def test_a_pair_is_timed_in_two_runs_and_again_in_pairs_of_runs_when_close(monkeypatch, ratio, repeats, runs):
+    """Two runs, each program loaded first once; a pair whose pooled ratio is 0.99 or above gets two more
+    runs per ``--repeats``, numbered on, and the ``all`` line pools every run."""
+    from edgefuse.llm.latency import load_orders
+
+    calls = []
+
+    def bench_pair(folder, pair, args, count, first_run, say):
+        calls.append((count, first_run))
+        return [_timed(order, 1.0, ratio) for order in load_orders(2, count)]
+
+    monkeypatch.setattr(llm_latency, "bench_pair", bench_pair)
+    pair = llm_latency.Pair("128x2", "8da4w", "s.pte", "e.pte", logits="float32")
+    rows = llm_latency.time_pair("folder", pair, SimpleNamespace(repeats=repeats), lambda _: None)
+    assert calls == [(2, 1)] + ([(2 * repeats, 3)] if runs > 2 else [])
+    assert [(r.run, r.first) for r in rows[:-1]] == [(k, ("stock", "edgefuse")[(k - 1) % 2]) for k in range(1, runs + 1)]
+    assert (rows[-1].run, rows[-1].first) == ("all", "")
+    assert rows[-1].ratios[1] == pytest.approx(ratio)
+
+
 # -- the smallest size, exported ------------------------------------------------------------------------
 
 
@@ -167,7 +197,7 @@ def test_export_only_writes_the_model_files_both_programs_and_the_manifest(prepa
     assert not (folder / "outputs").exists() and not os.path.exists("outputs")  # hydra's run folder stays inside
 
 
-def test_bench_only_prints_one_row_per_pair_and_the_conditions(prepared, capsys):
+def test_bench_only_prints_a_row_per_run_and_per_pair_and_the_conditions(prepared, capsys):
     folder, _, _ = prepared
     code, out, err = run(capsys, "--bench-only", str(folder), "--prefill", "8", "--decode", "4", "--rounds", "1",
                          "--warmup", "0", "--repeats", "0")

@@ -1,31 +1,44 @@
 """Timing in runs (:mod:`edgefuse.llm.latency`): each run loads the programs afresh, the one loaded first
-alternating, and the runs' rounds are pooled. On stand-in programs, so what each run loads and times is
-known; the commands' tests run it on real programs (tests/cli/test_llm_latency.py, test_export_llm.py)."""
+alternating, and the runs' rounds are pooled. On stand-in programs and a stand-in clock, so what each run
+loads and times is known; the commands' tests run it on real programs (tests/cli/test_llm_latency.py,
+tests/cli/test_export_llm.py)."""
 
 from __future__ import annotations
 
-import time
+import gc
+import weakref
+from types import SimpleNamespace
 
+import pytest
 import torch
 
-from edgefuse.llm.latency import load_orders, pooled, time_runs
+from edgefuse.llm import latency
+from edgefuse.llm.latency import StepFailed, load_orders, pooled, time_runs
 
 
-class _Method:
-    """Logits of a vocabulary of 5 after ``pause`` seconds, counting its calls."""
-
-    def __init__(self, pause: float) -> None:
-        self.pause, self.calls = pause, 0
-
-    def execute(self, inputs):
-        self.calls += 1
-        time.sleep(self.pause)
-        return [torch.zeros(1, inputs[0].shape[1], 5)]
+@pytest.fixture
+def clock(monkeypatch):
+    """A clock that only the stand-in programs move: each step adds its program's cost in ns."""
+    now = SimpleNamespace(ns=0)
+    monkeypatch.setattr(latency, "time", SimpleNamespace(perf_counter_ns=lambda: now.ns))
+    return now
 
 
 class _Program:
-    def __init__(self, pause: float) -> None:
-        self.method = _Method(pause)
+    """A program whose every step costs ``ns`` on ``clock`` and returns logits of a vocabulary of 5;
+    it fails on ``fail_at`` (a position) if given."""
+
+    def __init__(self, clock, ns: int, fail_at: int | None = None) -> None:
+        self.calls = 0
+
+        def execute(inputs):
+            if inputs[1].item() == fail_at:
+                raise RuntimeError("the runtime's message")
+            self.calls += 1
+            clock.ns += ns
+            return [torch.zeros(1, inputs[0].shape[1], 5)]
+
+        self.method = SimpleNamespace(execute=execute)
 
 
 def test_the_program_loaded_first_alternates_run_by_run():
@@ -33,30 +46,60 @@ def test_the_program_loaded_first_alternates_run_by_run():
     assert load_orders(3, 2) == [(0, 1, 2), (2, 1, 0)]
 
 
-def test_each_run_loads_afresh_in_its_order_and_times_each_program_under_its_own_index():
+def test_each_run_loads_afresh_in_its_order_and_times_each_program_under_its_own_index(clock):
     loads, programs = [], []
 
-    def load(order):
+    def load(order):  # in load order, as the commands' loader returns them
         loads.append(order)
-        fresh = {k: _Program(pause=0.002 if k == 1 else 0.0) for k in order}
-        programs.append(fresh)
-        return [fresh[k] for k in range(2)]
+        fresh = [_Program(clock, ns=3_000_000 if k == 1 else 1_000_000) for k in order]
+        programs.append(dict(zip(order, fresh)))
+        return fresh
 
     runs = time_runs(load, 2, prefill=3, decode=2, runs=4, rounds=2, warmup=1)
     assert loads == [(0, 1), (1, 0), (0, 1), (1, 0)]
     assert [run.order for run in runs] == loads
-    # every run its own programs: a probe step for the prompt in the first, then (1 + 2) rounds of 3 steps
-    assert [[p.method.calls for p in fresh.values()] for fresh in programs] == [[10, 9], [9, 9], [9, 9], [9, 9]]
-    for run in runs:  # program 1 sleeps 2 ms a step whichever was loaded first
-        (slow_prefill, slow_decode), (fast_prefill, fast_decode) = run.timing.medians(1), run.timing.medians(0)
-        assert slow_prefill >= 2.0 > fast_prefill and slow_decode >= 2.0 > fast_decode
-        assert len(run.timing.prefill_ms[0]) == 2 and len(run.timing.decode_ms[1]) == 2
+    # each run its own programs: a probe step of program 0 for the prompt in the first, then 1 + 2 rounds of 3 steps
+    assert [[fresh[k].calls for k in (0, 1)] for fresh in programs] == [[10, 9], [9, 9], [9, 9], [9, 9]]
+    for run in runs:  # program 1 costs 3 ms a step, program 0 1 ms, whichever was loaded first
+        assert run.timing.medians(0) == (1.0, 1.0) and run.timing.medians(1) == (3.0, 3.0)
+        assert run.timing.ratios() == (3.0, 3.0)
 
 
-def test_pooled_holds_every_round_of_every_run_by_program():
-    runs = time_runs(lambda order: [_Program(0.0), _Program(0.0)], 2, prefill=2, decode=1, runs=3, rounds=4,
-                     warmup=0)
+def test_a_run_releases_the_last_runs_programs_before_it_loads(clock):
+    previous: list[weakref.ref] = []
+    alive_at_load: list[int] = []
+
+    def load(order):
+        gc.collect()
+        alive_at_load.append(sum(ref() is not None for ref in previous))
+        fresh = [_Program(clock, ns=1) for _ in order]
+        previous[:] = [weakref.ref(p) for p in fresh]
+        return fresh
+
+    time_runs(load, 2, prefill=2, decode=1, runs=3, rounds=1, warmup=0)
+    assert alive_at_load == [0, 0, 0]
+
+
+def test_a_failing_step_names_the_program_by_its_index_when_it_was_loaded_first(clock):
+    def load(order):  # program 1 fails at its first decode step; in run 2 it is loaded first
+        return [_Program(clock, ns=1, fail_at=2 if k == 1 and order[0] == 1 else None) for k in order]
+
+    with pytest.raises(StepFailed) as failed:
+        time_runs(load, 2, prefill=2, decode=1, runs=2, rounds=1, warmup=0)
+    assert failed.value.index == 1 and failed.value.position == 2
+
+
+def test_pooled_holds_every_round_of_every_run_by_program(clock):
+    costs = iter([1, 2, 3, 4, 5, 6])  # programs 0 and 1 cost (1, 2) ns a step in run 1, (3, 4) in 2, (5, 6) in 3
+
+    def load(order):
+        ns = {0: next(costs), 1: next(costs)}
+        return [_Program(clock, ns=ns[k]) for k in order]
+
+    runs = time_runs(load, 2, prefill=2, decode=1, runs=3, rounds=4, warmup=0)
     whole = pooled(runs)
     assert [len(ms) for ms in whole.prefill_ms] == [12, 12] and [len(ms) for ms in whole.decode_ms] == [12, 12]
     assert whole.prefill_ms[1] == [ms for run in runs for ms in run.timing.prefill_ms[1]]
+    assert sorted(set(whole.decode_ms[0])) == [1e-6, 3e-6, 5e-6]
+    assert sorted(set(whole.decode_ms[1])) == [2e-6, 4e-6, 6e-6]
     assert whole.last_logits[0] is runs[-1].timing.last_logits[0]

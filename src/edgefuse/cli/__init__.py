@@ -168,9 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="prefill and decode latency of two export_llm programs (stock, edgefuse) in executorch.runtime",
         description="Load two .pte written by export_llm (KV cache: inputs tokens [1, n] and input_pos [1]) with "
         "ExecuTorch's LLM custom ops, and time a prefill of N tokens then K decode steps of each, alternating "
-        "round by round, in runs that load both afresh with the one loaded first alternating (where a "
-        "program's memory lands moves its time by a percent or two); prints the medians over every round, "
-        "the thread count and the ratios edgefuse / stock.",
+        "round by round, in runs that load both afresh with the one loaded first alternating (the program "
+        "loaded second runs up to a percent or two faster); prints the medians over every round, the thread "
+        "count, the ratios edgefuse / stock and each run's ratios.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench_llm.add_argument("stock", metavar="STOCK.pte", help="the program of stock export_llm")
@@ -181,7 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench_llm.add_argument("--rounds", type=int, default=30, help="timed rounds of each program (default 30)")
     bench_llm.add_argument("--warmup", type=int, default=3, help="untimed rounds first (default 3)")
     bench_llm.add_argument("--runs", type=int, default=2,
-                           help="runs, each loading both programs afresh, stock first in odd ones (default 2)")
+                           help="runs (an even number), each loading both programs afresh, stock first in runs "
+                           "1, 3, ... and edgefuse in runs 2, 4, ... (default 2; not bench's --runs, which counts "
+                           "rounds)")
 
     fuzz = commands.add_parser(
         "fuzz", help="differential fuzzing of edgefuse's rewrites (edgefuse.fuzz)", add_help=False,

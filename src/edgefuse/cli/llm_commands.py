@@ -216,7 +216,10 @@ def check_bench_numbers(args, more: tuple[tuple[str, int, int], ...] = ()) -> No
 def bench_llm(args, say: Say) -> int:
     """``edgefuse bench-llm STOCK.pte EDGEFUSE.pte``: prefill latency and decode ms per token, alternating, in
     ``--runs`` runs on programs loaded afresh, the one loaded first alternating."""
-    check_bench_numbers(args, (("--runs", args.runs, 1),))
+    check_bench_numbers(args, (("--runs", args.runs, 2),))
+    if args.runs % 2:
+        raise UsageError(f"--runs {args.runs}: give an even number, so that each program is loaded first in half "
+                         "the runs (the one loaded second runs up to a percent or two faster)")
     paths = (args.stock, args.edgefuse)
     from edgefuse.llm.latency import pooled, time_runs
     from edgefuse.runtime import cpu_features, set_threads
@@ -227,8 +230,7 @@ def bench_llm(args, say: Say) -> int:
     def load(order):
         say(f"run with {labels[order[0]]} loaded first: {args.rounds} rounds of each program, alternating, after "
             f"{args.warmup} warm-up rounds")
-        loaded = load_llm_programs([paths[k] for k in order], say)
-        return [loaded[order.index(k)] for k in range(len(paths))]
+        return load_llm_programs([paths[k] for k in order], say)
 
     with failed_steps_named(paths):
         runs = time_runs(load, len(paths), args.prefill, args.decode, args.runs, args.rounds, args.warmup)
@@ -240,10 +242,10 @@ def bench_llm(args, say: Say) -> int:
     for label, path, (p, d) in zip(labels, paths, medians):
         rows.append([label, path, f"{p:.3f}", f"{d:.4f}", f"{p / medians[0][0]:.3f}", f"{d / medians[0][1]:.3f}"])
     print(f"executorch.runtime with the LLM custom ops, {threads} thread(s); prefill of {args.prefill} tokens at "
-          f"position 0, then {args.decode} decode steps of one token; {args.runs} run(s) of {args.rounds} rounds "
+          f"position 0, then {args.decode} decode steps of one token; {args.runs} runs of {args.rounds} rounds "
           f"alternating (order swapped every round) after {args.warmup} warm-up rounds, both programs loaded "
-          "afresh each run, stock first in odd runs and edgefuse in even ones; medians over every round; "
-          "ratio = edgefuse / stock (below 1 is faster)")
+          "afresh each run, stock first in runs 1, 3, ... and edgefuse in runs 2, 4, ...; medians over every "
+          "round of every run; ratio = edgefuse / stock (below 1 is faster)")
     print(format_table(("program", "file", "prefill ms", "decode ms/token", "prefill ratio", "decode ratio"), rows))
     for k, run in enumerate(runs, 1):
         prefill, decode = run.timing.ratios()

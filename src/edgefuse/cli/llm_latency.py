@@ -15,8 +15,8 @@ stock's error plus that bound, since the int8 rounding of its activations turns 
 into a whole step: the table shows edgefuse's error and what it is allowed). Then each
 pair is timed as ``edgefuse bench-llm`` times it (a prefill of ``--prefill`` tokens at position 0 and
 ``--decode`` single tokens, the two programs alternating round by round, medians over ``--rounds``) in
-two runs, each on both programs loaded afresh, stock loaded first in one and edgefuse in the other (where
-a program's memory lands moves its time by as much as the differences looked for:
+two runs, each on both programs loaded afresh, stock loaded first in one and edgefuse in the other (the
+program loaded second runs up to a percent or two faster, as much as the differences looked for:
 :mod:`edgefuse.llm.latency`); a pair whose prefill or decode ratio (edgefuse / stock) over both runs is
 0.99 or above gets ``--repeats`` more such pairs of runs. One table on stdout: size, dtype, run, the
 program loaded first, stock and edgefuse prefill ms and their ratio, stock and edgefuse decode ms per
@@ -292,8 +292,7 @@ def bench_pair(folder: str, pair: Pair, args, runs: int, first_run: int, say) ->
         say(f"{pair.size} {pair.dtype} run {run} ({LABELS[order[0]]} loaded first): {args.rounds} rounds of each "
             f"program, alternating, after {args.warmup} warm-up rounds")
         run += 1
-        loaded = load_llm_programs([paths[k] for k in order], lambda _: None)
-        return [loaded[order.index(k)] for k in range(len(paths))]
+        return load_llm_programs([paths[k] for k in order], lambda _: None)
 
     with failed_steps_named(paths):
         return time_runs(load, len(paths), args.prefill, args.decode, runs, args.rounds, args.warmup)
@@ -512,9 +511,10 @@ def _time_or_profile(folder: str, pairs: list[Pair], args, profile, say) -> int:
     print(f"{conditions}; prefill of {args.prefill} tokens at position 0, then {args.decode} decode steps of one "
           f"token; each run loads both programs afresh and times {args.rounds} rounds alternating (order swapped "
           f"every round) after {args.warmup} warm-up rounds; two runs a pair, stock loaded first in one and edgefuse "
-          f"in the other, and {2 * args.repeats} more for a pair whose ratio over both is {REPEAT_AT} or above; "
-          "medians over rounds, and over every round of a pair's runs on its 'all' line, which the verdict reads; "
-          "ratio = edgefuse / stock (below 1 is faster)")
+          "in the other" + (f", and {2 * args.repeats} more for a pair whose ratio over both is {REPEAT_AT} or above"
+                            if args.repeats else "") +
+          "; medians over rounds, and over every round of a pair's runs on its 'all' line, which the verdict "
+          "reads; ratio = edgefuse / stock (below 1 is faster)")
     print(latency_table(rows))
     print(verdict(rows))
     status = OK

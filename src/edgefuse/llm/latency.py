@@ -5,13 +5,13 @@ runs each program through the same prompt at position 0 and then single-token de
 each program in turn with the order swapped every round (so a change of machine load hits all alike),
 and keeps every round's times; the medians are what a table shows.
 
-Where a program's memory lands decides a little of its speed, and the first program loaded into a
-process is not placed as the second one is. On the 2-core x86 machine the project is measured on, one
-``.pte`` (ExecuTorch's Llama at dim 128, 2 layers, 8da4w) timed against itself, ``edgefuse bench-llm
-P.pte P.pte --prefill 100 --decode 32 --rounds 1000 --runs 6``, gave decode ratios (second-named over
-first-named) of 0.984, 1.000 and 0.994 with the first-named loaded first and 1.006, 1.006 and 1.007 with
-the second-named loaded first: the copy loaded second ran up to 1.6 % faster (up to 2.9 % in earlier
-runs), as large as the differences a comparison looks for; pooled, 1.001. :func:`time_runs` therefore
+Which program is loaded first into a process moves its time a little (likely through where its memory
+lands: the first does not run quite as the second one does). On the 2-core x86
+machine the project is measured on, one ``.pte`` (ExecuTorch's Llama at dim 128, 2 layers, 8da4w) timed
+against itself, ``edgefuse bench-llm P.pte P.pte --prefill 100 --decode 32 --rounds 1000 --runs 6``, gave
+decode ratios (second-named over first-named) of 0.984, 1.000 and 0.994 with the first-named loaded first
+and 1.006, 1.006 and 1.007 with the second-named loaded first: the copy loaded second was as fast or up to
+1.6 % faster, as large as the differences a comparison looks for; pooled, 1.001. :func:`time_runs` therefore
 loads the programs afresh for each run, alternating which is loaded first (:func:`load_orders`), and
 :func:`pooled` gives the medians over every round of every run.
 """
@@ -117,19 +117,20 @@ def time_runs(load: Callable[[tuple[int, ...]], Sequence], count: int, prefill: 
     """Time ``count`` programs in ``runs`` runs of :func:`time_prefill_decode`, each on programs loaded
     afresh in the run's :func:`load_orders` order.
 
-    ``load(order)`` loads the programs in that order and returns them (each with a ``method``) by their
-    index, whatever the order; the previous run's programs are released before it is called. The prompt
-    (``prefill`` tokens, then ``decode`` single ones) is drawn once, from the first program's vocabulary.
+    ``load(order)`` loads the programs of those indices in that order and returns them (each with a
+    ``method``) in the same order; the previous run's programs are released before it is called. Times,
+    logits and a failing step's :class:`StepFailed` index name a program by its index, whatever the order.
+    The prompt (``prefill`` tokens, then ``decode`` single ones) is drawn once, from program 0's vocabulary.
     """
     timed: list[TimedRun] = []
     prompt = steps = None
     for order in load_orders(count, runs):
-        programs = load(order)
-        methods = [program.method for program in programs]
+        loaded = load(order)  # kept until the run ends: a method does not keep its program alive
+        methods = [loaded[order.index(k)].method for k in range(count)]
         if prompt is None:
             prompt, steps = prompt_for(methods[0], prefill, decode, seed)
         timed.append(TimedRun(order, time_prefill_decode(methods, prompt, steps, rounds, warmup)))
-        del programs, methods
+        del loaded, methods
     return timed
 
 

@@ -37,14 +37,15 @@ Policies, for a mean whose row count (the product of the kept dims) is static an
 - ``"portable"``: leave every single-row mean on the portable kernel.
 
 A mean whose row count is known only at run time (dynamic shapes) is always delegated: the same program
-then serves prefill and decode, and prefill is where the time goes. Decode steps average one row
-through it, and at a small width the delegated mean is no loss there either: in ExecuTorch's Llama at
-dim 128, 2 layers, 8da4w (5 norms; ``python -m edgefuse.cli.llm_latency --sizes 128x2 --dtypes 8da4w``),
-the fully-connected that averages a row of 128 took about 0.19 us a call in ``perf`` samples of decode
-steps (one chain of 128 dependent multiply-adds) against 0.15 us for the portable kernel, but the portable
-mean splits the delegate, and each step of stock's program makes 24 delegate calls to edgefuse's 19:
-edgefuse's decode step took 0.997 of stock's (six runs of 1,000 rounds, each program loaded first in
-three), its prefill 0.996. What a policy other than
+then serves prefill and decode, and prefill is where the time goes. At a decode step such a mean has
+one row, and at width 128 delegating it measured no loss: in ExecuTorch's Llama at dim 128, 2 layers,
+8da4w (5 norms; ``python -m edgefuse.cli.llm_latency --sizes 128x2 --dtypes 8da4w --rounds 1000
+--repeats 2``), the fully-connected that averages a row of 128 took about 0.19 µs a call in samples of
+decode steps (``perf record -F 10000 -e cpu-clock``; its loop is one chain of 128 dependent multiply-adds
+into one register) against 0.15 to 0.16 µs for the portable kernel of stock's program, but stock's
+portable means split its delegates: each of its decode steps makes 24 delegate calls to edgefuse's 19.
+edgefuse's decode step took 0.997 of stock's (0.978 to 1.011 by run, by which program was loaded first;
+six runs of 1,000 rounds), its prefill 0.996: no measurable difference. What a policy other than
 ``"delegate"`` costs: each mean it keeps portable splits the delegate around it, one more delegate
 call per norm, and "no mean left outside the delegate" then holds only for means of more than one row.
 """
