@@ -238,3 +238,17 @@ def test_a_config_export_llm_rejects_is_a_usage_error(monkeypatch):
     monkeypatch.setattr(llm_check, "export_programs", rejected)
     with pytest.raises(UsageError, match="export_llm rejected llama-64x1-fp32:\nCould not override"):
         llm_latency._exported(llm_latency.dtype_case("64x1", "fp32"), ("p", "c"), "unused", ())
+
+
+def test_llm_check_exits_2_with_export_llms_message_when_it_rejects_a_case(monkeypatch, capsys):
+    from edgefuse.cli import llm_check
+    from edgefuse.llm.export import ConfigRejected
+
+    def rejected(*args, **kwargs):
+        raise ConfigRejected("TorchRuntimeError: RuntimeError when making fake tensor call")
+
+    monkeypatch.setattr(llm_check, "check_case", rejected)
+    assert llm_check.main(["--cases", "llama-8da4w", "--dim", "128", "--layers", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "export_llm rejected llama-8da4w (128 wide, 2 layer(s)):\nTorchRuntimeError" in err
+    assert "Traceback" not in err
