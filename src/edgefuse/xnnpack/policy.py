@@ -42,10 +42,10 @@ one row, and at width 128 delegating it measured no loss: in ExecuTorch's Llama 
 8da4w (5 norms; ``python -m edgefuse.cli.llm_latency --sizes 128x2 --dtypes 8da4w --rounds 1000
 --repeats 2``), the fully-connected that averages a row of 128 took about 0.19 µs a call in samples of
 decode steps (``perf record -F 10000 -e cpu-clock``; its loop is one chain of 128 dependent multiply-adds
-into one register) against 0.15 to 0.16 µs for the portable kernel of stock's program, but stock's
+into one register) against 0.15 to 0.17 µs for the portable kernel of stock's program, but stock's
 portable means split its delegates: each of its decode steps makes 24 delegate calls to edgefuse's 19.
-edgefuse's decode step took 0.997 of stock's (0.978 to 1.011 by run, by which program was loaded first;
-six runs of 1,000 rounds), its prefill 0.996: no measurable difference. What a policy other than
+edgefuse's decode step took 0.998 of stock's (0.992 to 1.003 by run; six runs of 1,000 rounds, each
+program loaded first in three), its prefill 0.997: no measurable difference. What a policy other than
 ``"delegate"`` costs: each mean it keeps portable splits the delegate around it, one more delegate
 call per norm, and "no mean left outside the delegate" then holds only for means of more than one row.
 """
