@@ -338,7 +338,8 @@ def verdict(rows: list[Row]) -> str:
     where = f"largest ratio {ratio:.3f}: {r.pair.size} {r.pair.dtype} {phase} (all runs)"
     if slower:
         return f"edgefuse slower than stock at the median (ratio above 1.00) in: {', '.join(slower)}; {where}"
-    return f"edgefuse never slower than stock at the median (every ratio at most 1.00); {where}"
+    return (f"edgefuse never slower than stock at the median (every ratio over all of a pair's runs at most 1.00); "
+            f"{where}")
 
 
 PHASES = ("prefill", "decode")
