@@ -5,6 +5,7 @@ the smallest size check only what the output names."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 
 from types import SimpleNamespace
@@ -245,10 +246,14 @@ def test_llm_check_exits_2_with_export_llms_message_when_it_rejects_a_case(monke
     from edgefuse.llm.export import ConfigRejected
 
     def rejected(*args, **kwargs):
+        print("Using int4 weight and int8 dynamic activation quantization!")  # as export_llm prints
+        logging.getLogger().warning("Model after source transforms: Transformer(...)")  # and logs
         raise ConfigRejected("TorchRuntimeError: RuntimeError when making fake tensor call")
 
     monkeypatch.setattr(llm_check, "check_case", rejected)
     assert llm_check.main(["--cases", "llama-8da4w", "--dim", "128", "--layers", "2"]) == 2
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "export_llm rejected llama-8da4w (128 wide, 2 layer(s)):\nTorchRuntimeError" in err
     assert "Traceback" not in err
+    assert out == ""  # what export_llm prints goes to stderr: stdout holds the table alone
+    assert "Model after source transforms" not in err  # its log records below ERROR are dropped

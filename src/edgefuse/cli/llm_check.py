@@ -22,6 +22,7 @@ outside a delegate, or a program misses its bound.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -360,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--prefill at least 1, --decode at least 0, together at most 127 (the default context is 128)")
     from edgefuse.cli.tables import format_table
 
+    from edgefuse.cli.progress import quiet_root_logger
     from edgefuse.llm.export import ConfigRejected
 
     torch.set_num_threads(1)
@@ -371,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
             sub = os.path.join(directory, name)
             os.makedirs(sub)
             try:
-                checks = check_case(case, sub, args.prefill, args.decode)
+                with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):  # stdout holds the table alone
+                    checks = check_case(case, sub, args.prefill, args.decode)
             except ConfigRejected as error:  # stock's export fails as edgefuse's would: nothing to compare
                 print(f"python -m edgefuse.cli.llm_check: export_llm rejected {name} ({case.params['dim']} wide, "
                       f"{case.params['n_layers']} layer(s)):\n{error}", file=sys.stderr)
