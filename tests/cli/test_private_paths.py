@@ -15,7 +15,7 @@ import pytest
 import edgefuse
 from edgefuse.cli import demo
 from edgefuse.cli.errors import OK
-from edgefuse.cli.files import UnsafeFolder, own_folder, write_text
+from edgefuse.runtime.files import UnsafeFolder, own_folder, write_text
 from edgefuse.fuzz import cli as fuzz_cli
 
 MAP_NAME = f"{demo.MODEL}-float16.delegates.svg"

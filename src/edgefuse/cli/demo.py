@@ -29,7 +29,7 @@ from torch.export import ExportedProgram
 from edgefuse._fx import dtype_name
 from edgefuse.cli.background import Background
 from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, Unavailable, UsageError
-from edgefuse.cli.files import fresh_private_folder, write_text
+from edgefuse.runtime.files import fresh_private_folder, write_text
 from edgefuse.cli.pte_checks import CheckedProgram, comparison_lines, flat_tensors, lower_to_pte, run_and_check
 from edgefuse.cli.stock_and_edgefuse import build_xnnpack_patterns
 from edgefuse.cli.modelspec import ModelSpec

@@ -468,11 +468,11 @@ def run(args, say) -> int:
     sizes, dtypes = sizes or list(SIZES), dtypes or list(DTYPES)
     temporary = args.dir is None
     if temporary:
-        from edgefuse.cli.files import fresh_private_folder
+        from edgefuse.runtime.files import fresh_private_folder
 
         folder = fresh_private_folder("edgefuse-llm-latency-")
     else:
-        from edgefuse.cli.files import UnsafeFolder, own_folder
+        from edgefuse.runtime.files import UnsafeFolder, own_folder
 
         try:
             folder = own_folder(args.dir)

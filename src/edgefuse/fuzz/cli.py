@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
-    from edgefuse.cli.files import UnsafeFolder, own_folder
+    from edgefuse.runtime.files import UnsafeFolder, own_folder
 
     try:
         if options.out is not None and os.path.lexists(options.out):

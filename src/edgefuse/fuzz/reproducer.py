@@ -344,8 +344,8 @@ def file_name(finding: Finding, suffix: str = "") -> str:
 
 def write(directory: Path, finding: Finding, text: str, suffix: str = "") -> Path:
     """Write a reproducer into ``directory``, a folder of this user's that no other user can write (made
-    when missing), never through a symlink (:mod:`edgefuse.cli.files`); raises ``OSError`` otherwise."""
-    from edgefuse.cli.files import own_folder, write_text
+    when missing), never through a symlink (:mod:`edgefuse.runtime.files`); raises ``OSError`` otherwise."""
+    from edgefuse.runtime.files import own_folder, write_text
 
     own_folder(directory)
     path = directory / file_name(finding, suffix)

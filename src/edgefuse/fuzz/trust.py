@@ -591,7 +591,7 @@ def _feed(counts: Counts, read: Callable[[str], str], path: str, marker: str, la
 
 def measure(archives: int, reproducers: int, seed: int = 0, log=sys.stderr) -> tuple[Counts, Counts]:
     """Feed ``archives`` mutated archives and ``reproducers`` mutated reproducers to edgefuse's readers."""
-    from edgefuse.cli.files import fresh_private_folder
+    from edgefuse.runtime.files import fresh_private_folder
     from edgefuse.cli.progress import quiet_torch_logs
 
     rng = random.Random(f"edgefuse-trust:{seed}")

@@ -1,4 +1,12 @@
-"""Where edgefuse writes files of its own choosing: folders only the user can write, never through a link.
+"""How edgefuse reads the files it is handed and writes the files it names: regular files within a bound,
+folders only the user can write, never through a link.
+
+Reading: :func:`read_regular` and :func:`open_regular` open a file without blocking and refuse anything
+but a regular file (a FIFO would block, ``/dev/zero`` never ends) and a file past a size bound, before
+reading a byte; what is read is that one open file. Writing: :func:`write_new` writes a name edgefuse
+chose only as a new file (or over one it wrote in the same run), never through a link at the name.
+
+Folders:
 
 A fixed name under a shared folder (``/tmp/edgefuse-demo``) can be made first by another user, or hold a
 symlink another user planted under the file's name, and a write would then go where they point. So the
@@ -14,6 +22,7 @@ through a link at its name, so nothing swapped after the check is written throug
 from __future__ import annotations
 
 import errno
+import io
 import os
 import stat
 import tempfile
@@ -126,3 +135,94 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         os.set_blocking(f.fileno(), True)
         f.truncate(0)  # only once it is known to be this user's regular file
         f.write(text)
+
+
+# --- reading files others may hand the user -----------------------------------------------------------
+
+#: Open for reading without blocking: opening a FIFO for reading blocks until a writer comes, so it is
+#: opened this way and refused as not a regular file before anything waits on it.
+_READ = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+
+class NotARegularFile(ValueError):
+    """A file edgefuse was asked to read is not a regular file (a FIFO, a device, a folder, a socket)."""
+
+
+class TooLarge(ValueError):
+    """A file, or something it declares, is past a bound edgefuse reads it within; the message names the
+    bound and how to raise it."""
+
+
+def open_regular(path: str | os.PathLike, limit: int, what: str, raise_with: str = "") -> io.BufferedReader:
+    """``path`` opened for reading in binary, once it is known to be a regular file of at most ``limit``
+    bytes: what the caller then reads, hashes or unpacks is this one open file, whatever is put at the
+    name later. ``what`` names the file in errors, ``raise_with`` the option that raises the bound.
+
+    Raises :class:`NotARegularFile`, :class:`TooLarge`, or ``OSError`` when it cannot be opened.
+    """
+    fd = os.open(os.fspath(path), _READ)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise NotARegularFile(f"{os.fspath(path)} is {_kind(status.st_mode)}, not a regular file: {what} is read "
+                                  "from a regular file only")
+        _check_size(status.st_size, limit, f"{os.fspath(path)} ({what})", raise_with)
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: str | os.PathLike, limit: int, what: str, raise_with: str = "") -> bytes:
+    """The bytes of the regular file ``path``, at most ``limit`` of them (:func:`open_regular`); a file
+    that grows past the bound while it is read is refused too."""
+    with open_regular(path, limit, what, raise_with) as f:
+        data = f.read(limit + 1)
+    _check_size(len(data), limit, f"{os.fspath(path)} ({what})", raise_with)
+    return data
+
+
+def _check_size(size: int, limit: int, where: str, raise_with: str) -> None:
+    if size > limit:
+        how = f"; raise it with {raise_with}" if raise_with else ""
+        raise TooLarge(f"{where} holds {size:,} bytes, past the bound of {limit:,}{how}")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+# --- writing files edgefuse names itself ---------------------------------------------------------------
+
+#: The files this process created under names it chose (device and inode): the only files such a name
+#: may be written over.
+_CREATED: set[tuple[int, int]] = set()
+
+
+def write_new(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` to ``path``, a name edgefuse chose itself (a map beside the user's ``.pte``, a
+    program kept beside another): created anew, never through a symlink at the name, and never over a
+    file this process did not create. Raises ``FileExistsError`` naming the file otherwise."""
+    path = os.fspath(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except FileExistsError:
+        try:
+            status = os.lstat(path)
+        except FileNotFoundError:  # removed in between: try once more, still exclusively
+            fd = os.open(path, flags, 0o666)
+        else:
+            if not stat.S_ISREG(status.st_mode) or (status.st_dev, status.st_ino) not in _CREATED:
+                raise FileExistsError(errno.EEXIST, f"{path} exists and edgefuse did not write it in this run; it "
+                                                    "writes a name it chose only as a new file", path) from None
+            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "wb") as f:
+        status = os.fstat(f.fileno())
+        _CREATED.add((status.st_dev, status.st_ino))
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
