@@ -130,6 +130,15 @@ class Rejection:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """Why one step of matching or rewriting does not apply, in words a person can read, and the node it
+    is about: steps return it beside their result instead of raising, and the pass turns it into a reason."""
+
+    reason: str
+    source: Node | None = None
+
+
+@dataclass(frozen=True)
 class _Core:
     """The normalization ``h * rsqrt(mean(square(s)) + eps)`` before any cast or weight."""
 
@@ -178,7 +187,7 @@ def same_values(a: Node, b: Node, table: OpTable, constants: GraphConstants) -> 
     return any(_value_key(n, table, constants) in keys for n in exact_ancestors(b, table))
 
 
-def _square_base(node: Node, table: OpTable, constants: GraphConstants) -> Node | str:
+def _square_base(node: Node, table: OpTable, constants: GraphConstants) -> Node | Failure:
     """The tensor a node squares, or the reason it is not a square."""
     role = table.role(node)
     if role is Role.SQUARE:
@@ -187,7 +196,7 @@ def _square_base(node: Node, table: OpTable, constants: GraphConstants) -> Node 
         exponent = _exponent(node, table, constants)
         if exponent == 2:
             return node.args[0]
-        return f"the mean averages pow(x, {exponent!r}), not a square"
+        return Failure(f"the mean averages pow(x, {exponent!r}), not a square", node)
     if role is Role.MUL and len(node.args) == 2:
         a, b = node.args
         if isinstance(a, Node) and isinstance(b, Node) and same_values(a, b, table, constants):
@@ -195,9 +204,9 @@ def _square_base(node: Node, table: OpTable, constants: GraphConstants) -> Node 
         source = cast_source(a, table) if isinstance(a, Node) else None
         if source is not None and isinstance(b, Node) and cast_source(b, table) is source:
             differ = _how_casts_differ(a, b, source, constants)
-            return f"the mean averages {node.name}, a product of {differ}, not a square"
-        return f"the mean averages {node.name}, a product of two different tensors, not a square"
-    return f"the mean averages {node.name}, which is not a square"
+            return Failure(f"the mean averages {node.name}, a product of {differ}, not a square", node)
+        return Failure(f"the mean averages {node.name}, a product of two different tensors, not a square", node)
+    return Failure(f"the mean averages {node.name}, which is not a square", node)
 
 
 def _how_casts_differ(a: Node, b: Node, source: Node, constants: GraphConstants) -> str:
@@ -209,18 +218,19 @@ def _how_casts_differ(a: Node, b: Node, source: Node, constants: GraphConstants)
     return f"two casts of {source.name} that change more than its dtype (its dim order or layout)"
 
 
-def _mean_dims(mean: Node, value: torch.Tensor) -> list[int] | str:
+def _mean_dims(mean: Node, value: torch.Tensor) -> list[int] | Failure:
     """The dims the mean reduces, non-negative and sorted, or why they are not usable."""
     dims = mean.args[1] if len(mean.args) > 1 else mean.kwargs.get("dim")
     keepdim = mean.args[2] if len(mean.args) > 2 else mean.kwargs.get("keepdim", False)
     if not keepdim:
-        return "the mean drops the reduced dims (keepdim=False)"
+        return Failure("the mean drops the reduced dims (keepdim=False)", mean)
     dtype = mean.kwargs.get("dtype")
     if dtype is not None and dtype != value.dtype:
-        return f"the mean casts to {dtype_name(dtype)} while it reduces {dtype_name(value.dtype)} values"
+        reduces = f"while it reduces {dtype_name(value.dtype)} values"
+        return Failure(f"the mean casts to {dtype_name(dtype)} {reduces}", mean)
     rank = value.dim()
     if rank == 0:
-        return "the mean reads a 0-d tensor: rms_norm normalizes at least one dim"
+        return Failure("the mean reads a 0-d tensor: rms_norm normalizes at least one dim", mean)
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         dims = list(range(rank))
     if isinstance(dims, int):
@@ -228,34 +238,35 @@ def _mean_dims(mean: Node, value: torch.Tensor) -> list[int] | str:
     try:
         return sorted({d % rank for d in dims})
     except TypeError:
-        return f"the mean's dims {dims!r} are not constant ints"
+        return Failure(f"the mean's dims {dims!r} are not constant ints", mean)
 
 
-def _eps(add: Node, mean: Node, table: OpTable, constants: GraphConstants) -> float | str:
+def _eps(add: Node, mean: Node, table: OpTable, constants: GraphConstants) -> float | Failure:
     """The eps an addition adds to the mean, or why it is not a usable eps."""
     other = _other_operand(add, mean)
     if _alpha(add) != 1:
-        return "the eps addition scales its operand (alpha != 1)"
+        return Failure("the eps addition scales its operand (alpha != 1)", add)
     if isinstance(other, Node) and other.op == "placeholder" and not constants.is_constant(other):
         kind = constants.source_kind(other)
         if kind is not None:
             what = "an input of the model" if kind == "user input" else kind
-            return f"eps is the graph input {other.name}, {what}, not a constant"
+            return Failure(f"eps is the graph input {other.name}, {what}, not a constant", add)
         if constants.program is None and other.meta.get("val") is not None and other.meta["val"].dim() == 0:
-            return (
+            return Failure(
                 f"eps is the graph input {other.name}, whose value edgefuse cannot read without its "
-                "ExportedProgram (edge graphs lift eps into a constant: pass the program)"
+                "ExportedProgram (edge graphs lift eps into a constant: pass the program)",
+                add,
             )
-        return f"eps is the graph input {other.name}, not a constant"
+        return Failure(f"eps is the graph input {other.name}, not a constant", add)
     eps = constants.scalar(other, table)
     if eps is None:
-        return f"eps ({getattr(other, 'name', other)!r}) is not a constant number"
+        return Failure(f"eps ({getattr(other, 'name', other)!r}) is not a constant number", add)
     if not math.isfinite(eps) or eps < 0:
-        return f"eps is {eps!r}; rms_norm needs a finite, non-negative eps"
+        return Failure(f"eps is {eps!r}; rms_norm needs a finite, non-negative eps", add)
     return eps
 
 
-def _eps_as_added(eps: float, dtype: torch.dtype | None) -> tuple[float, str | None] | str:
+def _eps_as_added(eps: float, dtype: torch.dtype | None) -> tuple[float, str | None] | Failure:
     """eps as an addition in ``dtype`` applies it, with a note when that differs from the written value.
 
     The sum is rounded to ``dtype``: an eps that rounds to zero there adds nothing to any mean (0 on a zero
@@ -265,7 +276,7 @@ def _eps_as_added(eps: float, dtype: torch.dtype | None) -> tuple[float, str | N
         return eps, None
     added = _rounded(eps, dtype)
     if not math.isfinite(added):
-        return f"eps {eps!r} overflows {dtype_name(dtype)}, the dtype the model adds it in"
+        return Failure(f"eps {eps!r} overflows {dtype_name(dtype)}, the dtype the model adds it in", None)
     if added == 0:
         return 0.0, f"eps {eps!r} is 0 in {dtype_name(dtype)}, where the model adds it: rebuilt with eps 0"
     return eps, None
@@ -286,11 +297,11 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
     if value is None:
         return Rejection(mean, f"{squared.name} has no tensor metadata (meta['val']); edgefuse reads dtypes from it")
     base = _square_base(squared, table, constants)
-    if isinstance(base, str):
-        return Rejection(mean, base, nodes=(squared, mean))
+    if isinstance(base, Failure):
+        return Rejection(mean, base.reason, nodes=(squared, mean))
     dims = _mean_dims(mean, value)
-    if isinstance(dims, str):
-        return Rejection(mean, dims, nodes=(squared, mean))
+    if isinstance(dims, Failure):
+        return Rejection(mean, dims.reason, nodes=(squared, mean))
     rank = value.dim()
     if dims != list(range(rank - len(dims), rank)):
         return Rejection(
@@ -305,9 +316,9 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
     eps, note = 0.0, None
     if step is not None and table.is_a(step, Role.ADD):
         written = _eps(step, mean, table, constants)
-        added = written if isinstance(written, str) else _eps_as_added(written, dtype_of(step))
-        if isinstance(added, str):
-            return Rejection(mean, added, nodes=tuple(nodes))
+        added = written if isinstance(written, Failure) else _eps_as_added(written, dtype_of(step))
+        if isinstance(added, Failure):
+            return Rejection(mean, added.reason, nodes=tuple(nodes))
         eps, note = added
         nodes.append(step)
         step = _single_user(step, table)
@@ -316,8 +327,8 @@ def _match_core(mean: Node, table: OpTable, constants: GraphConstants) -> _Core 
         return Rejection(mean, f"{used} is used by more than one node or by none", nodes=tuple(nodes))
 
     inverse = _inverse(step, table, constants)
-    if isinstance(inverse, str):
-        return Rejection(mean, inverse, nodes=tuple(nodes), eps=eps)
+    if isinstance(inverse, Failure):
+        return Rejection(mean, inverse.reason, nodes=tuple(nodes), eps=eps)
     form, inverse_nodes, scaled = inverse
     nodes.extend(inverse_nodes)
     normalized = inverse_nodes[-1]
@@ -370,26 +381,29 @@ def _past_identity_casts(node: Node, table: OpTable) -> tuple[list[Node], Node |
     return skipped, _single_user(skipped[-1] if skipped else node, table)
 
 
-def _inverse(step: Node, table: OpTable, constants: GraphConstants) -> tuple[str, list[Node], object] | str:
+def _inverse(step: Node, table: OpTable, constants: GraphConstants) -> tuple[str, list[Node], object] | Failure:
     """(form, nodes up to the normalization, scaled tensor) from the node after ``mean + eps``, or a reason;
     the form is the root's label in :data:`edgefuse.forms.ROOTS`."""
     root = _root(step, table, constants)
     if root is None:
-        return f"{step.name} follows the mean of squares, not rsqrt, sqrt, or pow by -0.5 or 0.5"
+        return Failure(f"{step.name} follows the mean of squares, not rsqrt, sqrt, or pow by -0.5 or 0.5", step)
     role, by_pow, what = root
     identities, user = _past_identity_casts(step, table)
     last = identities[-1] if identities else step
     if user is None:
-        return f"the {last.name} is used by {len(last.users)} nodes: a rebuilt norm would hide it from the others"
+        return Failure(
+            f"the {last.name} is used by {len(last.users)} nodes: a rebuilt norm would hide it from the others", step
+        )
     if role is Role.RSQRT:
         if table.is_a(user, Role.MUL) and last in user.args[:2]:
             return root_label(role.value, by_pow, "mul"), [step, *identities, user], _other_operand(user, last)
         if table.is_a(user, Role.CAST):
-            return (
+            return Failure(
                 f"the {what} is cast ({user.name}) before it scales a tensor; edgefuse takes an rsqrt that "
-                "scales one"
+                "scales one",
+                step,
             )
-        return f"the {what} does not scale a tensor"
+        return Failure(f"the {what} does not scale a tensor", step)
     if table.is_a(user, Role.DIV) and len(user.args) == 2 and user.args[1] is last:
         return root_label(role.value, by_pow, "div"), [step, *identities, user], user.args[0]
     if table.is_a(user, Role.RECIPROCAL):
@@ -397,7 +411,7 @@ def _inverse(step: Node, table: OpTable, constants: GraphConstants) -> tuple[str
         if mul is not None and table.is_a(mul, Role.MUL) and user in mul.args[:2]:
             form = root_label(role.value, by_pow, "reciprocal")
             return form, [step, *identities, user, mul], _other_operand(mul, user)
-    return f"the {what} does not divide a tensor"
+    return Failure(f"the {what} does not divide a tensor", step)
 
 
 def _forward_casts(node: Node, table: OpTable) -> list[Node]:
@@ -497,31 +511,34 @@ def permutation(node: Node) -> tuple[int, ...] | None:
     return tuple(size - 2 for size in out.shape)
 
 
-def permuted_input(match: NormMatch, table: OpTable) -> Permuted | str:
+def permuted_input(match: NormMatch, table: OpTable) -> Permuted | Failure:
     """Rule 9 (a, b): the permuted view a norm's input is, and the tensor it reads, or why there is none."""
     node = match.input
     while is_noop_cast(node, table):
         node = cast_source(node, table)
     *_, widened = exact_ancestors(node, table)
     if widened is not node and table.is_a(widened, Role.PERMUTE):
-        return (
+        return Failure(
             f"its input {node.name} is a {dtype_name(dtype_of(node))} copy of the permuted view "
-            f"{widened.name}: edgefuse rebuilds a norm before a permutation only in the view's own dtype"
+            f"{widened.name}: edgefuse rebuilds a norm before a permutation only in the view's own dtype",
+            node,
         )
     if not table.is_a(node, Role.PERMUTE) or not isinstance(node.args[0], Node):
-        return (
+        return Failure(
             f"its input {match.input.name} is no transpose or permute of a tensor (past casts that change "
-            "nothing) that the norm could be rebuilt on"
+            "nothing) that the norm could be rebuilt on",
+            node,
         )
     order = permutation(node)
     if order is None:
-        return f"edgefuse could not read the permutation {node.name} applies"
+        return Failure(f"edgefuse could not read the permutation {node.name} applies", node)
     rank = len(order)
     moved = [d for d in range(rank - len(match.normalized_shape), rank) if order[d] != d]
     if moved:
-        return (
+        return Failure(
             f"{node.name} puts dim {order[moved[0]]} of {node.args[0].name} at dim {moved[0]}, which the norm "
-            "normalizes: rebuilt before the permutation, rms_norm would normalize another dim"
+            "normalizes: rebuilt before the permutation, rms_norm would normalize another dim",
+            node,
         )
     return Permuted(node, node.args[0])
 

@@ -56,7 +56,9 @@ class BackendProfile:
     takes while a captured graph is about to be quantized; ``one_dtype`` asks the weight to share the
     norm's dtype; ``constant_weight`` asks for a weight known when the program is built;
     ``last_dim_only`` says it normalizes over the last dim alone, never over several trailing dims;
-    ``limits`` are the input shapes it computes wrong (:class:`ShapeLimit`).
+    ``limits`` are the input shapes it computes wrong (:class:`ShapeLimit`); ``lifts_scalars`` says its
+    pipelines lift every scalar operand into a constant tensor (so a ``pow`` by a constant tensor stands
+    for the model's number) and it computes the whole norm in its own arithmetic.
     """
 
     name: str
@@ -66,6 +68,7 @@ class BackendProfile:
     constant_weight: bool
     last_dim_only: bool = False
     limits: tuple[ShapeLimit, ...] = ()
+    lifts_scalars: bool = False
 
     def limit_for(self, shape: tuple[int | None, ...], quantization_capture: bool) -> ShapeLimit | None:
         """The limit that covers a norm over an input of ``shape``, or None; a graph about to be quantized
@@ -132,6 +135,8 @@ PROFILES: dict[str, BackendProfile] = {
     # quantized, since the HTP has no bfloat16 float type. The released op builder
     # (backends/qualcomm/builders/op_rms_norm.py) normalizes over the last dim whatever normalized_shape
     # says, or drops the node, so a norm over several trailing dims would compute another function there.
+    # QNN's export passes lift scalar operands into constant tensors (``pow(x, 2)`` reaches its graphs as
+    # ``pow.Tensor_Tensor`` of a lifted 2).
     "qnn": BackendProfile(
         name="qnn",
         dtypes=frozenset({torch.float16, torch.float32}),
@@ -140,6 +145,7 @@ PROFILES: dict[str, BackendProfile] = {
         constant_weight=True,
         last_dim_only=True,
         limits=QNN_LIMITS,
+        lifts_scalars=True,
     ),
 }
 

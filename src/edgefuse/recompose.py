@@ -26,7 +26,7 @@ from edgefuse.casts import (
     tensor_meta,
 )
 from edgefuse.constants import GraphConstants
-from edgefuse.match import NormMatch, Permuted, Rejection, match_rms_norm, permuted_input
+from edgefuse.match import Failure, NormMatch, Permuted, Rejection, match_rms_norm, permuted_input
 from edgefuse.ops import OpTable, Role, table_for
 from edgefuse.profiles import BackendProfile, get_profile
 from edgefuse.signature import sync_signature
@@ -116,38 +116,37 @@ def recompose_rms_norm(
             "quantization_capture=True is for captured ATen graphs about to be quantized, "
             "but this graph holds ExecuTorch edge ops"
         )
-    rewriter = _Rewriter(graph_module, table, profile, quantization_capture, GraphConstants(graph_module, program))
-    decisions = rewriter.run() + _nested_decisions(graph_module)
+    run = _Pass(graph_module, table, profile, quantization_capture, GraphConstants(graph_module, program))
+    decisions = run.run() + _nested_decisions(graph_module)
     if program is not None and any(d.rebuilt for d in decisions):
         sync_signature(program)
     return RecomposeResult(graph_module, decisions, program)
 
 
-class _Rewriter:
-    """Applies matches to one graph under one backend profile."""
+class _Pass:
+    """One run over one graph under one backend profile: each mean is matched, each match planned
+    (:class:`_Planner`, which changes nothing) and the first plan applied (:class:`_Rewriter`)."""
 
     def __init__(self, gm: GraphModule, table: OpTable, profile: BackendProfile, capture: bool, constants: GraphConstants):
-        self.gm, self.table, self.profile, self.capture, self.constants = gm, table, profile, capture, constants
-        #: The name, before the rewrite, of the norm output each new ``rms_norm`` replaced: a later norm
-        #: that reads a rebuilt one (``n(n(x))``) names its input as the graph had it.
-        self.replaced: dict[str, str] = {}
-        #: The fake values of the norms rebuilt so far, by what they depend on (see ``_rms_norm_meta``).
-        self.made: dict[tuple, torch.Tensor] = {}
+        self.gm, self.table = gm, table
+        self.planner = _Planner(table, profile, capture, constants)
+        self.rewriter = _Rewriter(gm, table, constants)
 
     def run(self) -> list[Decision]:
         means = [n for n in self.gm.graph.nodes if self.table.is_a(n, Role.MEAN)]
         decisions = []
         modified = False
+        replaced = self.rewriter.replaced
         for mean in means:
             if mean.graph is not self.gm.graph or mean._erased:
                 continue
             decision = self._decide(mean)
             modified |= decision.rebuilt
-            if decision.input in self.replaced or decision.weight in self.replaced:
+            if decision.input in replaced or decision.weight in replaced:
                 decision = replace(
                     decision,
-                    input=self.replaced.get(decision.input, decision.input),
-                    weight=self.replaced.get(decision.weight, decision.weight),
+                    input=replaced.get(decision.input, decision.input),
+                    weight=replaced.get(decision.weight, decision.weight),
                 )
             decisions.append(decision)
         if modified:
@@ -156,42 +155,110 @@ class _Rewriter:
         return decisions
 
     def _decide(self, mean: Node) -> Decision:
+        """Match the norm at ``mean``, plan each match, longest first, and apply the first plan; the decision
+        says what was rebuilt, or the first match's reason to stay."""
         try:
-            found = match_rms_norm(mean, self.table, self.constants)
+            found = match_rms_norm(mean, self.table, self.planner.constants)
         except Exception as error:  # a malformed graph must leave the norm alone, never crash the pass
             return _decision(mean, f"{UNREADABLE}: {error!r}")
         if isinstance(found, Rejection):
             return _decision(mean, found.reason, found)
         reasons = []
         for match in found:
-            try:  # everything before the graph is changed; a malformed graph must leave the norm alone
-                reason = self.profile.shape_reason(match.normalized_shape)
-                weight = self._weight_for(match) if reason is None else None
-                reason = reason or (weight if isinstance(weight, str) else self._profile_reason(match))
-                value = _rms_norm_meta(tensor_meta(match.input), match, weight, self.made) if reason is None else None
-            except Exception as error:
-                reason = f"{UNREADABLE}: {error!r}"
-            outcome = self._rewrite(match, weight, value) if reason is None else reason
-            if isinstance(outcome, str):
-                reasons.append(outcome)
+            plan = self.planner.plan(match)
+            if isinstance(plan, Failure):
+                reasons.append(plan.reason)
                 continue
-            node, weight_node, match = outcome
-            return _decision(mean, "rebuilt", match, rebuilt=node, weight=weight_node)
+            node, weight = self.rewriter.apply(plan)
+            return _decision(mean, "rebuilt", plan.match, rebuilt=node, weight=weight)
         return _decision(mean, reasons[0], found[0])
 
-    def _profile_reason(self, match: NormMatch) -> str | None:
-        return self.profile.dtype_reason(match.dtype, self.capture) or self._tensor_exponent_reason(match)
+
+@dataclass(frozen=True)
+class _Plan:
+    """How one match is rebuilt, decided before the graph changes: the match as rebuilt (rule 9 may read
+    another input; notes added), the weight the new node reads (a tensor becomes a new constant), the new
+    node's metadata, and the views around it that a shape limit (``rows``) or rule 9 (``permuted``: the
+    model's permutation and its output's metadata) adds."""
+
+    match: NormMatch
+    weight: Node | torch.Tensor | None
+    value: torch.Tensor
+    rows: _Rows | None
+    permuted: tuple[Node, torch.Tensor] | None
+
+
+class _Planner:
+    """Decides, for one match under one backend profile, whether and how it is rebuilt; changes nothing."""
+
+    def __init__(self, table: OpTable, profile: BackendProfile, capture: bool, constants: GraphConstants):
+        self.table, self.profile, self.capture, self.constants = table, profile, capture, constants
+        #: The fake values of the norms planned so far, by what they depend on (see ``_rms_norm_meta``).
+        self.made: dict[tuple, torch.Tensor] = {}
+
+    def plan(self, match: NormMatch) -> _Plan | Failure:
+        """How ``match`` is rebuilt, or why it stays; reading a malformed graph is a failure, never an error."""
+        try:
+            failure = self._reason(self.profile.shape_reason(match.normalized_shape), match)
+            weight = self._weight_for(match) if failure is None else None
+            failure = failure or (weight if isinstance(weight, Failure) else None) or self._reason(
+                self.profile.dtype_reason(match.dtype, self.capture) or self._tensor_exponent_reason(match), match
+            )
+            value = _rms_norm_meta(tensor_meta(match.input), match, weight, self.made) if failure is None else None
+        except Exception as error:
+            failure = Failure(f"{UNREADABLE}: {error!r}")
+        if failure is not None:
+            return failure
+        if value is None:
+            return Failure("edgefuse could not compute the rebuilt node's metadata (no fake tensor mode in meta['val'])")
+        expected = tensor_meta(match.output)
+        permuted = None
+        if value.dtype != expected.dtype or not same_dim_order(value, expected):
+            layout = (
+                f"a rebuilt rms_norm would produce {dtype_name(value.dtype)} in dim order {dim_order_of(value)} where the "
+                f"norm produced {dtype_name(expected.dtype)} in dim order {dim_order_of(expected)}"
+            )
+            if value.dtype != expected.dtype:
+                return Failure(layout, match.output)
+            try:  # rule 9
+                found = self._on_permuted_input(match, weight, expected)
+            except Exception as error:
+                found = Failure(f"{UNREADABLE}: {error!r}")
+            if isinstance(found, Failure):
+                return Failure(f"{layout}, and {found.reason}", found.source)
+            match, value, permuted = found
+        try:  # a backend's shape limit, on the input the rebuilt norm reads (after rule 9's swap)
+            rows = self._rows_for(match, weight, value)
+        except Exception as error:
+            rows = Failure(f"{UNREADABLE}: {error!r}")
+        if isinstance(rows, Failure):
+            return rows
+        if rows is not None:
+            match = replace(match, note=f"{match.note}; {rows.note}" if match.note else rows.note)
+        blocker = self.constants.mutations.between(_reads(match, self.table), match.output)
+        if blocker is not None:
+            return Failure(
+                f"the in-place op {blocker.name} runs inside the norm: a rebuilt rms_norm would read its input "
+                "and weight after it, where the model read them before",
+                blocker,
+            )
+        return _Plan(match, weight, value, rows, permuted)
+
+    @staticmethod
+    def _reason(reason: str | None, match: NormMatch) -> Failure | None:
+        """A profile's reason to leave ``match``, as a failure about its mean (None: no reason)."""
+        return Failure(reason, match.mean) if reason else None
 
     def _tensor_exponent_reason(self, match: NormMatch) -> str | None:
         """Why a norm whose square or root is a ``pow`` by a constant tensor stays, or None.
 
         ATen computes ``pow`` by a tensor with its general power function and ``pow`` by a number 2, -0.5
         or 0.5 as a square, rsqrt or sqrt: in float32 and float64 the two round differently, in float16
-        and bfloat16 (computed in float32, then rounded) alike. QNN's export passes lift every scalar
-        operand into such a tensor, so in the graphs of QNN's pipelines (the ``qnn`` profile) it stands
-        for the model's number, and the HTP computes the whole norm in its own arithmetic either way.
+        and bfloat16 (computed in float32, then rounded) alike. A backend whose pipelines lift every
+        scalar operand into such a tensor (``lifts_scalars``, QNN's) has it stand for the model's number,
+        and computes the whole norm in its own arithmetic either way.
         """
-        if self.profile.name == "qnn":
+        if self.profile.lifts_scalars:
             return None
         for node in match.nodes:
             exponent = node.args[1] if len(node.args) > 1 else node.kwargs.get("exponent")
@@ -203,7 +270,7 @@ class _Rewriter:
                 )
         return None
 
-    def _weight_for(self, match: NormMatch) -> Node | torch.Tensor | None | str:
+    def _weight_for(self, match: NormMatch) -> Node | torch.Tensor | None | Failure:
         """The weight the new node reads: a node, a tensor to add as a constant, None, or why there is none."""
         weight = match.weight
         if weight is None:
@@ -221,65 +288,97 @@ class _Rewriter:
             needs = f"{self.profile.name} needs a constant weight"
             kind = self.constants.source_kind(source)
             if kind == "user input":
-                return f"the weight {source.name} is an input of the model, not a constant; {needs}"
+                return Failure(f"the weight {source.name} is an input of the model, not a constant; {needs}", weight.node)
             if kind == "written state":
-                return f"the weight {source.name} is state the model writes in place, not a constant; {needs}"
+                return Failure(f"the weight {source.name} is state the model writes in place, not a constant; {needs}", weight.node)
             if source.op == "placeholder" and self.constants.program is None:
-                return (
+                return Failure(
                     f"the weight {source.name} is a graph input; pass the ExportedProgram so edgefuse can tell a "
-                    f"parameter from a user input ({needs})"
+                    f"parameter from a user input ({needs})",
+                    weight.node,
                 )
-            return f"the weight {weight.node.name} is computed at run time; {needs}"
+            return Failure(f"the weight {weight.node.name} is computed at run time; {needs}", weight.node)
         other_dtype = wanted is not None and dtype_of(weight.node) != wanted
         if other_dtype and not at_least(wanted, dtype_of(weight.node)):
-            return (
+            return Failure(
                 f"the weight {weight.node.name} is {dtype_name(dtype_of(weight.node))} and {self.profile.name} takes one "
-                f"dtype ({dtype_name(wanted)}): rounding the weight would move a rounding"
+                f"dtype ({dtype_name(wanted)}): rounding the weight would move a rounding",
+                weight.node,
             )
         folded = self.constants.fold(weight.node, self.table)
         if folded is None:
-            return f"the weight {weight.node.name} could not be folded into a constant"
+            return Failure(f"the weight {weight.node.name} could not be folded into a constant", weight.node)
         # a narrower weight the multiply promotes (a bfloat16 weight on a float32 norm): widening is exact
         return folded if wanted is None else folded.to(wanted)
 
-    def _rewrite(
-        self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor | None
-    ) -> tuple[Node, Node | None, NormMatch] | str:
-        """Replace the matched nodes with one ``rms_norm`` reading ``weight`` and producing ``value``, or say
-        why not; returns the new node, its weight and the match as rebuilt (rule 9 may rebuild it on
-        another input)."""
-        expected = tensor_meta(match.output)
-        if value is None:
-            return "edgefuse could not compute the rebuilt node's metadata (no fake tensor mode in meta['val'])"
-        permuted = None
-        if value.dtype != expected.dtype or not same_dim_order(value, expected):
-            layout = (
-                f"a rebuilt rms_norm would produce {dtype_name(value.dtype)} in dim order {dim_order_of(value)} where the "
-                f"norm produced {dtype_name(expected.dtype)} in dim order {dim_order_of(expected)}"
+    def _on_permuted_input(
+        self, match: NormMatch, weight: Node | torch.Tensor | None, expected: torch.Tensor
+    ) -> tuple[NormMatch, torch.Tensor, tuple[Node, torch.Tensor]] | Failure:
+        """Rule 9: the match rebuilt on the tensor its permuted input views, the rebuilt node's metadata, and
+        the permute with the metadata of the permuted output; or why the layout cannot be kept so."""
+        found = permuted_input(match, self.table)
+        if isinstance(found, Failure):
+            return found
+        how = f"rebuilt on {found.base.name} and permuted by {found.permute.name}"
+        note = f"{how} after it, as the model's input was, so the output keeps the model's layout"
+        rebuilt = replace(match, input=found.base, note=f"{match.note}; {note}" if match.note else note)
+        value = _rms_norm_meta(tensor_meta(rebuilt.input), rebuilt, weight, self.made)
+        out = _permuted_meta(found, value) if value is not None else None
+        if out is None:
+            return Failure(f"edgefuse could not compute the metadata of the norm {how}", found.permute)
+        if not (same_shape(out, expected) and all(same_size(a, b) for a, b in zip(out.stride(), expected.stride()))):
+            return Failure(
+                f"{how}, it would have shape {list(out.shape)} and strides {list(out.stride())} where the norm "
+                f"produced {list(expected.shape)} and {list(expected.stride())}",
+                found.permute,
             )
-            if value.dtype != expected.dtype:
-                return layout
-            try:  # rule 9; nothing is changed yet, and a malformed graph must leave the norm alone
-                found = self._on_permuted_input(match, weight, expected)
-            except Exception as error:
-                found = f"{UNREADABLE}: {error!r}"
-            if isinstance(found, str):
-                return f"{layout}, and {found}"
-            match, value, permuted = found
-        try:  # a backend's shape limit, on the input the rebuilt norm reads (after rule 9's swap)
-            rows = self._rows_for(match, weight, value)
-        except Exception as error:
-            rows = f"{UNREADABLE}: {error!r}"
-        if isinstance(rows, str):
-            return rows
-        if rows is not None:
-            match = replace(match, note=f"{match.note}; {rows.note}" if match.note else rows.note)
-        blocker = self.constants.mutations.between(_reads(match, self.table), match.output)
-        if blocker is not None:
-            return (
-                f"the in-place op {blocker.name} runs inside the norm: a rebuilt rms_norm would read its input "
-                "and weight after it, where the model read them before"
-            )
+        return rebuilt, value, (found.permute, out)
+
+    def _rows_for(
+        self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor
+    ) -> _Rows | Failure | None:
+        """How a :class:`~edgefuse.profiles.ShapeLimit` of the profile has the norm rebuilt: None when no
+        limit covers the input the rebuilt node reads, a ``[1, rows, D]`` view of it to normalize instead
+        (``value``, the rebuilt norm's metadata, is what the view back must produce), or why it stays."""
+        x = tensor_meta(match.input)
+        shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
+        limit = self.profile.limit_for(shape, self.capture)
+        if limit is None:
+            return None
+        wrong = (
+            f"{self.profile.name} computes rms_norm wrong for an input of shape {list(x.shape)} "
+            f"({limit.name}: {limit.measured})"
+        )
+        if limit.remedy == "leave":
+            return Failure(wrong, match.input)
+        if None in shape:
+            return Failure(f"{wrong}, and the rows of this one are not known when the program is built", match.input)
+        if not x.is_contiguous():
+            return Failure(f"{wrong}, and this input is not contiguous, so it has no [1, rows, D] view", match.input)
+        rows = (1, math.prod(shape[:-1]), shape[-1])
+        viewed = _viewed(x, rows, self.table.view)
+        normalized = _rms_norm_meta(viewed, match, weight, self.made)
+        back = _viewed(normalized, shape, self.table.view) if normalized is not None else None
+        mine, theirs = _properties(back) if back is not None else None, _properties(value)
+        if mine is None or theirs is None or mine[1:5] != theirs[1:5]:  # shape, strides, offset, dtype
+            layout = "edgefuse could not show that a norm of its [1, rows, D] view keeps its layout"
+            return Failure(f"{wrong}, and {layout}", match.input)
+        return _Rows(rows, shape, viewed, normalized, f"rebuilt on a {list(rows)} view of its input: {wrong}")
+
+
+class _Rewriter:
+    """Applies plans to one graph: the only code that changes it."""
+
+    def __init__(self, gm: GraphModule, table: OpTable, constants: GraphConstants):
+        self.gm, self.table, self.constants = gm, table, constants
+        #: The name, before the rewrite, of the norm output each new ``rms_norm`` replaced: a later norm
+        #: that reads a rebuilt one (``n(n(x))``) names its input as the graph had it.
+        self.replaced: dict[str, str] = {}
+
+    def apply(self, plan: _Plan) -> tuple[Node, Node | None]:
+        """Replace the planned match with one ``rms_norm`` (viewed and permuted as planned); returns the new
+        node and the weight node it reads."""
+        match, weight, value, rows, permuted = plan.match, plan.weight, plan.value, plan.rows, plan.permuted
         if isinstance(weight, torch.Tensor):
             weight = self.constants.add("rms_norm_weight", weight, before=match.output)
         graph = self.gm.graph
@@ -305,60 +404,7 @@ class _Rewriter:
             self.replaced[new.name] = self.replaced.get(match.output.name, match.output.name)
         match.output.replace_all_uses_with(made[-1])
         _erase_dead(match.nodes, self.table)
-        return node, weight, match
-
-    def _on_permuted_input(
-        self, match: NormMatch, weight: Node | torch.Tensor | None, expected: torch.Tensor
-    ) -> tuple[NormMatch, torch.Tensor, tuple[Node, torch.Tensor]] | str:
-        """Rule 9: the match rebuilt on the tensor its permuted input views, the rebuilt node's metadata, and
-        the permute with the metadata of the permuted output; or why the layout cannot be kept so."""
-        found = permuted_input(match, self.table)
-        if isinstance(found, str):
-            return found
-        how = f"rebuilt on {found.base.name} and permuted by {found.permute.name}"
-        note = f"{how} after it, as the model's input was, so the output keeps the model's layout"
-        rebuilt = replace(match, input=found.base, note=f"{match.note}; {note}" if match.note else note)
-        value = _rms_norm_meta(tensor_meta(rebuilt.input), rebuilt, weight, self.made)
-        out = _permuted_meta(found, value) if value is not None else None
-        if out is None:
-            return f"edgefuse could not compute the metadata of the norm {how}"
-        if not (same_shape(out, expected) and all(same_size(a, b) for a, b in zip(out.stride(), expected.stride()))):
-            return (
-                f"{how}, it would have shape {list(out.shape)} and strides {list(out.stride())} where the norm "
-                f"produced {list(expected.shape)} and {list(expected.stride())}"
-            )
-        return rebuilt, value, (found.permute, out)
-
-
-    def _rows_for(
-        self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor
-    ) -> _Rows | str | None:
-        """How a :class:`~edgefuse.profiles.ShapeLimit` of the profile has the norm rebuilt: None when no
-        limit covers the input the rebuilt node reads, a ``[1, rows, D]`` view of it to normalize instead
-        (``value``, the rebuilt norm's metadata, is what the view back must produce), or why it stays."""
-        x = tensor_meta(match.input)
-        shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
-        limit = self.profile.limit_for(shape, self.capture)
-        if limit is None:
-            return None
-        wrong = (
-            f"{self.profile.name} computes rms_norm wrong for an input of shape {list(x.shape)} "
-            f"({limit.name}: {limit.measured})"
-        )
-        if limit.remedy == "leave":
-            return wrong
-        if None in shape:
-            return f"{wrong}, and the rows of this one are not known when the program is built"
-        if not x.is_contiguous():
-            return f"{wrong}, and this input is not contiguous, so it has no [1, rows, D] view"
-        rows = (1, math.prod(shape[:-1]), shape[-1])
-        viewed = _viewed(x, rows, self.table.view)
-        normalized = _rms_norm_meta(viewed, match, weight, self.made)
-        back = _viewed(normalized, shape, self.table.view) if normalized is not None else None
-        mine, theirs = _properties(back) if back is not None else None, _properties(value)
-        if mine is None or theirs is None or mine[1:5] != theirs[1:5]:  # shape, strides, offset, dtype
-            return f"{wrong}, and edgefuse could not show that a norm of its [1, rows, D] view keeps its layout"
-        return _Rows(rows, shape, viewed, normalized, f"rebuilt on a {list(rows)} view of its input: {wrong}")
+        return node, weight
 
 
 @dataclass(frozen=True)
