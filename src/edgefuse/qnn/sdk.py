@@ -54,8 +54,9 @@ RUNTIME_DIR = Path("lib", "onnxruntime_qnn.libs")
 #: The QNN libraries taken from the wheel: the HTP backend (compiler and emulator) and the system
 #: library ExecuTorch reads context binaries with; nothing else in the wheel is loaded.
 LIBRARIES = ("libQnnHtp.so", "libQnnSystem.so")
-#: The file whose presence marks a finished set-up.
+#: The file whose presence marks a finished set-up, and the most it may hold.
 MANIFEST = "edgefuse-qnn.json"
+_MANIFEST_BYTES = 1 << 16
 #: The wrapper's C source, kept as package data beside this module.
 WRAPPER_SOURCE = Path(__file__).with_name("htp_device_config.c")
 #: The version of the layout above and of what the manifest records; a set-up written with another
@@ -160,16 +161,15 @@ def _inspect(root: Path) -> tuple[dict | None, str | None, bool]:
     """``root``'s manifest, or None and what is wrong with ``root`` as a set-up of this edgefuse: no
     manifest, not safe to load (see :func:`_unsafe`), a failed self-check, other pins, or (the third
     item True: :func:`setup` rebuilds it) built from another wrapper source or layout."""
+    from edgefuse.runtime.files import read_regular
+
     try:
-        manifest = json.loads((root / MANIFEST).read_text())
+        manifest = json.loads(read_regular(root / MANIFEST, _MANIFEST_BYTES, "a QNN set-up's manifest"))
     except (OSError, ValueError):
         manifest = None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("self_check"), dict):
         return None, f"{root} holds no finished QNN set-up of edgefuse", False
-    libraries = [root / folder / name for folder in (HOST_DIR, REAL_DIR) for name in LIBRARIES]
-    with contextlib.suppress(OSError):
-        libraries += sorted((root / RUNTIME_DIR).iterdir())
-    unsafe = _unsafe(root, [root / MANIFEST, *libraries])
+    unsafe = _unsafe(root)
     if unsafe:
         return None, unsafe, False
     if not manifest["self_check"].get("ok"):
@@ -186,25 +186,28 @@ def _inspect(root: Path) -> tuple[dict | None, str | None, bool]:
     return manifest, None, False
 
 
-def _unsafe(root: Path, files: list[Path]) -> str | None:
-    """Why the set-up in ``root`` must not be loaded, or None: ``root``, its library folders, one of
-    ``files`` or the folder a file's link leads to is owned by another user or writable by group or
-    others, so someone else could have put code in it (links are followed: their target is loaded)."""
-    me = os.geteuid()
-    paths = [root, *(root / folder for folder in (Path("lib"), HOST_DIR, REAL_DIR, RUNTIME_DIR)), *files]
-    paths += [Path(os.path.realpath(path)).parent for path in files]
+def _unsafe(root: Path) -> str | None:
+    """Why no library under ``root`` may be loaded, or None: ``root``, a library folder, a file in one
+    (or the manifest), what a link among them leads to, or a folder above any of them could have been
+    written by another user (:func:`edgefuse.runtime.files.check_loadable`), so it could hold anyone's
+    code. Whether edgefuse set ``root`` up or not, the same holds."""
+    from edgefuse.runtime.files import UnsafeFolder, check_loadable
+
+    folders = [root / folder for folder in (HOST_DIR, REAL_DIR, RUNTIME_DIR)]
+    paths = [root, root / MANIFEST, *folders]
+    try:
+        paths += [path for folder in folders if folder.is_dir() for path in sorted(folder.iterdir())]
+    except OSError as error:
+        return f"cannot inspect the QNN libraries in {root}: {error}"
     for path in paths:
-        try:
-            info = path.stat()
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             continue
+        try:
+            check_loadable(path)
+        except UnsafeFolder as error:
+            return f"{error.strerror}: edgefuse loads no library that another user could have put there"
         except OSError as error:
             return f"cannot inspect {path}: {error}"
-        why = "edgefuse loads no library that another user could have put there"
-        if info.st_uid != me:
-            return f"{path} is owned by user {info.st_uid}, not by this user ({me}): {why}"
-        if info.st_mode & 0o022:
-            return f"{path} is writable by group or others (mode {info.st_mode & 0o777:o}): {why}"
     return None
 
 
@@ -229,6 +232,9 @@ def find(root: str | os.PathLike | None = None) -> Sdk | Absent:
     htp = path / HOST_DIR / "libQnnHtp.so"
     if not htp.is_file():
         return Absent(f"{source}={path} holds no {HOST_DIR / 'libQnnHtp.so'}: {SETUP_HINT}")
+    unsafe = _unsafe(path)
+    if unsafe:
+        return Absent(f"{source}={path}: {unsafe}: {SETUP_HINT}")
     return Sdk(path.absolute(), source)
 
 
@@ -253,7 +259,8 @@ def ensure_in_process(sdk: Sdk | Absent | None = None) -> Sdk:
     version through it, and downloads no SDK when it is set).
 
     A process holds one QNN library: asking for another root after one was loaded raises
-    :class:`QnnSdkUnavailable`, as does an absent SDK.
+    :class:`QnnSdkUnavailable`, as does an absent SDK, and one whose libraries another user could have
+    written (:func:`_unsafe`, checked again here, right before they are loaded).
     """
     if sdk is None:
         sdk = find()
@@ -270,6 +277,9 @@ def ensure_in_process(sdk: Sdk | Absent | None = None) -> Sdk:
             return sdk
         import torch  # noqa: F401  (before any QNN library, see above)
 
+        unsafe = _unsafe(sdk.root)
+        if unsafe:
+            raise QnnSdkUnavailable(f"the QNN SDK in {sdk.root}: {unsafe}")
         handles = []
         for name in LIBRARIES:
             path = sdk.library_dir / name

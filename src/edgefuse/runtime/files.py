@@ -5,6 +5,8 @@ Reading: :func:`read_regular` and :func:`open_regular` open a file without block
 but a regular file (a FIFO would block, ``/dev/zero`` never ends) and a file past a size bound, before
 reading a byte; what is read is that one open file. Writing: :func:`write_new` writes a name edgefuse
 chose only as a new file (or over one it wrote in the same run), never through a link at the name.
+Loading: :func:`check_loadable` refuses a library (or a folder of libraries) that anyone but the user or
+root could have written.
 
 Folders:
 
@@ -31,7 +33,8 @@ _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC"
 
 
 class UnsafeFolder(PermissionError):
-    """A folder edgefuse would write in is a link, not a folder, another user's, or writable by others."""
+    """A folder edgefuse would write in is a link, not a folder, another user's, or writable by others; or
+    a file or folder it would load code from could have been written by another user."""
 
 
 def fresh_private_folder(prefix: str) -> str:
@@ -52,9 +55,20 @@ def own_folder(path: str | os.PathLike) -> str:
 
 
 def _open_own_folder(path: str, make: bool = False) -> int:
-    """A descriptor of the folder ``path``, opened one component at a time without following a link,
-    each folder above it checked (:func:`_check_parent`) and the folder itself :func:`_check_own`;
-    with ``make``, missing folders are made (0700) inside the checked ones."""
+    """A descriptor of the folder ``path`` (:func:`_open_folder`), which :func:`_check_own` accepts."""
+    fd = _open_folder(path, make)
+    try:
+        _check_own(os.fstat(fd), os.path.abspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_folder(path: str, make: bool = False) -> int:
+    """A descriptor of the folder ``path``, opened one component at a time without following a link, each
+    folder above it checked (:func:`_check_parent`); with ``make``, missing folders are made (0700) inside
+    the checked ones. The folder itself is the caller's to check."""
     path = os.path.abspath(path)
     # Links above the folder are resolved once, then every component is opened with O_NOFOLLOW: a link
     # swapped in after this is refused, not followed.
@@ -86,17 +100,16 @@ def _open_own_folder(path: str, make: bool = False) -> int:
                 raise UnsafeFolder(error.errno or errno.EACCES, f"{where} cannot be read: {error.strerror}") from None
             os.close(fd)
             fd = child
-        _check_own(fd, path)
         return fd
     except BaseException:
         os.close(fd)
         raise
 
 
-def _check_own(fd: int, path: str) -> None:
-    """Refuse the open folder ``fd`` unless this user owns it and neither its group nor others can write it."""
-    status = os.fstat(fd)
-    if status.st_uid != os.geteuid():
+def _check_own(status: os.stat_result, path: str, owners: frozenset[int] | None = None) -> None:
+    """Refuse what ``status`` describes unless one of ``owners`` (default: this user alone) owns it and
+    neither its group nor others can write it."""
+    if status.st_uid not in (owners or {os.geteuid()}):
         raise UnsafeFolder(errno.EACCES, f"{path} belongs to another user (uid {status.st_uid})")
     if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeFolder(errno.EACCES, f"{path} can be written by other users (mode {stat.S_IMODE(status.st_mode):o})")
@@ -135,6 +148,30 @@ def write_text(path: str | os.PathLike, text: str) -> None:
         os.set_blocking(f.fileno(), True)
         f.truncate(0)  # only once it is known to be this user's regular file
         f.write(text)
+
+
+# --- loading code from files ---------------------------------------------------------------------------
+
+def _loaders() -> frozenset[int]:
+    """Who may own a library edgefuse loads and its folders: this user, or root (a system-wide SDK)."""
+    return frozenset({os.geteuid(), 0})
+
+
+def check_loadable(path: str | os.PathLike) -> None:
+    """Raise :class:`UnsafeFolder` unless no one but this user or root could have written ``path``, a
+    library or a folder of libraries edgefuse loads code from: what it names (through any link) is owned
+    by this user or root and writable by neither its group nor others, and every folder above it is one
+    :func:`_check_parent` accepts (no one else can swap what it holds). Code loaded from ``path`` is then
+    what the user or root put there. ``OSError`` when it cannot be looked at."""
+    real = os.path.realpath(path)
+    parent, name = os.path.split(real)
+    folder = _open_folder(parent)
+    try:
+        _check_parent(folder, parent)
+        if name:
+            _check_own(os.stat(name, dir_fd=folder, follow_symlinks=False), real, _loaders())
+    finally:
+        os.close(folder)
 
 
 # --- reading files others may hand the user -----------------------------------------------------------
