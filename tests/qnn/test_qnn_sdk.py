@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -507,3 +510,72 @@ def test_a_folder_above_the_root_others_can_write_is_refused_unless_sticky(plant
     shared.chmod(0o1777)
     assert find(root) == Sdk(root, "argument")
 
+
+# --- the wheel: hashed and unpacked from one open regular file -------------------------------------------
+
+def _wheel(path: Path, content: bytes) -> Path:
+    """A stand-in wheel at ``path`` whose libraries each hold ``content`` and their name."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name in (*(f"onnxruntime_qnn/{n}" for n in LIBRARIES), "onnxruntime_qnn.libs/libc++.so.1"):
+            archive.writestr(name, content + name.encode())
+    return path
+
+
+@pytest.fixture
+def pinned_stand_in(tmp_path, monkeypatch) -> Path:
+    """A stand-in wheel, pinned by its hash and size in place of onnxruntime-qnn's."""
+    wheel = _wheel(tmp_path / "stand-in.whl", b"pinned ")
+    monkeypatch.setattr(qnn_sdk_module, "WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    monkeypatch.setattr(qnn_sdk_module, "WHEEL_BYTES", wheel.stat().st_size)
+    return wheel
+
+
+def test_the_wheel_unpacked_is_the_file_whose_hash_was_checked(pinned_stand_in, tmp_path, monkeypatch):
+    """Another wheel put at the name once the hash is checked is not what gets unpacked."""
+    hashed = qnn_sdk_module._sha256
+
+    def hash_then_swap(*args):
+        digest = hashed(*args)
+        swapped = _wheel(tmp_path / "swapped.whl", b"swapped in ")
+        os.replace(swapped, pinned_stand_in)
+        return digest
+
+    monkeypatch.setattr(qnn_sdk_module, "_sha256", hash_then_swap)
+    root = tmp_path / "root"
+    root.mkdir()
+    qnn_sdk_module.lay_out(pinned_stand_in, root)
+    assert b"swapped in" in pinned_stand_in.read_bytes()  # the swap happened
+    for name in LIBRARIES:
+        assert (root / REAL_DIR / name).read_bytes() == f"pinned onnxruntime_qnn/{name}".encode()
+    assert (root / RUNTIME_DIR / "libc++.so.1").read_bytes() == b"pinned onnxruntime_qnn.libs/libc++.so.1"
+
+
+def test_a_wheel_that_is_no_regular_file_is_refused_without_waiting(pinned_stand_in, tmp_path):
+    """A FIFO as the wheel (opening it to read would wait for a writer): refused at once."""
+    fifo = tmp_path / "wheel.whl"
+    os.mkfifo(fifo)
+    root = tmp_path / "root"
+    root.mkdir()
+    outcome = []
+
+    def lay_out():
+        try:
+            qnn_sdk_module.lay_out(fifo, root)
+        except QnnSdkUnavailable as error:
+            outcome.append(str(error))
+
+    worker = threading.Thread(target=lay_out, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert outcome and "is a FIFO, not a regular file" in outcome[0], "laying out a FIFO blocked or was not refused"
+    assert list(root.iterdir()) == []
+
+
+def test_a_wheel_larger_than_the_pinned_one_is_refused_before_it_is_read(pinned_stand_in, tmp_path, monkeypatch):
+    monkeypatch.setattr(qnn_sdk_module, "_sha256", lambda *_: pytest.fail("a wheel past the pinned size was hashed"))
+    with open(pinned_stand_in, "ab") as f:
+        f.write(b"\0")
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(QnnSdkUnavailable, match="past the bound of"):
+        qnn_sdk_module.lay_out(pinned_stand_in, root)

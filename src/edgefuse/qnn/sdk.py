@@ -38,7 +38,7 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
 #: The wheel the libraries come from, pinned by name, version and content.
 PACKAGE = "onnxruntime-qnn"
@@ -46,6 +46,7 @@ PACKAGE_VERSION = "2.7.0"
 QNN_VERSION = "2.51.0"
 WHEEL = "onnxruntime_qnn-2.7.0-cp311-cp311-manylinux_2_35_x86_64.whl"
 WHEEL_SHA256 = "c56c01562b8534fe8980cfea4601408d950c065f8251fb862ce82101c52c9849"
+WHEEL_BYTES = 98_578_793
 
 #: The folders of an SDK root (see the module's docstring).
 HOST_DIR = Path("lib", "x86_64-linux-clang")
@@ -154,7 +155,8 @@ def pinned_set_up(root: str | os.PathLike | None = None) -> Path | None:
 
 def wrapper_sha256() -> str:
     """The SHA-256 of the wrapper's C source this edgefuse builds; a set-up records the one it built."""
-    return _sha256(WRAPPER_SOURCE)
+    with open(WRAPPER_SOURCE, "rb") as f:
+        return _sha256(f)
 
 
 def _inspect(root: Path) -> tuple[dict | None, str | None, bool]:
@@ -328,7 +330,7 @@ def fetch_wheel(folder: Path | None = None, progress: Callable[[str], None] | No
     :class:`QnnSdkUnavailable` when pip cannot get it."""
     folder = Path(folder) if folder is not None else wheel_folder()
     wheel = folder / WHEEL
-    if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
+    if wheel.is_file() and _is_pinned_wheel(wheel):
         return wheel
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -354,18 +356,40 @@ def fetch_wheel(folder: Path | None = None, progress: Callable[[str], None] | No
                 f"(is it reachable?): {said or 'pip exited with ' + str(done.returncode)}. A wheel "
                 f"downloaded elsewhere can be given with --wheel"
             )
-        if _sha256(got) != WHEEL_SHA256:
+        if not _is_pinned_wheel(got):
             raise QnnSdkUnavailable(f"the downloaded {WHEEL} is not the pinned one (its SHA-256 differs)")
         os.replace(got, wheel)
     return wheel
 
 
-def _sha256(path: Path) -> str:
+def _sha256(file: BinaryIO) -> str:
+    """The SHA-256 of what is left to read in the open ``file``."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    for block in iter(lambda: file.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def _open_wheel(path: Path) -> BinaryIO:
+    """``path`` opened as the wheel: a regular file no larger than the pinned wheel
+    (:func:`edgefuse.runtime.files.open_regular`); raises :class:`QnnSdkUnavailable` otherwise."""
+    from edgefuse.runtime.files import NotARegularFile, TooLarge, open_regular
+
+    try:
+        return open_regular(path, WHEEL_BYTES, f"the wheel {WHEEL}")
+    except (NotARegularFile, TooLarge) as error:
+        raise QnnSdkUnavailable(f"{error}; it is not the pinned {WHEEL}") from error
+    except OSError as error:
+        raise QnnSdkUnavailable(f"cannot read the wheel {path}: {error.strerror or error}") from error
+
+
+def _is_pinned_wheel(path: Path) -> bool:
+    """Whether ``path`` is a regular file that holds the pinned wheel."""
+    try:
+        with _open_wheel(path) as f:
+            return _sha256(f) == WHEEL_SHA256
+    except QnnSdkUnavailable:
+        return False
 
 
 def _last_lines(text: str, count: int) -> str:
@@ -374,26 +398,35 @@ def _last_lines(text: str, count: int) -> str:
 
 
 def lay_out(wheel: Path, root: Path) -> None:
-    """Unpack the libraries of ``wheel`` into the SDK layout under ``root`` (an empty folder)."""
-    if _sha256(wheel) != WHEEL_SHA256:
-        raise QnnSdkUnavailable(f"{wheel} is not the pinned {WHEEL} (its SHA-256 differs)")
-    wanted = {f"onnxruntime_qnn/{name}": root / REAL_DIR / name for name in LIBRARIES}
+    """Unpack the libraries of ``wheel`` into the SDK layout under ``root`` (an empty folder). The wheel is
+    opened once: what is unpacked is the open file whose SHA-256 was checked, whatever is put at its
+    name meanwhile."""
+    with _open_wheel(wheel) as opened:
+        if _sha256(opened) != WHEEL_SHA256:
+            raise QnnSdkUnavailable(f"{wheel} is not the pinned {WHEEL} (its SHA-256 differs)")
+        opened.seek(0)
+        _unpack(opened, wheel.name, root)
+    (root / HOST_DIR).mkdir(parents=True, exist_ok=True)
+    for name in LIBRARIES:
+        if name != "libQnnHtp.so":
+            (root / HOST_DIR / name).symlink_to(Path("..", REAL_DIR.name, name))
+
+
+def _unpack(wheel: BinaryIO, name: str, root: Path) -> None:
+    """Copy QNN's libraries and their C++ runtime out of the open ``wheel`` (named ``name``) into ``root``."""
+    wanted = {f"onnxruntime_qnn/{library}": root / REAL_DIR / library for library in LIBRARIES}
     with zipfile.ZipFile(wheel) as archive:
         for info in archive.infolist():
             if info.filename.startswith("onnxruntime_qnn.libs/") and not info.is_dir():
                 wanted[info.filename] = root / RUNTIME_DIR / Path(info.filename).name
         missing = sorted(set(wanted) - set(archive.namelist()))
         if missing:
-            raise QnnSdkUnavailable(f"{wheel.name} lacks {', '.join(missing)}")
+            raise QnnSdkUnavailable(f"{name} lacks {', '.join(missing)}")
         for member, target in wanted.items():
             target.parent.mkdir(parents=True, exist_ok=True)
             with archive.open(member) as source, open(target, "wb") as sink:
                 shutil.copyfileobj(source, sink, 1 << 20)
             target.chmod(0o755)
-    (root / HOST_DIR).mkdir(parents=True, exist_ok=True)
-    for name in LIBRARIES:
-        if name != "libQnnHtp.so":
-            (root / HOST_DIR / name).symlink_to(Path("..", REAL_DIR.name, name))
 
 
 def build_wrapper(root: Path, compiler: str | None = None) -> Path:
