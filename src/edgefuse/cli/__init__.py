@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model_arguments(lower)
     lower.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="where to write the edgefuse .pte")
-    lower.add_argument("--map", metavar="SVG", help="delegate map (default: OUT.delegates.svg next to the .pte)")
+    lower.add_argument("--map", metavar="SVG", help="delegate map (default: OUT.delegates.svg next to the .pte, "
+                       "written only when no file or link has that name)")
     lower.add_argument("--backend", choices=("xnnpack", "qnn"), default="xnnpack",
                        help="xnnpack (default): the CPU delegate; qnn: QNN's HTP, through ExecuTorch's own QNN flow")
     _qnn_arguments(lower, "with --backend qnn: ")

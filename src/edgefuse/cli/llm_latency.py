@@ -152,12 +152,12 @@ def read_manifest(folder: str) -> tuple[dict, list[Pair]]:
 
 
 def write_manifest(folder: str, limits: dict, pairs: list[Pair]) -> None:
-    """Write the manifest through a temporary file, so an interrupted write leaves the old one."""
+    """Write the manifest through a new temporary file renamed over it (:func:`edgefuse.cli.commands._write_bytes`):
+    an interrupted write leaves the old one, and a link at either name is replaced, not written through."""
+    from edgefuse.cli.commands import _write_bytes
+
     data = {**limits, "pairs": [vars(p) for p in pairs]}
-    staged = os.path.join(folder, MANIFEST + ".tmp")
-    with open(staged, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(staged, os.path.join(folder, MANIFEST))
+    _write_bytes(os.path.join(folder, MANIFEST), json.dumps(data, indent=1).encode())
 
 
 # -- export ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ fixed. ``SPEC`` at the bottom is the generator's description of the case, for
 
 from __future__ import annotations
 
+import itertools
 import pprint
 import re
 import textwrap
@@ -344,13 +345,19 @@ def file_name(finding: Finding, suffix: str = "") -> str:
 
 def write(directory: Path, finding: Finding, text: str, suffix: str = "") -> Path:
     """Write a reproducer into ``directory``, a folder of this user's that no other user can write (made
-    when missing), never through a symlink (:mod:`edgefuse.runtime.files`); raises ``OSError`` otherwise."""
+    when missing), never through a symlink and never over a file this run did not write
+    (:func:`edgefuse.runtime.files.write_text`): a name an earlier run took gets ``-2``, ``-3``, ... before
+    ``.py``. Raises ``OSError`` otherwise."""
     from edgefuse.runtime.files import own_folder, write_text
 
     own_folder(directory)
-    path = directory / file_name(finding, suffix)
-    write_text(path, text)
-    return path
+    for number in itertools.count(1):
+        path = directory / file_name(finding, suffix + (f"-{number}" if number > 1 else ""))
+        try:
+            write_text(path, text)
+        except FileExistsError:
+            continue
+        return path
 
 
 def read_specs(path: Path) -> list[CaseSpec]:

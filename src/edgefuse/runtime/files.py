@@ -26,8 +26,10 @@ from __future__ import annotations
 import errno
 import io
 import os
+import shutil
 import stat
 import tempfile
+from typing import BinaryIO
 
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
@@ -128,26 +130,20 @@ def _check_parent(fd: int, path: str) -> None:
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` in a folder :func:`own_folder` accepts, replacing a file of this user's,
-    never through a symlink at ``path`` or above it."""
+    """Write ``text`` to ``path``, a name edgefuse chose in a folder :func:`own_folder` accepts, as
+    :func:`write_new` writes it (a new file, or one this run wrote), made inside the folder so checked:
+    never through a symlink at ``path`` or above it. Raises :class:`UnsafeFolder` for such a folder or a
+    symlink at ``path``, ``FileExistsError`` for a file this run did not write."""
     path = os.fspath(path)
     folder = _open_own_folder(os.path.dirname(path) or ".")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(os.path.basename(path), flags, 0o644, dir_fd=folder)
-    except OSError as error:
+        _write_new(path, text, folder)
+    except FileExistsError as error:
         if error.errno == errno.ELOOP:
             raise UnsafeFolder(errno.ELOOP, f"{path} is a symlink; not written through it") from None
         raise
     finally:
         os.close(folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        status = os.fstat(f.fileno())
-        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
-            raise UnsafeFolder(errno.EACCES, f"{path} is not a file of this user's")
-        os.set_blocking(f.fileno(), True)
-        f.truncate(0)  # only once it is known to be this user's regular file
-        f.write(text)
 
 
 # --- loading code from files ---------------------------------------------------------------------------
@@ -241,25 +237,37 @@ def _kind(mode: int) -> str:
 _CREATED: set[tuple[int, int]] = set()
 
 
-def write_new(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write ``data`` to ``path``, a name edgefuse chose itself (a map beside the user's ``.pte``, a
-    program kept beside another): created anew, never through a symlink at the name, and never over a
-    file this process did not create. Raises ``FileExistsError`` naming the file otherwise."""
-    path = os.fspath(path)
+def write_new(path: str | os.PathLike, data: bytes | str | BinaryIO) -> None:
+    """Write ``data`` (bytes, text, or a binary file read to its end) to ``path``, a name edgefuse chose
+    itself (a map beside the user's ``.pte``, a program kept beside another): created anew, never through
+    a symlink at the name, and never over a file this process did not create. Raises ``FileExistsError``
+    naming the file otherwise (its ``errno`` is ``ELOOP`` for a symlink)."""
+    _write_new(os.fspath(path), data)
+
+
+def _write_new(path: str, data: bytes | str | BinaryIO, folder: int | None = None) -> None:
+    """:func:`write_new`, with the file made inside the open folder ``folder`` when one is given."""
+    name = os.path.basename(path) if folder is not None else path
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags, 0o666)
+        fd = os.open(name, flags, 0o666, dir_fd=folder)
     except FileExistsError:
         try:
-            status = os.lstat(path)
+            status = os.stat(name, dir_fd=folder, follow_symlinks=False)
         except FileNotFoundError:  # removed in between: try once more, still exclusively
-            fd = os.open(path, flags, 0o666)
+            fd = os.open(name, flags, 0o666, dir_fd=folder)
         else:
+            if stat.S_ISLNK(status.st_mode):
+                raise FileExistsError(errno.ELOOP, f"{path} is a symlink; edgefuse writes a name it chose only "
+                                                   "as a new file, never through a link", path) from None
             if not stat.S_ISREG(status.st_mode) or (status.st_dev, status.st_ino) not in _CREATED:
                 raise FileExistsError(errno.EEXIST, f"{path} exists and edgefuse did not write it in this run; it "
                                                     "writes a name it chose only as a new file", path) from None
-            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(name, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=folder)
     with os.fdopen(fd, "wb") as f:
         status = os.fstat(f.fileno())
         _CREATED.add((status.st_dev, status.st_ino))
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        if isinstance(data, (bytes, str)):
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        else:
+            shutil.copyfileobj(data, f, 1 << 20)
