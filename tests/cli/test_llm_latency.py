@@ -272,3 +272,9 @@ def test_the_manifest_is_never_written_through_a_link(tmp_path):
     assert victim.read_text() == "the victim's file\n"
     assert json.loads((folder / "manifest.json").read_text())["pairs"] == []
     assert not (folder / "manifest.json").is_symlink()
+
+
+def test_a_manifest_past_its_bound_exits_2_before_it_is_parsed(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text(" " * llm_latency.MANIFEST_BYTES + "{}")
+    code, _, err = run(capsys, "--bench-only", str(tmp_path))
+    assert code == USAGE and f"past the bound of {llm_latency.MANIFEST_BYTES:,}" in err and "Traceback" not in err

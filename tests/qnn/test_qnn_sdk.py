@@ -579,3 +579,16 @@ def test_a_wheel_larger_than_the_pinned_one_is_refused_before_it_is_read(pinned_
     root.mkdir()
     with pytest.raises(QnnSdkUnavailable, match="past the bound of"):
         qnn_sdk_module.lay_out(pinned_stand_in, root)
+
+
+def test_a_fifo_as_the_manifest_is_no_set_up_and_nothing_waits_on_it(no_sdk):
+    """``qnn env DIR`` reads DIR's manifest: a FIFO there (reading it would wait for a writer) is refused at once."""
+    root = _planted(no_sdk / "root")
+    (root / MANIFEST).unlink()
+    os.mkfifo(root / MANIFEST)
+    found = []
+    worker = threading.Thread(target=lambda: found.append(find(root)), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert found, "reading the manifest blocked"
+    assert not found[0] and "holds no finished QNN set-up of edgefuse" in found[0].reason

@@ -360,19 +360,28 @@ def write(directory: Path, finding: Finding, text: str, suffix: str = "") -> Pat
         return path
 
 
+#: The most a reproducer may hold: the fuzzer writes at most ``validate.MAX_CASES`` cases to a file,
+#: about 190 kB at that count.
+MAX_BYTES = 1 << 20
+
+
 def read_specs(path: Path) -> list[CaseSpec]:
     """The specs a reproducer file holds in ``SPEC``: parsed, never executed, and every field checked
     against what the generator can write (:mod:`edgefuse.fuzz.validate`) before anything renders it.
 
     Raises ``ValueError`` (a :class:`~edgefuse.fuzz.validate.SpecError` names the field) for a file that is
-    not Python, holds no ``SPEC``, or a ``SPEC`` the fuzzer did not write; ``OSError`` when it cannot be read.
+    not a regular file of at most :data:`MAX_BYTES` (:func:`edgefuse.runtime.files.read_regular`: a FIFO or
+    a device is refused before anything waits on it), not Python, holds no ``SPEC``, or a ``SPEC`` the
+    fuzzer did not write; ``OSError`` when it cannot be read.
     """
     import ast
 
     from edgefuse.fuzz.validate import SpecError, cases
+    from edgefuse.runtime.files import read_regular
 
+    text = read_regular(path, MAX_BYTES, "a fuzz reproducer")
     try:
-        tree = ast.parse(Path(path).read_bytes())
+        tree = ast.parse(text)
     except (SyntaxError, RecursionError, MemoryError) as error:
         raise ValueError(f"it is not Python ({type(error).__name__})") from None
     for node in tree.body:
