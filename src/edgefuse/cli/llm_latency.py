@@ -128,8 +128,9 @@ class Pair:
 
 
 def read_manifest(folder: str) -> tuple[dict, list[Pair]]:
-    """The manifest of ``folder`` (its limits and pairs); :class:`UsageError` when there is none or it is
-    not one this command wrote, or a program it names is missing."""
+    """The manifest of ``folder`` (its limits and pairs); :class:`UsageError` when there is none, it is not a
+    regular file of at most :data:`MANIFEST_BYTES` or not one this command wrote, or a program it names is
+    missing."""
     from edgefuse.runtime.files import read_regular
 
     path = os.path.join(folder, MANIFEST)
@@ -159,8 +160,8 @@ def read_manifest(folder: str) -> tuple[dict, list[Pair]]:
 
 
 def write_manifest(folder: str, limits: dict, pairs: list[Pair]) -> None:
-    """Write the manifest through a new temporary file renamed over it (:func:`edgefuse.cli.commands._write_bytes`):
-    an interrupted write leaves the old one, and a link at either name is replaced, not written through."""
+    """Write the manifest as ``lower`` writes its ``.pte``: a new temporary file renamed over the old one, so
+    an interrupted write leaves the old one and a link at either name is replaced, not written through."""
     from edgefuse.cli.commands import _write_bytes
 
     data = {**limits, "pairs": [vars(p) for p in pairs]}

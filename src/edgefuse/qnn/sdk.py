@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-#: The wheel the libraries come from, pinned by name, version and content.
+#: The wheel the libraries come from, pinned by name, version, content and size.
 PACKAGE = "onnxruntime-qnn"
 PACKAGE_VERSION = "2.7.0"
 QNN_VERSION = "2.51.0"
@@ -55,8 +55,9 @@ RUNTIME_DIR = Path("lib", "onnxruntime_qnn.libs")
 #: The QNN libraries taken from the wheel: the HTP backend (compiler and emulator) and the system
 #: library ExecuTorch reads context binaries with; nothing else in the wheel is loaded.
 LIBRARIES = ("libQnnHtp.so", "libQnnSystem.so")
-#: The file whose presence marks a finished set-up, and the most it may hold.
+#: The file whose presence marks a finished set-up.
 MANIFEST = "edgefuse-qnn.json"
+#: The most a manifest may hold (edgefuse writes about 500 bytes).
 _MANIFEST_BYTES = 1 << 16
 #: The wrapper's C source, kept as package data beside this module.
 WRAPPER_SOURCE = Path(__file__).with_name("htp_device_config.c")
