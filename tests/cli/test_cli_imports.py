@@ -101,6 +101,27 @@ def test_help_and_usage_errors_do_not_import_torch():
     assert data["loaded"] == []
 
 
+def test_qnn_env_checks_the_sdks_folders_without_importing_torch(tmp_path):
+    """``eval "$(edgefuse qnn env)"`` answers at once: checking who may write the SDK's folders
+    (``edgefuse.runtime.files``) loads neither torch nor ExecuTorch."""
+    root = tmp_path / "sdk"
+    (root / "lib" / "x86_64-linux-clang").mkdir(parents=True)
+    (root / "lib" / "x86_64-linux-clang" / "libQnnHtp.so").write_bytes(b"")
+    data = fresh_python(
+        f"""
+        import contextlib, io, json, sys
+        from edgefuse import cli
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            code = cli.main(["qnn", "env", {str(root)!r}])
+        loaded = sorted(m for m in sys.modules if m.partition(".")[0] in ("executorch", "torch"))
+        checked = "edgefuse.runtime.files" in sys.modules
+        print(json.dumps({{"code": code, "out": out.getvalue(), "loaded": loaded, "checked": checked}}))
+        """
+    )
+    assert data["code"] == OK and "export QNN_SDK_ROOT=" in data["out"]
+    assert data["checked"] and data["loaded"] == []
+
+
 def test_the_console_script_is_edgefuse_cli_main():
     from importlib.metadata import entry_points
 

@@ -257,3 +257,24 @@ def test_llm_check_exits_2_with_export_llms_message_when_it_rejects_a_case(monke
     assert "Traceback" not in err
     assert out == ""  # what export_llm prints goes to stderr: stdout holds the table alone
     assert "Model after source transforms" not in err  # its log records below ERROR are dropped
+
+
+def test_the_manifest_is_never_written_through_a_link(tmp_path):
+    """A link at the manifest's name, or at the name a fixed temporary file would have, is not written
+    through: the manifest is a new file renamed into place."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the victim's file\n")
+    folder = tmp_path / "programs"
+    folder.mkdir()
+    (folder / "manifest.json.tmp").symlink_to(victim)
+    (folder / "manifest.json").symlink_to(victim)
+    llm_latency.write_manifest(str(folder), {"max_seq_length": 128, "max_context_length": 128}, [])
+    assert victim.read_text() == "the victim's file\n"
+    assert json.loads((folder / "manifest.json").read_text())["pairs"] == []
+    assert not (folder / "manifest.json").is_symlink()
+
+
+def test_a_manifest_past_its_bound_exits_2_before_it_is_parsed(tmp_path, capsys):
+    (tmp_path / "manifest.json").write_text(" " * llm_latency.MANIFEST_BYTES + "{}")
+    code, _, err = run(capsys, "--bench-only", str(tmp_path))
+    assert code == USAGE and f"past the bound of {llm_latency.MANIFEST_BYTES:,}" in err and "Traceback" not in err

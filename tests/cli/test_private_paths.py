@@ -9,12 +9,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+from types import SimpleNamespace
 
 import pytest
 
 import edgefuse
+from edgefuse import cli
 from edgefuse.cli import demo
-from edgefuse.cli.errors import OK
+from edgefuse.cli.errors import OK, USAGE
 from edgefuse.runtime.files import UnsafeFolder, own_folder, write_text
 from edgefuse.fuzz import cli as fuzz_cli
 
@@ -204,3 +206,119 @@ def test_a_parent_others_can_write_without_the_sticky_bit_is_refused(tmp_path):
     sticky.mkdir()
     os.chmod(sticky, 0o1777)  # as /tmp: others cannot rename what is not theirs
     assert own_folder(sticky / "mine") == str(sticky / "mine")
+
+
+# --- files edgefuse names itself beside the user's: only new files -----------------------------------------
+
+@pytest.fixture
+def lower_run(tmp_path, monkeypatch):
+    """``edgefuse lower`` of a small block into ``tmp_path/out.pte``; ``during`` (if given) runs when the
+    first lowering starts, after the command checked its paths."""
+    from edgefuse.cli import pte_checks
+    from tests.cli.command_runs import MODELS_PY
+
+    (tmp_path / "models.py").write_text(MODELS_PY)
+    lowered = pte_checks.lower_to_pte
+
+    def run(during=None) -> int:
+        def lower_to_pte(*args, **kwargs):
+            if during is not None:
+                during()
+            return lowered(*args, **kwargs)
+
+        monkeypatch.setattr(pte_checks, "lower_to_pte", lower_to_pte)
+        return cli.main(["-q", "lower", f"{tmp_path / 'models.py'}:block", "-o", str(tmp_path / "out.pte")])
+
+    return run
+
+
+def _refuse_lowering():
+    raise AssertionError("lowered although the default map's name was taken")
+
+
+def _take(name, kind: str):
+    """Put a symlink to a victim's file, or a file of the user's, at ``name``; returns a check that both
+    are as they were."""
+    victim = name.parent / "victim.txt"
+    victim.write_text("the victim's file\n")
+    if kind == "symlink":
+        name.symlink_to(victim)
+    else:
+        name.write_text("the user's own file\n")
+
+    def untouched() -> bool:
+        kept = name.is_symlink() if kind == "symlink" else name.read_text() == "the user's own file\n"
+        return kept and victim.read_text() == "the victim's file\n"
+
+    return untouched
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file"])
+def test_lower_refuses_a_taken_default_map_name_before_lowering(kind, lower_run, tmp_path, capsys):
+    """A symlink (to a file of the victim's) or a file at ``OUT.delegates.svg``: exit 2 before the slow
+    work, saying what to do; the file and what the link leads to are unchanged, nothing is written."""
+    default = tmp_path / "out.delegates.svg"
+    untouched = _take(default, kind)
+    assert lower_run(during=_refuse_lowering) == USAGE
+    err = capsys.readouterr().err
+    assert f"{default} exists (a {kind}) and this run did not write it" in err and "--map PATH" in err
+    assert untouched() and not (tmp_path / "out.pte").exists()
+
+
+def test_a_link_planted_at_the_default_map_name_while_lowering_is_not_written_through(lower_run, tmp_path, capsys):
+    """The name checked free before lowering and taken by a link while it runs: the map is not written
+    through the link (exit 2 saying so), the link's target is unchanged."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the victim's file\n")
+    default = tmp_path / "out.delegates.svg"
+
+    def plant():
+        if not default.is_symlink():
+            default.symlink_to(victim)
+
+    assert lower_run(during=plant) == USAGE
+    assert "exists (a symlink) and this run did not write it" in capsys.readouterr().err
+    assert victim.read_text() == "the victim's file\n" and default.is_symlink()
+
+
+def test_lower_writes_its_default_map_as_a_new_file(lower_run, tmp_path):
+    assert lower_run() == OK
+    assert (tmp_path / "out.delegates.svg").read_text().startswith("<svg")
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file"])
+def test_export_llm_compare_keeps_stocks_program_only_as_a_new_file(kind, tmp_path, monkeypatch, capsys):
+    """``--compare`` keeps stock's program as ``NAME.stock.pte`` beside the output: a symlink or a file
+    already there is left as it is (exit 2 saying what to do), never written through or over."""
+    from edgefuse.cli import llm_commands
+
+    output = tmp_path / "model.pte"
+
+    def export(passed, lowering, single_row):  # stands in for export_llm: writes where it is told
+        path = passed[-1].partition("=")[2] if lowering == "stock" else str(output)
+        with open(path, "wb") as f:
+            f.write(f"{lowering} program".encode())
+        return SimpleNamespace(path=path)
+
+    monkeypatch.setattr(llm_commands, "_run", export)
+    kept = tmp_path / "model.stock.pte"
+    untouched = _take(kept, kind)
+    assert cli.main(["-q", "export-llm", "--compare", f"export.output_name={output}"]) == USAGE
+    err = capsys.readouterr().err
+    assert f"{kept} " in err and "choose another export.output_name" in err and "Traceback" not in err
+    assert untouched()
+
+
+def test_the_fuzzer_writes_a_reproducer_of_an_earlier_run_under_a_new_name(tmp_path, monkeypatch):
+    """A reproducer name an earlier run took is left as it is: the new reproducer gets ``-2``."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    assert _failing_fuzz_run(["--out", str(first)], monkeypatch) == 1
+    names = sorted(p.name for p in first.iterdir())
+    second.mkdir(mode=0o700)
+    for name in names:
+        (second / name).write_text("# an earlier run's reproducer\n")
+    assert _failing_fuzz_run(["--out", str(second)], monkeypatch) == 1
+    for name in names:
+        assert (second / name).read_text() == "# an earlier run's reproducer\n"
+        renamed = second / name.replace(".py", "-2.py")
+        assert renamed.read_text() == (first / name).read_text()

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import resource
+import subprocess
+import sys
 
 import pytest
 
@@ -14,7 +17,7 @@ from edgefuse.fuzz import cli as fuzz_cli
 from edgefuse.fuzz import trust
 from edgefuse.fuzz.generate import generate
 from edgefuse.fuzz.render import source
-from edgefuse.fuzz.reproducer import read_specs, reproducer_text
+from edgefuse.fuzz.reproducer import MAX_BYTES, read_specs, reproducer_text
 from edgefuse.fuzz.runner import Options, run
 from edgefuse.fuzz.shrink import candidates
 from edgefuse.fuzz.spec import Cast, Tail, WeightSpec, to_dict
@@ -178,3 +181,30 @@ def test_spec_errors_name_their_field():
     with pytest.raises(SpecError) as error:
         cases([dict(to_dict(generate(SEED, 2)), heads_view="view(1)")])
     assert error.value.field == "SPEC[0].heads_view" and "'view(1)' is not one of view, reshape" in str(error.value)
+
+
+def _within_4_gib_of_memory():
+    """A child's address space bound: a reader that never stops fails there, not on the machine."""
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+@pytest.mark.parametrize("kind", ["a FIFO", "a character device"])
+def test_a_fifo_or_a_device_as_reproducer_exits_2_at_once(kind, tmp_path):
+    """``edgefuse fuzz --replay`` on a FIFO (opening it waits for a writer) or ``/dev/zero`` (it never
+    ends): exit 2 naming what it is, before a byte is read; no hang, no memory run out."""
+    path = "/dev/zero"
+    if kind == "a FIFO":
+        path = str(tmp_path / "repro.py")
+        os.mkfifo(path)
+    done = subprocess.run([sys.executable, "-m", "edgefuse", "fuzz", "--replay", path], capture_output=True, text=True,
+                          timeout=180, preexec_fn=_within_4_gib_of_memory)
+    assert done.returncode == 2, done.stderr
+    assert f"cannot replay {path}: {path} is {kind}, not a regular file" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_reproducer_past_the_bound_is_refused_before_it_is_parsed(tmp_path, capsys):
+    file = tmp_path / "repro.py"
+    file.write_text("#" * MAX_BYTES + "\n")
+    assert fuzz_cli.main(["--replay", str(file)]) == 2
+    assert f"holds {MAX_BYTES + 1:,} bytes, past the bound of {MAX_BYTES:,}" in capsys.readouterr().err

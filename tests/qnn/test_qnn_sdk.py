@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import subprocess
+import sys
+import threading
 import time
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -236,12 +240,12 @@ def test_a_planted_set_up_of_this_user_is_found(no_sdk):
 
 
 @pytest.mark.parametrize("spoil, reason", [
-    (lambda root: os.chown(root, 65534, 65534), "is owned by user 65534, not by this user"),
-    (lambda root: os.chown(root / MANIFEST, 65534, 65534), "edgefuse-qnn.json is owned by user 65534"),
-    (lambda root: os.chown(root / REAL_DIR / "libQnnHtp.so", 65534, 65534), "libQnnHtp.so is owned by user 65534"),
-    (lambda root: root.chmod(0o777), "root is writable by group or others (mode 777)"),
-    (lambda root: (root / RUNTIME_DIR / "libc++.so.1").chmod(0o666), "libc++.so.1 is writable by group or others"),
-    (lambda root: (root / HOST_DIR).chmod(0o775), "x86_64-linux-clang is writable by group or others"),
+    (lambda root: os.chown(root, 65534, 65534), "root belongs to another user (uid 65534)"),
+    (lambda root: os.chown(root / MANIFEST, 65534, 65534), "edgefuse-qnn.json belongs to another user (uid 65534)"),
+    (lambda root: os.chown(root / REAL_DIR / "libQnnHtp.so", 65534, 65534), "libQnnHtp.so belongs to another user (uid 65534)"),
+    (lambda root: root.chmod(0o777), "root can be written by other users (mode 777)"),
+    (lambda root: (root / RUNTIME_DIR / "libc++.so.1").chmod(0o666), "libc++.so.1 can be written by other users (mode 666)"),
+    (lambda root: (root / HOST_DIR).chmod(0o775), "x86_64-linux-clang can be written by other users (mode 775)"),
 ])
 def test_a_set_up_another_user_could_have_written_is_not_loaded(no_sdk, x86_64_linux, a_c_compiler, spoil, reason):
     """A set-up whose folder, manifest or libraries another user owns or may write could hold anyone's
@@ -358,3 +362,233 @@ def test_qnns_info_lines_are_left_out_of_its_log_lines():
     )
     assert qnn_sdk_module.qnn_log_lines(log) == "[WARNING] [Qnn ExecuTorch]: QnnDsp <W> a warning"
     assert qnn_sdk_module.qnn_log_lines("[INFO] [Qnn ExecuTorch]: Destroy Qnn context\n") == ""
+
+
+# --- a library another user could have written is never loaded ------------------------------------------
+
+PLANTED_SOURCE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Runs when the library is loaded: leaves a file where EDGEFUSE_PLANTED_MARKER says. */
+__attribute__((constructor)) static void planted(void) {
+  const char *marker = getenv("EDGEFUSE_PLANTED_MARKER");
+  FILE *f = marker ? fopen(marker, "w") : NULL;
+  if (f) fclose(f);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def planted_library(tmp_path_factory) -> Path:
+    """A shared library whose constructor writes a marker file: loading it leaves a trace."""
+    folder = tmp_path_factory.mktemp("planted")
+    source, library = folder / "planted.c", folder / "libplanted.so"
+    source.write_text(PLANTED_SOURCE)
+    subprocess.run([qnn_sdk_module.c_compiler(), "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    return library
+
+
+def _planted_sdk(root: Path, library: Path) -> Path:
+    """A QNN SDK root as a user's own would be (no manifest of edgefuse's) holding ``library`` as both QNN
+    libraries, every part of it writable by this user alone."""
+    (root / HOST_DIR).mkdir(parents=True)
+    for name in LIBRARIES:
+        (root / HOST_DIR / name).write_bytes(library.read_bytes())
+    for path in [root, *root.rglob("*")]:
+        path.chmod(0o755)
+    return root
+
+
+def _load_in_a_child(sdk: str, marker: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """``ensure_in_process(Sdk(sdk, "argument"))`` in a new process: what it says, and whether the planted
+    library ran (``marker``)."""
+    code = (
+        "import sys; from pathlib import Path\n"
+        "from edgefuse.qnn.sdk import QnnSdkUnavailable, Sdk, ensure_in_process\n"
+        "try:\n"
+        f"    ensure_in_process(Sdk(Path({sdk!r}), 'argument'))\n"
+        "except QnnSdkUnavailable as error:\n"
+        "    sys.exit(f'refused: {error}')\n"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {}), "EDGEFUSE_PLANTED_MARKER": str(marker)})
+
+
+def test_the_planted_library_runs_when_loaded_from_a_folder_of_the_users_own(planted_library, tmp_path):
+    """The control of the tests below: loaded from a root only this user can write, the library runs and
+    leaves its marker."""
+    root = _planted_sdk(tmp_path / "sdk", planted_library)
+    marker = tmp_path / "MARKER"
+    done = _load_in_a_child(str(root), marker)
+    assert done.returncode == 0, done.stderr
+    assert marker.exists()
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757], ids=["777", "775", "757"])
+def test_a_planted_library_in_a_root_others_can_write_is_not_found(planted_library, no_sdk, monkeypatch, mode):
+    """``QNN_SDK_ROOT`` at a folder its group or others can write, holding a library but no manifest of
+    edgefuse's: not found, and the reason names the folder and why."""
+    root = _planted_sdk(no_sdk / "sdk", planted_library)
+    root.chmod(mode)
+    monkeypatch.setenv("QNN_SDK_ROOT", str(root))
+    found = find()
+    assert not found, found
+    assert f"{root} can be written by other users (mode {mode:o})" in found.reason
+    assert "edgefuse loads no library that another user could have put there" in found.reason
+
+
+def test_a_planted_library_in_a_root_others_can_write_is_not_loaded(planted_library, tmp_path):
+    """Handed straight to ensure_in_process (no find() before it), the library is still not loaded."""
+    root = _planted_sdk(tmp_path / "sdk", planted_library)
+    root.chmod(0o777)
+    marker = tmp_path / "MARKER"
+    done = _load_in_a_child(str(root), marker)
+    assert done.returncode == 1 and f"{root} can be written by other users (mode 777)" in done.stderr, done.stderr
+    assert not marker.exists()
+    assert "Traceback" not in done.stderr
+
+
+def test_lower_with_a_planted_qnn_sdk_root_exits_3_and_loads_nothing(planted_library, tmp_path):
+    """The command a user runs, with ``QNN_SDK_ROOT`` at a group-writable folder holding a planted
+    library: exit 3 naming the folder, the library never loaded, nothing written."""
+    from edgefuse.cli.errors import UNAVAILABLE
+
+    root = _planted_sdk(tmp_path / "sdk", planted_library)
+    root.chmod(0o775)
+    marker, out = tmp_path / "MARKER", tmp_path / "out.pte"
+    done = subprocess.run(
+        [sys.executable, "-m", "edgefuse", "-q", "lower", "tiny-llama", "--backend", "qnn", "-o", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        env={**os.environ, "QNN_SDK_ROOT": str(root), "EDGEFUSE_PLANTED_MARKER": str(marker)},
+    )
+    assert done.returncode == UNAVAILABLE, done.stderr
+    assert f"{root} can be written by other users (mode 775)" in done.stderr and "Traceback" not in done.stderr
+    assert not marker.exists() and not out.exists()
+
+
+@pytest.mark.parametrize("spoil, reason", [
+    (lambda root: (root / HOST_DIR / "libQnnHtp.so").chmod(0o666), "libQnnHtp.so can be written by other users (mode 666)"),
+    (lambda root: (root / HOST_DIR / "libQnnSystem.so").chmod(0o646), "libQnnSystem.so can be written by other users (mode 646)"),
+    (lambda root: (root / HOST_DIR).chmod(0o1777), "x86_64-linux-clang can be written by other users (mode 1777)"),
+])
+def test_a_library_or_library_folder_others_can_write_in_a_private_root_is_refused(planted_library, no_sdk, spoil, reason):
+    """One writable library (or its folder, sticky or not: a library it lacks could be added) is enough."""
+    root = _planted_sdk(no_sdk / "sdk", planted_library)
+    spoil(root)
+    found = find(root)
+    assert not found and reason in found.reason, found
+
+
+def test_what_a_library_link_leads_to_is_checked_where_it_is(planted_library, no_sdk):
+    """A library that is a link is judged by its target, and the folders above the target, wherever they are."""
+    root = _planted_sdk(no_sdk / "sdk", planted_library)
+    elsewhere = no_sdk / "elsewhere"
+    elsewhere.mkdir()
+    target = elsewhere / "libQnnSystem.so.2"
+    os.replace(root / HOST_DIR / "libQnnSystem.so", target)
+    (root / HOST_DIR / "libQnnSystem.so").symlink_to(target)
+    assert find(root) == Sdk(root, "argument")
+    target.chmod(0o666)
+    found = find(root)
+    assert not found and f"{target} can be written by other users (mode 666)" in found.reason, found
+    target.chmod(0o755)
+    elsewhere.chmod(0o777)
+    found = find(root)
+    assert not found and f"{elsewhere} can be written by other users, who could swap what it holds" in found.reason, found
+
+
+def test_a_folder_above_the_root_others_can_write_is_refused_unless_sticky(planted_library, no_sdk):
+    """Another user who can write a folder above the root could swap the root for their own; with the
+    sticky bit (as ``/tmp``) they cannot rename what is not theirs."""
+    shared = no_sdk / "shared"
+    shared.mkdir()
+    root = _planted_sdk(shared / "sdk", planted_library)
+    shared.chmod(0o777)
+    found = find(root)
+    assert not found and f"{shared} can be written by other users, who could swap what it holds" in found.reason
+    shared.chmod(0o1777)
+    assert find(root) == Sdk(root, "argument")
+
+
+# --- the wheel: hashed and unpacked from one open regular file -------------------------------------------
+
+def _wheel(path: Path, content: bytes) -> Path:
+    """A stand-in wheel at ``path`` whose libraries each hold ``content`` and their name."""
+    with zipfile.ZipFile(path, "w") as archive:
+        for name in (*(f"onnxruntime_qnn/{n}" for n in LIBRARIES), "onnxruntime_qnn.libs/libc++.so.1"):
+            archive.writestr(name, content + name.encode())
+    return path
+
+
+@pytest.fixture
+def pinned_stand_in(tmp_path, monkeypatch) -> Path:
+    """A stand-in wheel, pinned by its hash and size in place of onnxruntime-qnn's."""
+    wheel = _wheel(tmp_path / "stand-in.whl", b"pinned ")
+    monkeypatch.setattr(qnn_sdk_module, "WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    monkeypatch.setattr(qnn_sdk_module, "WHEEL_BYTES", wheel.stat().st_size)
+    return wheel
+
+
+def test_the_wheel_unpacked_is_the_file_whose_hash_was_checked(pinned_stand_in, tmp_path, monkeypatch):
+    """Another wheel put at the name once the hash is checked is not what gets unpacked."""
+    hashed = qnn_sdk_module._sha256
+
+    def hash_then_swap(*args):
+        digest = hashed(*args)
+        swapped = _wheel(tmp_path / "swapped.whl", b"swapped in ")
+        os.replace(swapped, pinned_stand_in)
+        return digest
+
+    monkeypatch.setattr(qnn_sdk_module, "_sha256", hash_then_swap)
+    root = tmp_path / "root"
+    root.mkdir()
+    qnn_sdk_module.lay_out(pinned_stand_in, root)
+    assert b"swapped in" in pinned_stand_in.read_bytes()  # the swap happened
+    for name in LIBRARIES:
+        assert (root / REAL_DIR / name).read_bytes() == f"pinned onnxruntime_qnn/{name}".encode()
+    assert (root / RUNTIME_DIR / "libc++.so.1").read_bytes() == b"pinned onnxruntime_qnn.libs/libc++.so.1"
+
+
+def test_a_wheel_that_is_no_regular_file_is_refused_without_waiting(pinned_stand_in, tmp_path):
+    """A FIFO as the wheel (opening it to read would wait for a writer): refused at once."""
+    fifo = tmp_path / "wheel.whl"
+    os.mkfifo(fifo)
+    root = tmp_path / "root"
+    root.mkdir()
+    outcome = []
+
+    def lay_out():
+        try:
+            qnn_sdk_module.lay_out(fifo, root)
+        except QnnSdkUnavailable as error:
+            outcome.append(str(error))
+
+    worker = threading.Thread(target=lay_out, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert outcome and "is a FIFO, not a regular file" in outcome[0], "laying out a FIFO blocked or was not refused"
+    assert list(root.iterdir()) == []
+
+
+def test_a_wheel_larger_than_the_pinned_one_is_refused_before_it_is_read(pinned_stand_in, tmp_path, monkeypatch):
+    monkeypatch.setattr(qnn_sdk_module, "_sha256", lambda *_: pytest.fail("a wheel past the pinned size was hashed"))
+    with open(pinned_stand_in, "ab") as f:
+        f.write(b"\0")
+    root = tmp_path / "root"
+    root.mkdir()
+    with pytest.raises(QnnSdkUnavailable, match="past the bound of"):
+        qnn_sdk_module.lay_out(pinned_stand_in, root)
+
+
+def test_a_fifo_as_the_manifest_is_no_set_up_and_nothing_waits_on_it(no_sdk):
+    """``qnn env DIR`` reads DIR's manifest: a FIFO there (reading it would wait for a writer) is refused at once."""
+    root = _planted(no_sdk / "root")
+    (root / MANIFEST).unlink()
+    os.mkfifo(root / MANIFEST)
+    found = []
+    worker = threading.Thread(target=lambda: found.append(find(root)), daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert found, "reading the manifest blocked"
+    assert not found[0] and "holds no finished QNN set-up of edgefuse" in found[0].reason

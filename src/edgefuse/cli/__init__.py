@@ -24,9 +24,10 @@ exit codes:
   2  bad usage or input: unknown model, a file that does not load or export, a .pt2 that would run
      code when loaded (see --trust-pickled-pt2), a model ExecuTorch's to_edge or stock XNNPACK lowering
      rejects, a model QNN lowers neither with edgefuse nor stock (QNN's reason is printed), a missing
-     .pt2, an output path that cannot be written
+     .pt2, an output path that cannot be written, a name edgefuse chose for its own file already taken
   3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
-     libraries: not set up, or `edgefuse qnn setup` cannot set them up here)
+     libraries: not set up, in a folder another user could write, or `edgefuse qnn setup` cannot set
+     them up here)
   4  edgefuse itself failed (a bug: the traceback is printed)
 """
 
@@ -103,7 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _model_arguments(lower)
     lower.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="where to write the edgefuse .pte")
-    lower.add_argument("--map", metavar="SVG", help="delegate map (default: OUT.delegates.svg next to the .pte)")
+    lower.add_argument("--map", metavar="SVG", help="delegate map (default: OUT.delegates.svg next to the .pte, "
+                       "written only when no file or link has that name)")
     lower.add_argument("--backend", choices=("xnnpack", "qnn"), default="xnnpack",
                        help="xnnpack (default): the CPU delegate; qnn: QNN's HTP, through ExecuTorch's own QNN flow")
     _qnn_arguments(lower, "with --backend qnn: ")

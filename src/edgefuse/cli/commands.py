@@ -91,11 +91,30 @@ def _write(path: str, what: str, write: Callable[[], None]) -> None:
         raise UsageError(f"cannot write the {what} to {path}: {error.strerror or error}") from error
 
 
-def _write_map(path: str, summaries, title: str, say: Say) -> None:
-    from edgefuse.cli.delegate_map import write
+def _write_map(path: str, summaries, title: str, say: Say, named: bool = True) -> None:
+    """Write the map to ``path``: as any output when the user ``named`` it, else (its default name) only as
+    a new file (:func:`edgefuse.runtime.files.write_new`), never through a link or over another file."""
+    from edgefuse.cli.delegate_map import render, write
+    from edgefuse.runtime.files import write_new
 
-    _write(path, "delegate map", lambda: write(path, summaries, title))
+    def write_map() -> None:
+        if named:
+            write(path, summaries, title)
+            return
+        try:
+            write_new(path, render(summaries, title))
+        except FileExistsError as error:
+            raise UsageError(_taken(path)) from error
+
+    _write(path, "delegate map", write_map)
     say(f"wrote the delegate map to {path}")
+
+
+def _taken(map_path: str) -> str:
+    """Why the map's default name cannot be written, and what to do."""
+    what = "a symlink" if os.path.islink(map_path) else "a file"
+    return (f"the delegate map's default name {map_path} exists ({what}) and this run did not write it; edgefuse "
+            "writes a name it chose only as a new file: remove it, or name the map with --map PATH")
 
 
 def _stage(args) -> str:
@@ -201,6 +220,8 @@ def _output_paths(args) -> tuple[str, str]:
     map_path = args.map or default_map_path(output)
     _check_output(output, ".pte")
     _check_output(map_path, "delegate map")
+    if args.map is None and os.path.lexists(map_path):
+        raise UsageError(_taken(map_path))
     _check_distinct(args.model, {".pte": output, "delegate map": map_path})
     return output, map_path
 
@@ -231,7 +252,8 @@ def lower(args, say: Say) -> int:
     print(f"{spec.name} ({_dtype(spec)}), XNNPACK, before (stock) and after (edgefuse):")
     print("\n".join(comparison_lines(stock, ours)))
     print(f"wrote {output} ({len(ours.pte)} bytes, edgefuse lowering)")
-    _write_map(map_path, [stock.summary, ours.summary], f"delegate map: {spec.name} ({_dtype(spec)})", say)
+    _write_map(map_path, [stock.summary, ours.summary], f"delegate map: {spec.name} ({_dtype(spec)})", say,
+               named=args.map is not None)
     print(f"delegate map: {map_path}")
     return _checked([stock, ours])
 
@@ -265,7 +287,8 @@ def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, sa
     print(f"  {stock.line()}")
     print(f"wrote {output} ({len(ours.pte)} bytes, edgefuse lowering)")
     summaries = [p.summary for p in (stock, ours) if p.summary is not None]
-    _write_map(map_path, summaries, f"delegate map: {spec.name} ({_dtype(spec)}), QNN {soc} {precision}", say)
+    _write_map(map_path, summaries, f"delegate map: {spec.name} ({_dtype(spec)}), QNN {soc} {precision}", say,
+               named=args.map is not None)
     print(f"delegate map: {map_path}")
     failures = qnn_flows.failures(ours)
     if failures:

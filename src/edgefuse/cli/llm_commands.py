@@ -35,6 +35,22 @@ def _stock_path(path: str) -> str:
     return f"{root}.stock{ext or '.pte'}"
 
 
+def _keep(staged: str, kept: str) -> None:
+    """Copy stock's program from the private folder it was exported in to ``kept``, a name edgefuse chose
+    beside the user's output: only as a new file (:func:`edgefuse.runtime.files.write_new`), never through
+    a link or over a file this run did not write."""
+    from edgefuse.runtime.files import write_new
+
+    try:
+        with open(staged, "rb") as source:
+            write_new(kept, source)
+    except FileExistsError as error:
+        raise UsageError(f"stock's program is kept beside edgefuse's, but {error.strerror}: remove it, or choose "
+                         "another export.output_name") from error
+    except OSError as error:
+        raise UsageError(f"cannot write stock's program to {kept}: {error.strerror or error}") from error
+
+
 def contents_rows(programs: list[tuple[str, object]]) -> tuple[list[str], list[list[object]]]:
     """Header and rows of the side-by-side table: delegates, kernels outside, then each kernel by op."""
     header = ["", *(label for label, _ in programs)]
@@ -77,7 +93,7 @@ def export_llm(args, say: Say) -> int:
         programs, exports = [], []
         if stock is not None:
             kept = _stock_path(ours.path)
-            shutil.move(stock.path, kept)
+            _keep(stock.path, kept)
             programs.append((f"stock ({kept})", read_pte(kept)))
             exports.append(stock)
         programs.append((f"edgefuse ({ours.path})", read_pte(ours.path)))

@@ -54,6 +54,8 @@ SIZES = ("128x2", "1024x4")
 #: The logits' dtype each precision's program must return.
 LOGITS = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "8da4w": "float32"}
 MANIFEST = "manifest.json"
+#: The most a manifest may hold: a pair takes about a kilobyte.
+MANIFEST_BYTES = 1 << 20
 #: A ratio at or above this is timed again (within 1% of 1.00, or slower).
 REPEAT_AT = 0.99
 
@@ -126,14 +128,20 @@ class Pair:
 
 
 def read_manifest(folder: str) -> tuple[dict, list[Pair]]:
-    """The manifest of ``folder`` (its limits and pairs); :class:`UsageError` when there is none or it is
-    not one this command wrote, or a program it names is missing."""
+    """The manifest of ``folder`` (its limits and pairs); :class:`UsageError` when there is none, it is not a
+    regular file of at most :data:`MANIFEST_BYTES` or not one this command wrote, or a program it names is
+    missing."""
+    from edgefuse.runtime.files import read_regular
+
     path = os.path.join(folder, MANIFEST)
     if not os.path.isfile(path):
         raise UsageError(f"{folder}: no {MANIFEST} (prepare the programs with --export-only --dir {folder})")
     try:
-        with open(path) as f:
-            data = json.load(f)
+        text = read_regular(path, MANIFEST_BYTES, "the manifest of prepared programs")
+    except (OSError, ValueError) as error:
+        raise UsageError(f"cannot read {path}: {error}") from error
+    try:
+        data = json.loads(text)
         limits = {k: int(data[k]) for k in ("max_seq_length", "max_context_length")}
         pairs = [Pair(p["size"], p["dtype"], str(p["stock"]), str(p["edgefuse"]), float(p.get("export_seconds", 0)),
                       str(p.get("logits", "")), bool(p.get("agree", False)), p.get("contents"),
@@ -152,12 +160,12 @@ def read_manifest(folder: str) -> tuple[dict, list[Pair]]:
 
 
 def write_manifest(folder: str, limits: dict, pairs: list[Pair]) -> None:
-    """Write the manifest through a temporary file, so an interrupted write leaves the old one."""
+    """Write the manifest as ``lower`` writes its ``.pte``: a new temporary file renamed over the old one, so
+    an interrupted write leaves the old one and a link at either name is replaced, not written through."""
+    from edgefuse.cli.commands import _write_bytes
+
     data = {**limits, "pairs": [vars(p) for p in pairs]}
-    staged = os.path.join(folder, MANIFEST + ".tmp")
-    with open(staged, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(staged, os.path.join(folder, MANIFEST))
+    _write_bytes(os.path.join(folder, MANIFEST), json.dumps(data, indent=1).encode())
 
 
 # -- export ---------------------------------------------------------------------------------------------

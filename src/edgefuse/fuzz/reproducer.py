@@ -10,6 +10,7 @@ fixed. ``SPEC`` at the bottom is the generator's description of the case, for
 
 from __future__ import annotations
 
+import itertools
 import pprint
 import re
 import textwrap
@@ -344,13 +345,24 @@ def file_name(finding: Finding, suffix: str = "") -> str:
 
 def write(directory: Path, finding: Finding, text: str, suffix: str = "") -> Path:
     """Write a reproducer into ``directory``, a folder of this user's that no other user can write (made
-    when missing), never through a symlink (:mod:`edgefuse.runtime.files`); raises ``OSError`` otherwise."""
+    when missing), never through a symlink and never over a file this run did not write
+    (:func:`edgefuse.runtime.files.write_text`): a name an earlier run took gets ``-2``, ``-3``, ... before
+    ``.py``. Raises ``OSError`` otherwise."""
     from edgefuse.runtime.files import own_folder, write_text
 
     own_folder(directory)
-    path = directory / file_name(finding, suffix)
-    write_text(path, text)
-    return path
+    for number in itertools.count(1):
+        path = directory / file_name(finding, suffix + (f"-{number}" if number > 1 else ""))
+        try:
+            write_text(path, text)
+        except FileExistsError:
+            continue
+        return path
+
+
+#: The most a reproducer may hold: the fuzzer writes at most ``validate.MAX_CASES`` cases to a file,
+#: about 190 kB at that count.
+MAX_BYTES = 1 << 20
 
 
 def read_specs(path: Path) -> list[CaseSpec]:
@@ -358,14 +370,18 @@ def read_specs(path: Path) -> list[CaseSpec]:
     against what the generator can write (:mod:`edgefuse.fuzz.validate`) before anything renders it.
 
     Raises ``ValueError`` (a :class:`~edgefuse.fuzz.validate.SpecError` names the field) for a file that is
-    not Python, holds no ``SPEC``, or a ``SPEC`` the fuzzer did not write; ``OSError`` when it cannot be read.
+    not a regular file of at most :data:`MAX_BYTES` (:func:`edgefuse.runtime.files.read_regular`: a FIFO or
+    a device is refused before anything waits on it), not Python, holds no ``SPEC``, or a ``SPEC`` the
+    fuzzer did not write; ``OSError`` when it cannot be read.
     """
     import ast
 
     from edgefuse.fuzz.validate import SpecError, cases
+    from edgefuse.runtime.files import read_regular
 
+    text = read_regular(path, MAX_BYTES, "a fuzz reproducer")
     try:
-        tree = ast.parse(Path(path).read_bytes())
+        tree = ast.parse(text)
     except (SyntaxError, RecursionError, MemoryError) as error:
         raise ValueError(f"it is not Python ({type(error).__name__})") from None
     for node in tree.body:

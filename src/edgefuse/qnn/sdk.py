@@ -38,14 +38,15 @@ import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import BinaryIO, Callable, Iterator
 
-#: The wheel the libraries come from, pinned by name, version and content.
+#: The wheel the libraries come from, pinned by name, version, content and size.
 PACKAGE = "onnxruntime-qnn"
 PACKAGE_VERSION = "2.7.0"
 QNN_VERSION = "2.51.0"
 WHEEL = "onnxruntime_qnn-2.7.0-cp311-cp311-manylinux_2_35_x86_64.whl"
 WHEEL_SHA256 = "c56c01562b8534fe8980cfea4601408d950c065f8251fb862ce82101c52c9849"
+WHEEL_BYTES = 98_578_793
 
 #: The folders of an SDK root (see the module's docstring).
 HOST_DIR = Path("lib", "x86_64-linux-clang")
@@ -56,6 +57,8 @@ RUNTIME_DIR = Path("lib", "onnxruntime_qnn.libs")
 LIBRARIES = ("libQnnHtp.so", "libQnnSystem.so")
 #: The file whose presence marks a finished set-up.
 MANIFEST = "edgefuse-qnn.json"
+#: The most a manifest may hold (edgefuse writes about 500 bytes).
+_MANIFEST_BYTES = 1 << 16
 #: The wrapper's C source, kept as package data beside this module.
 WRAPPER_SOURCE = Path(__file__).with_name("htp_device_config.c")
 #: The version of the layout above and of what the manifest records; a set-up written with another
@@ -153,23 +156,23 @@ def pinned_set_up(root: str | os.PathLike | None = None) -> Path | None:
 
 def wrapper_sha256() -> str:
     """The SHA-256 of the wrapper's C source this edgefuse builds; a set-up records the one it built."""
-    return _sha256(WRAPPER_SOURCE)
+    with open(WRAPPER_SOURCE, "rb") as f:
+        return _sha256(f)
 
 
 def _inspect(root: Path) -> tuple[dict | None, str | None, bool]:
     """``root``'s manifest, or None and what is wrong with ``root`` as a set-up of this edgefuse: no
     manifest, not safe to load (see :func:`_unsafe`), a failed self-check, other pins, or (the third
     item True: :func:`setup` rebuilds it) built from another wrapper source or layout."""
+    from edgefuse.runtime.files import read_regular
+
     try:
-        manifest = json.loads((root / MANIFEST).read_text())
+        manifest = json.loads(read_regular(root / MANIFEST, _MANIFEST_BYTES, "a QNN set-up's manifest"))
     except (OSError, ValueError):
         manifest = None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("self_check"), dict):
         return None, f"{root} holds no finished QNN set-up of edgefuse", False
-    libraries = [root / folder / name for folder in (HOST_DIR, REAL_DIR) for name in LIBRARIES]
-    with contextlib.suppress(OSError):
-        libraries += sorted((root / RUNTIME_DIR).iterdir())
-    unsafe = _unsafe(root, [root / MANIFEST, *libraries])
+    unsafe = _unsafe(root)
     if unsafe:
         return None, unsafe, False
     if not manifest["self_check"].get("ok"):
@@ -186,25 +189,28 @@ def _inspect(root: Path) -> tuple[dict | None, str | None, bool]:
     return manifest, None, False
 
 
-def _unsafe(root: Path, files: list[Path]) -> str | None:
-    """Why the set-up in ``root`` must not be loaded, or None: ``root``, its library folders, one of
-    ``files`` or the folder a file's link leads to is owned by another user or writable by group or
-    others, so someone else could have put code in it (links are followed: their target is loaded)."""
-    me = os.geteuid()
-    paths = [root, *(root / folder for folder in (Path("lib"), HOST_DIR, REAL_DIR, RUNTIME_DIR)), *files]
-    paths += [Path(os.path.realpath(path)).parent for path in files]
+def _unsafe(root: Path) -> str | None:
+    """Why no library under ``root`` may be loaded, or None: ``root``, a library folder, a file in one
+    (or the manifest), what a link among them leads to, or a folder above any of them could have been
+    written by another user (:func:`edgefuse.runtime.files.check_loadable`), so it could hold anyone's
+    code. Whether edgefuse set ``root`` up or not, the same holds."""
+    from edgefuse.runtime.files import UnsafeFolder, check_loadable
+
+    folders = [root / folder for folder in (HOST_DIR, REAL_DIR, RUNTIME_DIR)]
+    paths = [root, root / MANIFEST, *folders]
+    try:
+        paths += [path for folder in folders if folder.is_dir() for path in sorted(folder.iterdir())]
+    except OSError as error:
+        return f"cannot inspect the QNN libraries in {root}: {error}"
     for path in paths:
-        try:
-            info = path.stat()
-        except FileNotFoundError:
+        if not os.path.lexists(path):
             continue
+        try:
+            check_loadable(path)
+        except UnsafeFolder as error:
+            return f"{error.strerror}: edgefuse loads no library that another user could have put there"
         except OSError as error:
             return f"cannot inspect {path}: {error}"
-        why = "edgefuse loads no library that another user could have put there"
-        if info.st_uid != me:
-            return f"{path} is owned by user {info.st_uid}, not by this user ({me}): {why}"
-        if info.st_mode & 0o022:
-            return f"{path} is writable by group or others (mode {info.st_mode & 0o777:o}): {why}"
     return None
 
 
@@ -229,6 +235,9 @@ def find(root: str | os.PathLike | None = None) -> Sdk | Absent:
     htp = path / HOST_DIR / "libQnnHtp.so"
     if not htp.is_file():
         return Absent(f"{source}={path} holds no {HOST_DIR / 'libQnnHtp.so'}: {SETUP_HINT}")
+    unsafe = _unsafe(path)
+    if unsafe:
+        return Absent(f"{source}={path}: {unsafe}: {SETUP_HINT}")
     return Sdk(path.absolute(), source)
 
 
@@ -253,7 +262,8 @@ def ensure_in_process(sdk: Sdk | Absent | None = None) -> Sdk:
     version through it, and downloads no SDK when it is set).
 
     A process holds one QNN library: asking for another root after one was loaded raises
-    :class:`QnnSdkUnavailable`, as does an absent SDK.
+    :class:`QnnSdkUnavailable`, as does an absent SDK, and one whose libraries another user could have
+    written (:func:`_unsafe`, checked again here, right before they are loaded).
     """
     if sdk is None:
         sdk = find()
@@ -270,6 +280,9 @@ def ensure_in_process(sdk: Sdk | Absent | None = None) -> Sdk:
             return sdk
         import torch  # noqa: F401  (before any QNN library, see above)
 
+        unsafe = _unsafe(sdk.root)
+        if unsafe:
+            raise QnnSdkUnavailable(f"the QNN SDK in {sdk.root}: {unsafe}")
         handles = []
         for name in LIBRARIES:
             path = sdk.library_dir / name
@@ -318,7 +331,7 @@ def fetch_wheel(folder: Path | None = None, progress: Callable[[str], None] | No
     :class:`QnnSdkUnavailable` when pip cannot get it."""
     folder = Path(folder) if folder is not None else wheel_folder()
     wheel = folder / WHEEL
-    if wheel.is_file() and _sha256(wheel) == WHEEL_SHA256:
+    if wheel.is_file() and _is_pinned_wheel(wheel):
         return wheel
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -344,18 +357,40 @@ def fetch_wheel(folder: Path | None = None, progress: Callable[[str], None] | No
                 f"(is it reachable?): {said or 'pip exited with ' + str(done.returncode)}. A wheel "
                 f"downloaded elsewhere can be given with --wheel"
             )
-        if _sha256(got) != WHEEL_SHA256:
+        if not _is_pinned_wheel(got):
             raise QnnSdkUnavailable(f"the downloaded {WHEEL} is not the pinned one (its SHA-256 differs)")
         os.replace(got, wheel)
     return wheel
 
 
-def _sha256(path: Path) -> str:
+def _sha256(file: BinaryIO) -> str:
+    """The SHA-256 of what is left to read in the open ``file``."""
     digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
+    for block in iter(lambda: file.read(1 << 20), b""):
+        digest.update(block)
     return digest.hexdigest()
+
+
+def _open_wheel(path: Path) -> BinaryIO:
+    """``path`` opened as the wheel: a regular file no larger than the pinned wheel
+    (:func:`edgefuse.runtime.files.open_regular`); raises :class:`QnnSdkUnavailable` otherwise."""
+    from edgefuse.runtime.files import NotARegularFile, TooLarge, open_regular
+
+    try:
+        return open_regular(path, WHEEL_BYTES, f"the wheel {WHEEL}")
+    except (NotARegularFile, TooLarge) as error:
+        raise QnnSdkUnavailable(f"{error}; it is not the pinned {WHEEL}") from error
+    except OSError as error:
+        raise QnnSdkUnavailable(f"cannot read the wheel {path}: {error.strerror or error}") from error
+
+
+def _is_pinned_wheel(path: Path) -> bool:
+    """Whether ``path`` is a regular file that holds the pinned wheel."""
+    try:
+        with _open_wheel(path) as f:
+            return _sha256(f) == WHEEL_SHA256
+    except QnnSdkUnavailable:
+        return False
 
 
 def _last_lines(text: str, count: int) -> str:
@@ -364,26 +399,35 @@ def _last_lines(text: str, count: int) -> str:
 
 
 def lay_out(wheel: Path, root: Path) -> None:
-    """Unpack the libraries of ``wheel`` into the SDK layout under ``root`` (an empty folder)."""
-    if _sha256(wheel) != WHEEL_SHA256:
-        raise QnnSdkUnavailable(f"{wheel} is not the pinned {WHEEL} (its SHA-256 differs)")
-    wanted = {f"onnxruntime_qnn/{name}": root / REAL_DIR / name for name in LIBRARIES}
+    """Unpack the libraries of ``wheel`` into the SDK layout under ``root`` (an empty folder). The wheel is
+    opened once: what is unpacked is the open file whose SHA-256 was checked, whatever is put at its
+    name meanwhile."""
+    with _open_wheel(wheel) as opened:
+        if _sha256(opened) != WHEEL_SHA256:
+            raise QnnSdkUnavailable(f"{wheel} is not the pinned {WHEEL} (its SHA-256 differs)")
+        opened.seek(0)
+        _unpack(opened, wheel.name, root)
+    (root / HOST_DIR).mkdir(parents=True, exist_ok=True)
+    for name in LIBRARIES:
+        if name != "libQnnHtp.so":
+            (root / HOST_DIR / name).symlink_to(Path("..", REAL_DIR.name, name))
+
+
+def _unpack(wheel: BinaryIO, name: str, root: Path) -> None:
+    """Copy QNN's libraries and their C++ runtime out of the open ``wheel`` (named ``name``) into ``root``."""
+    wanted = {f"onnxruntime_qnn/{library}": root / REAL_DIR / library for library in LIBRARIES}
     with zipfile.ZipFile(wheel) as archive:
         for info in archive.infolist():
             if info.filename.startswith("onnxruntime_qnn.libs/") and not info.is_dir():
                 wanted[info.filename] = root / RUNTIME_DIR / Path(info.filename).name
         missing = sorted(set(wanted) - set(archive.namelist()))
         if missing:
-            raise QnnSdkUnavailable(f"{wheel.name} lacks {', '.join(missing)}")
+            raise QnnSdkUnavailable(f"{name} lacks {', '.join(missing)}")
         for member, target in wanted.items():
             target.parent.mkdir(parents=True, exist_ok=True)
             with archive.open(member) as source, open(target, "wb") as sink:
                 shutil.copyfileobj(source, sink, 1 << 20)
             target.chmod(0o755)
-    (root / HOST_DIR).mkdir(parents=True, exist_ok=True)
-    for name in LIBRARIES:
-        if name != "libQnnHtp.so":
-            (root / HOST_DIR / name).symlink_to(Path("..", REAL_DIR.name, name))
 
 
 def build_wrapper(root: Path, compiler: str | None = None) -> Path:

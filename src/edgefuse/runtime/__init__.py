@@ -15,9 +15,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-import torch
-from torch.utils import _pytree as pytree
-
 from edgefuse.runtime.log import with_its_log, without_set_up_noise
 
 
@@ -64,7 +61,9 @@ class LoadedProgram:
 
     def run(self, inputs: Sequence[Any]) -> list[torch.Tensor]:
         """The tensor outputs of one run."""
-        flat = list(pytree.tree_leaves(tuple(inputs)))
+        import torch
+
+        flat = _leaves(inputs)
         result = with_its_log(lambda: self.method.execute(flat))
         return [t for t in result if isinstance(t, torch.Tensor)]
 
@@ -75,6 +74,7 @@ def set_threads(threads: int) -> int:
     Also pins eager PyTorch to one thread: its OpenMP workers keep spinning after a run and slow the
     runtime down on a small machine.
     """
+    import torch
     from executorch.extension.pybindings import portable_lib
 
     torch.set_num_threads(1)
@@ -141,7 +141,7 @@ class Timing:
 
 def alternate(programs: Sequence[LoadedProgram], inputs: Sequence[Any], runs: int, warmup: int) -> list[Timing]:
     """Time each program ``runs`` times, alternating between them, after ``warmup`` untimed rounds."""
-    flat = list(pytree.tree_leaves(tuple(inputs)))
+    flat = _leaves(inputs)
     samples: list[list[float]] = [[] for _ in programs]
     for i in range(warmup + runs):
         for k, program in enumerate(programs):
@@ -151,3 +151,11 @@ def alternate(programs: Sequence[LoadedProgram], inputs: Sequence[Any], runs: in
             if i >= warmup:
                 samples[k].append(elapsed / 1e3)
     return [Timing(s) for s in samples]
+
+
+def _leaves(inputs: Sequence[Any]) -> list:
+    """The tensors and values of ``inputs`` in the flat order a method takes them. torch is imported here,
+    where a program runs, so that :mod:`edgefuse.runtime.files` imports without it."""
+    from torch.utils import _pytree as pytree
+
+    return list(pytree.tree_leaves(tuple(inputs)))

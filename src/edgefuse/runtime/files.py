@@ -5,6 +5,8 @@ Reading: :func:`read_regular` and :func:`open_regular` open a file without block
 but a regular file (a FIFO would block, ``/dev/zero`` never ends) and a file past a size bound, before
 reading a byte; what is read is that one open file. Writing: :func:`write_new` writes a name edgefuse
 chose only as a new file (or over one it wrote in the same run), never through a link at the name.
+Loading: :func:`check_loadable` refuses a library (or a folder of libraries) that anyone but the user or
+root could have written.
 
 Folders:
 
@@ -24,14 +26,17 @@ from __future__ import annotations
 import errno
 import io
 import os
+import shutil
 import stat
 import tempfile
+from typing import BinaryIO
 
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 
 
 class UnsafeFolder(PermissionError):
-    """A folder edgefuse would write in is a link, not a folder, another user's, or writable by others."""
+    """A folder edgefuse would write in is a link, not a folder, another user's, or writable by others; or
+    a file or folder it would load code from could have been written by another user."""
 
 
 def fresh_private_folder(prefix: str) -> str:
@@ -52,9 +57,20 @@ def own_folder(path: str | os.PathLike) -> str:
 
 
 def _open_own_folder(path: str, make: bool = False) -> int:
-    """A descriptor of the folder ``path``, opened one component at a time without following a link,
-    each folder above it checked (:func:`_check_parent`) and the folder itself :func:`_check_own`;
-    with ``make``, missing folders are made (0700) inside the checked ones."""
+    """A descriptor of the folder ``path`` (:func:`_open_folder`), which :func:`_check_own` accepts."""
+    fd = _open_folder(path, make)
+    try:
+        _check_own(os.fstat(fd), os.path.abspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _open_folder(path: str, make: bool = False) -> int:
+    """A descriptor of the folder ``path``, opened one component at a time without following a link, each
+    folder above it checked (:func:`_check_parent`); with ``make``, missing folders are made (0700) inside
+    the checked ones. The folder itself is the caller's to check."""
     path = os.path.abspath(path)
     # Links above the folder are resolved once, then every component is opened with O_NOFOLLOW: a link
     # swapped in after this is refused, not followed.
@@ -86,17 +102,16 @@ def _open_own_folder(path: str, make: bool = False) -> int:
                 raise UnsafeFolder(error.errno or errno.EACCES, f"{where} cannot be read: {error.strerror}") from None
             os.close(fd)
             fd = child
-        _check_own(fd, path)
         return fd
     except BaseException:
         os.close(fd)
         raise
 
 
-def _check_own(fd: int, path: str) -> None:
-    """Refuse the open folder ``fd`` unless this user owns it and neither its group nor others can write it."""
-    status = os.fstat(fd)
-    if status.st_uid != os.geteuid():
+def _check_own(status: os.stat_result, path: str, owners: frozenset[int] | None = None) -> None:
+    """Refuse what ``status`` describes unless one of ``owners`` (default: this user alone) owns it and
+    neither its group nor others can write it."""
+    if status.st_uid not in (owners or {os.geteuid()}):
         raise UnsafeFolder(errno.EACCES, f"{path} belongs to another user (uid {status.st_uid})")
     if status.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UnsafeFolder(errno.EACCES, f"{path} can be written by other users (mode {stat.S_IMODE(status.st_mode):o})")
@@ -115,26 +130,44 @@ def _check_parent(fd: int, path: str) -> None:
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` in a folder :func:`own_folder` accepts, replacing a file of this user's,
-    never through a symlink at ``path`` or above it."""
+    """Write ``text`` to ``path``, a name edgefuse chose in a folder :func:`own_folder` accepts, as
+    :func:`write_new` writes it (a new file, or one this run wrote), made inside the folder so checked:
+    never through a symlink at ``path`` or above it. Raises :class:`UnsafeFolder` for such a folder or a
+    symlink at ``path``, ``FileExistsError`` for a file this run did not write."""
     path = os.fspath(path)
     folder = _open_own_folder(os.path.dirname(path) or ".")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(os.path.basename(path), flags, 0o644, dir_fd=folder)
-    except OSError as error:
+        _write_new(path, text, folder)
+    except FileExistsError as error:
         if error.errno == errno.ELOOP:
             raise UnsafeFolder(errno.ELOOP, f"{path} is a symlink; not written through it") from None
         raise
     finally:
         os.close(folder)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        status = os.fstat(f.fileno())
-        if not stat.S_ISREG(status.st_mode) or status.st_uid != os.geteuid():
-            raise UnsafeFolder(errno.EACCES, f"{path} is not a file of this user's")
-        os.set_blocking(f.fileno(), True)
-        f.truncate(0)  # only once it is known to be this user's regular file
-        f.write(text)
+
+
+# --- loading code from files ---------------------------------------------------------------------------
+
+def _loaders() -> frozenset[int]:
+    """Who may own a library edgefuse loads and its folders: this user, or root (a system-wide SDK)."""
+    return frozenset({os.geteuid(), 0})
+
+
+def check_loadable(path: str | os.PathLike) -> None:
+    """Raise :class:`UnsafeFolder` unless no one but this user or root could have written ``path``, a
+    library or a folder of libraries edgefuse loads code from: what it names (through any link) is owned
+    by this user or root and writable by neither its group nor others, and every folder above it is one
+    :func:`_check_parent` accepts (no one else can swap what it holds). Code loaded from ``path`` is then
+    what the user or root put there. ``OSError`` when it cannot be looked at."""
+    real = os.path.realpath(path)
+    parent, name = os.path.split(real)
+    folder = _open_folder(parent)
+    try:
+        _check_parent(folder, parent)
+        if name:
+            _check_own(os.stat(name, dir_fd=folder, follow_symlinks=False), real, _loaders())
+    finally:
+        os.close(folder)
 
 
 # --- reading files others may hand the user -----------------------------------------------------------
@@ -204,25 +237,37 @@ def _kind(mode: int) -> str:
 _CREATED: set[tuple[int, int]] = set()
 
 
-def write_new(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write ``data`` to ``path``, a name edgefuse chose itself (a map beside the user's ``.pte``, a
-    program kept beside another): created anew, never through a symlink at the name, and never over a
-    file this process did not create. Raises ``FileExistsError`` naming the file otherwise."""
-    path = os.fspath(path)
+def write_new(path: str | os.PathLike, data: bytes | str | BinaryIO) -> None:
+    """Write ``data`` (bytes, text, or a binary file read to its end) to ``path``, a name edgefuse chose
+    itself (a map beside the user's ``.pte``, a program kept beside another): created anew, never through
+    a symlink at the name, and never over a file this process did not create. Raises ``FileExistsError``
+    naming the file otherwise (its ``errno`` is ``ELOOP`` for a symlink)."""
+    _write_new(os.fspath(path), data)
+
+
+def _write_new(path: str, data: bytes | str | BinaryIO, folder: int | None = None) -> None:
+    """:func:`write_new`, with the file made inside the open folder ``folder`` when one is given."""
+    name = os.path.basename(path) if folder is not None else path
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags, 0o666)
+        fd = os.open(name, flags, 0o666, dir_fd=folder)
     except FileExistsError:
         try:
-            status = os.lstat(path)
+            status = os.stat(name, dir_fd=folder, follow_symlinks=False)
         except FileNotFoundError:  # removed in between: try once more, still exclusively
-            fd = os.open(path, flags, 0o666)
+            fd = os.open(name, flags, 0o666, dir_fd=folder)
         else:
+            if stat.S_ISLNK(status.st_mode):
+                raise FileExistsError(errno.ELOOP, f"{path} is a symlink; edgefuse writes a name it chose only "
+                                                   "as a new file, never through a link", path) from None
             if not stat.S_ISREG(status.st_mode) or (status.st_dev, status.st_ino) not in _CREATED:
                 raise FileExistsError(errno.EEXIST, f"{path} exists and edgefuse did not write it in this run; it "
                                                     "writes a name it chose only as a new file", path) from None
-            fd = os.open(path, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(name, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), dir_fd=folder)
     with os.fdopen(fd, "wb") as f:
         status = os.fstat(f.fileno())
         _CREATED.add((status.st_dev, status.st_ino))
-        f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        if isinstance(data, (bytes, str)):
+            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        else:
+            shutil.copyfileobj(data, f, 1 << 20)
