@@ -52,7 +52,7 @@ def small_llama(tmp_path_factory):
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("foo.bar=1", "Could not override 'foo.bar'"),
+        ("foo.bar=1", "override 'foo.bar=1': foo: not a setting of ExecuTorch's LlmConfig"),
         ("model.dtype_override=fp64", "Invalid value 'fp64', expected one of [fp32, fp16, bf16]"),
         ("export.max_context_length=10", "max_context_length of 10 cannot be shorter than max_seq_length of 128"),
         ("base.checkpoint=/nonexistent/checkpoint.pth", "/nonexistent/checkpoint.pth"),
@@ -189,6 +189,28 @@ def test_the_python_api_puts_everything_back_when_the_export_raises(small_llama,
         export_llm(config)
     assert "restoration failed on purpose" in str(raised.value.__cause__)
     assert ptes(tmp_path) == [] and nothing_swapped()
+
+
+def test_an_export_writes_the_pte_and_hydras_record_in_the_output_folder_and_nothing_elsewhere(
+    small_llama, tmp_path, capsys
+):
+    """Run in a working folder of its own, with the model's files in a third: hydra's record and job log
+    are beside the .pte, and no other file changes."""
+    from tests.cli.test_export_llm_config import snapshot
+
+    directory, params, checkpoint = small_llama
+    (tmp_path / "work").mkdir()
+    out = tmp_path / "out"
+    out.mkdir()
+    before, model_files = snapshot(tmp_path), snapshot(directory)
+    with inside(tmp_path / "work"):
+        code = cli.main(["-q", "export-llm", *case_arguments(CASES["llama-fp32"], params, checkpoint),
+                         f"export.output_name={out / 'model.pte'}"])
+    assert code == OK, capsys.readouterr().err
+    changed = {path for path, digest in snapshot(tmp_path).items() if before.get(path) != digest}
+    assert changed == {str(out / name) for name in ("model.pte", ".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml",
+                                                    ".hydra/overrides.yaml", "export_llm.log")}
+    assert snapshot(directory) == model_files and nothing_swapped()
 
 
 # -- the programs -----------------------------------------------------------------------------------

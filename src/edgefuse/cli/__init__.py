@@ -162,8 +162,11 @@ def build_parser() -> argparse.ArgumentParser:
     export_llm.add_argument("--single-row", default=None, metavar="POLICY",
                             choices=("delegate", "auto", "float32-portable", "portable"),
                             help="edgefuse's single-row mean policy: delegate (default), auto, float32-portable, portable")
+    export_llm.add_argument("--hydra-dir", default=None, metavar="DIR",
+                            help="hydra's run folder (its .hydra record and export_llm.log); default: the .pte's folder")
     export_llm.add_argument("overrides", nargs="*", metavar="OVERRIDE",
-                            help="export_llm's hydra overrides, e.g. base.model_class=qwen3_0_6b backend.xnnpack.enabled=True")
+                            help="export_llm's overrides of LlmConfig's settings, e.g. base.model_class=qwen3_0_6b "
+                            "backend.xnnpack.enabled=True (hydra's own settings are refused)")
 
     bench_llm = commands.add_parser(
         "bench-llm", parents=[common],

@@ -150,8 +150,7 @@ def export_programs(case: Case, model_files: tuple[str, str], directory: str, lo
         if api and how == "edgefuse":
             exports[how] = export_llm(config_from_overrides(overrides))
         else:
-            run_dir = f"hydra.run.dir={os.path.join(directory, 'hydra-' + how)}"
-            exports[how] = run_export_llm([*overrides, run_dir], lowering=how)
+            exports[how] = run_export_llm(overrides, lowering=how, hydra_dir=os.path.join(directory, "hydra-" + how))
     return exports
 
 

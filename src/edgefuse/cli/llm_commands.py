@@ -24,8 +24,8 @@ def _check_overrides(overrides: list[str]) -> None:
     flags = [o for o in overrides if o.startswith("-")]
     if flags:
         raise UsageError(
-            f"unknown option {flags[0]}: export-llm takes --config FILE, --compare, --single-row and "
-            "export_llm's hydra overrides (key=value)"
+            f"unknown option {flags[0]}: export-llm takes --config FILE, --compare, --single-row, --hydra-dir "
+            "and export_llm's overrides (key=value)"
         )
 
 
@@ -68,13 +68,11 @@ def contents_rows(programs: list[tuple[str, object]]) -> tuple[list[str], list[l
 
 
 def export_llm(args, say: Say) -> int:
-    """``edgefuse export-llm [--config FILE] [--compare] [OVERRIDES...]``."""
+    """``edgefuse export-llm [--config FILE] [--compare] [--hydra-dir DIR] [OVERRIDES...]``."""
     from edgefuse.cli.tables import format_table
     from edgefuse.llm.pte import read_pte
 
     _check_overrides(args.overrides)
-    if args.config is not None and not os.path.isfile(args.config):
-        raise UsageError(f"--config {args.config}: no such file")
     passed = ([] if args.config is None else ["--config", args.config]) + list(args.overrides)
     stock_dir = tempfile.mkdtemp(prefix="edgefuse-export-llm-") if args.compare else None
     try:
@@ -87,7 +85,7 @@ def export_llm(args, say: Say) -> int:
             except StockQnnFailed as error:
                 stock_failure = str(error)
         say("export_llm with edgefuse's lowering")
-        ours = _run(passed, "edgefuse", args.single_row)
+        ours = _run(passed, "edgefuse", args.single_row, args.hydra_dir)
         if ours.path is None:
             raise UsageError("export_llm wrote no .pte (export.export_only?)")
         programs, exports = [], []
@@ -141,17 +139,21 @@ class StockQnnFailed(Exception):
     """Stock's QNN lowering failed under ``--compare``: edgefuse's still runs, and the failure is printed."""
 
 
-def _run(passed: list[str], lowering: str, single_row: str | None):
-    """One run of export_llm's command line with ``lowering``, its own output (hydra's and the model's
-    lines, QNN's per-op lines) on stderr and its log records below ERROR dropped; the library's errors
-    become the command's (a failure after edgefuse's lowering started is not caught: it is a bug, exit 4)."""
+def _run(passed: list[str], lowering: str, single_row: str | None, hydra_dir: str | None = None):
+    """One run of export_llm's command line with ``lowering`` (hydra's run folder ``hydra_dir``, else the
+    ``.pte``'s), its own output (hydra's and the model's lines, QNN's per-op lines) on stderr and its log
+    records below ERROR dropped; the library's errors become the command's (a failure after edgefuse's
+    lowering started is not caught: it is a bug, exit 4)."""
     from edgefuse.cli.progress import quiet_root_logger
+    from edgefuse.llm.config_check import ConfigRefused
     from edgefuse.llm.export import ConfigRejected, QnnExportFailed, run_export_llm
     from edgefuse.qnn.sdk import QnnSdkUnavailable
 
     try:
         with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):  # stdout holds the result alone
-            return run_export_llm(passed, lowering=lowering, single_row=single_row)
+            return run_export_llm(passed, lowering=lowering, single_row=single_row, hydra_dir=hydra_dir)
+    except ConfigRefused as error:
+        raise UsageError(f"refused: {error}") from error
     except ConfigRejected as error:
         raise UsageError(f"export_llm rejected the config:\n{error}") from error
     except QnnExportFailed as error:

@@ -3,9 +3,10 @@
 - :func:`export_llm` takes an ``LlmConfig`` (what ``export_llama`` takes) and exports it with
   :func:`~edgefuse.llm.lowering.edgefuse_lowering` in force.
 - :func:`run_export_llm` runs ExecuTorch's own ``export_llm`` entry point (hydra, ``--config FILE``,
-  the same overrides, the same ``.pte`` and hydra run directory) in this process, with edgefuse's
-  lowering (``lowering="edgefuse"``) or the released one (``"stock"``), and says which failures are the
-  config's: :class:`ConfigRejected` carries export_llm's own message.
+  the same overrides, the same ``.pte``) in this process, with edgefuse's lowering
+  (``lowering="edgefuse"``) or the released one (``"stock"``), once the config and overrides are checked
+  as data (:mod:`edgefuse.llm.config_check`), with hydra's run folder where edgefuse puts it; it says
+  which failures are the config's: :class:`ConfigRejected` carries export_llm's own message.
 
 A config that lowers for QNN (``backend.qnn.enabled=True``) runs export_llm's own QNN path with
 edgefuse's QNN passes in place of the stock ones (:func:`edgefuse.llm.qnn.qnn_lowering`); the result's
@@ -17,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -78,23 +80,33 @@ def check_supported(config) -> None:
         raise ConfigRejected(problem)
 
 
-def output_problem(config) -> str | None:
-    """Why export_llm could not write the ``.pte`` of ``config`` (its folder missing, or the path a
-    directory), or None. The path is export_llm's: ``export.output_name`` as given when it ends in
-    ``.pte``, else ``export.output_dir/NAME.pte``."""
+def _output(config) -> tuple[str | None, str, str]:
+    """Where export_llm writes the ``.pte`` of ``config``: its path (None when export_llm names it after the
+    model), its folder, and the settings that say so. The path is ``export.output_name`` as given when it
+    ends in ``.pte``, else ``export.output_dir/NAME.pte``."""
     folder = str(_get(config, "export", "output_dir") or ".")
     name = _get(config, "export", "output_name")
     if not name:
-        path, what = None, f"export.output_dir={folder}"
-    elif str(name).endswith(".pte"):
-        path, what = str(name), f"export.output_name={name}"
-    else:
-        path, what = os.path.join(folder, f"{name}.pte"), f"export.output_name={name} (in export.output_dir={folder})"
+        return None, folder, f"export.output_dir={folder}"
+    if str(name).endswith(".pte"):
+        return str(name), os.path.dirname(str(name)) or ".", f"export.output_name={name}"
+    path = os.path.join(folder, f"{name}.pte")
+    return path, os.path.dirname(path) or ".", f"export.output_name={name} (in export.output_dir={folder})"
+
+
+def output_folder(config) -> str:
+    """The folder export_llm writes the ``.pte`` of ``config`` in."""
+    return _output(config)[1]
+
+
+def output_problem(config) -> str | None:
+    """Why export_llm could not write the ``.pte`` of ``config`` (its folder missing, or the path a
+    directory), or None."""
+    path, folder, what = _output(config)
     if path is not None and os.path.isdir(path):
         return f"{what}: {path} is a directory; name the .pte file to write"
-    parent = folder if path is None else os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        return f"{what}: the folder {parent} does not exist"
+    if not os.path.isdir(folder):
+        return f"{what}: the folder {folder} does not exist"
     return None
 
 
@@ -208,23 +220,67 @@ def export_llm_message(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def run_export_llm(args: Sequence[str], *, lowering: str = EDGEFUSE, single_row: str | None = None) -> LlmExport:
+def run_export_llm(args: Sequence[str], *, lowering: str = EDGEFUSE, single_row: str | None = None,
+                   hydra_dir: str | None = None) -> LlmExport:
     """Run ExecuTorch's ``export_llm`` command line (``[--config FILE] [OVERRIDES...]``) in this process.
 
-    Raises :class:`ConfigRejected` with export_llm's message for anything that fails before a lowering
-    with edgefuse's code starts (an unknown override, a value the config rejects, a missing checkpoint,
-    a model that does not export, a SoC QNN does not know), :class:`QnnExportFailed` with the reason
-    for a QNN lowering that fails in ExecuTorch's or QNN's code, :class:`ExportFailed` for any other
-    failure after the lowering started, and :class:`edgefuse.qnn.QnnSdkUnavailable` for a QNN config
-    without the QNN libraries. ``SystemExit`` (hydra's ``--help``, ``export.export_only``) passes through.
+    The config and the overrides are checked as data first (:mod:`edgefuse.llm.config_check`), and hydra
+    reads the checked bytes of the config from a new private folder, never the file again. Hydra's run
+    folder (its ``.hydra`` record and ``export_llm.log``) is ``hydra_dir``, else the ``.pte``'s folder.
+
+    Raises :class:`~edgefuse.llm.config_check.ConfigRefused` naming a key or override that is more than
+    data, :class:`ConfigRejected` with export_llm's message for anything that fails before a lowering
+    with edgefuse's code starts (a value the config rejects, an output folder that does not exist, a
+    missing checkpoint, a model that does not export, a SoC QNN does not know), :class:`QnnExportFailed`
+    with the reason for a QNN lowering that fails in ExecuTorch's or QNN's code, :class:`ExportFailed` for
+    any other failure after the lowering started, and :class:`edgefuse.qnn.QnnSdkUnavailable` for a QNN
+    config without the QNN libraries. ``SystemExit`` (``export.export_only``) passes through.
     """
+    from omegaconf.errors import OmegaConfBaseException
+
+    from edgefuse.llm.config_check import check_command_line, run_folder_override
+
+    if lowering not in LOWERINGS:
+        raise ValueError(f"lowering is one of {', '.join(LOWERINGS)}, got {lowering!r}")
+    command = check_command_line(args)
+    try:
+        config = command.composed()
+        problem, folder = output_problem(config), output_folder(config)
+    except OmegaConfBaseException as error:
+        raise ConfigRejected(export_llm_message(error)) from error
+    if problem:
+        raise ConfigRejected(problem)
+    run_folder = run_folder_override(folder if hydra_dir is None else hydra_dir)
+    with _config_for_hydra(command.config) as config_args:
+        return _run_entry([*config_args, *command.overrides, run_folder], lowering, single_row)
+
+
+@contextlib.contextmanager
+def _config_for_hydra(config: bytes | None) -> Iterator[list[str]]:
+    """``--config COPY`` for the checked bytes ``config``: a file in a new private folder, the only folder
+    hydra then searches for configs, removed once the export ends."""
+    from edgefuse.runtime.files import fresh_private_folder, write_new
+
+    if config is None:
+        yield []
+        return
+    folder = fresh_private_folder("edgefuse-config-")
+    try:
+        path = os.path.join(folder, "config.yaml")
+        write_new(path, config)
+        yield ["--config", path]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_entry(args: list[str], lowering: str, single_row: str | None) -> LlmExport:
+    """export_llm's entry point on ``args`` (checked), with the swap ``lowering`` needs; see
+    :func:`run_export_llm` for what it raises."""
     from executorch.extension.llm.export import export_llm as entry
 
     from edgefuse.qnn.pipeline import failure_reason, raised_in_edgefuse
     from edgefuse.qnn.sdk import QnnSdkUnavailable
 
-    if lowering not in LOWERINGS:
-        raise ValueError(f"lowering is one of {', '.join(LOWERINGS)}, got {lowering!r}")
     exports: list[Swap] = []
     argv = [entry.__file__, *args]  # hydra names the job (and its log file) after the script
     with _swapped_entry(exports, lowering, single_row), _argv_and_full_errors(argv):
