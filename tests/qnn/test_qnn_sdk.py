@@ -24,6 +24,7 @@ from edgefuse.qnn.sdk import (
     RUNTIME_DIR,
     Absent,
     QnnSdkUnavailable,
+    QnnSdkUnsafe,
     Sdk,
     default_root,
     ensure_in_process,
@@ -249,14 +250,15 @@ def test_a_planted_set_up_of_this_user_is_found(no_sdk):
 ])
 def test_a_set_up_another_user_could_have_written_is_not_loaded(no_sdk, x86_64_linux, a_c_compiler, spoil, reason):
     """A set-up whose folder, manifest or libraries another user owns or may write could hold anyone's
-    code: find() says why instead of returning it, and setup() exits 3 with the reason, touching nothing."""
+    code: find() says why instead of returning it, and setup() refuses it (QnnSdkUnsafe: exit 2) with the
+    reason, touching nothing."""
     if os.geteuid() != 0:
         pytest.skip("giving a file to another user needs root; run the QNN tier as root to test it")
     root = _planted(no_sdk / "root")
     spoil(root)
     found = find(root)
-    assert not found and reason in found.reason and "edgefuse loads no library" in found.reason
-    with pytest.raises(QnnSdkUnavailable, match=re.escape(reason)):
+    assert not found and found.unsafe and reason in found.reason and "edgefuse loads no library" in found.reason
+    with pytest.raises(QnnSdkUnsafe, match=re.escape(reason)):
         setup(root)
     assert (root / MANIFEST).is_file()
 
@@ -409,7 +411,7 @@ def _load_in_a_child(sdk: str, marker: Path, env: dict | None = None) -> subproc
         "try:\n"
         f"    ensure_in_process(Sdk(Path({sdk!r}), 'argument'))\n"
         "except QnnSdkUnavailable as error:\n"
-        "    sys.exit(f'refused: {error}')\n"
+        "    sys.exit(f'refused ({type(error).__name__}): {error}')\n"
     )
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {}), "EDGEFUSE_PLANTED_MARKER": str(marker)})
@@ -445,14 +447,15 @@ def test_a_planted_library_in_a_root_others_can_write_is_not_loaded(planted_libr
     marker = tmp_path / "MARKER"
     done = _load_in_a_child(str(root), marker)
     assert done.returncode == 1 and f"{root} can be written by other users (mode 777)" in done.stderr, done.stderr
+    assert "QnnSdkUnsafe" in done.stderr, done.stderr
     assert not marker.exists()
     assert "Traceback" not in done.stderr
 
 
-def test_lower_with_a_planted_qnn_sdk_root_exits_3_and_loads_nothing(planted_library, tmp_path):
+def test_lower_with_a_planted_qnn_sdk_root_exits_2_and_loads_nothing(planted_library, tmp_path):
     """The command a user runs, with ``QNN_SDK_ROOT`` at a group-writable folder holding a planted
-    library: exit 3 naming the folder, the library never loaded, nothing written."""
-    from edgefuse.cli.errors import UNAVAILABLE
+    library: exit 2 (refused input) naming the folder, the library never loaded, nothing written."""
+    from edgefuse.cli.errors import USAGE
 
     root = _planted_sdk(tmp_path / "sdk", planted_library)
     root.chmod(0o775)
@@ -462,7 +465,7 @@ def test_lower_with_a_planted_qnn_sdk_root_exits_3_and_loads_nothing(planted_lib
         capture_output=True, text=True, timeout=600, cwd=tmp_path,
         env={**os.environ, "QNN_SDK_ROOT": str(root), "EDGEFUSE_PLANTED_MARKER": str(marker)},
     )
-    assert done.returncode == UNAVAILABLE, done.stderr
+    assert done.returncode == USAGE, done.stderr
     assert f"{root} can be written by other users (mode 775)" in done.stderr and "Traceback" not in done.stderr
     assert not marker.exists() and not out.exists()
 
@@ -477,7 +480,7 @@ def test_a_library_or_library_folder_others_can_write_in_a_private_root_is_refus
     root = _planted_sdk(no_sdk / "sdk", planted_library)
     spoil(root)
     found = find(root)
-    assert not found and reason in found.reason, found
+    assert not found and found.unsafe and reason in found.reason, found
 
 
 def test_what_a_library_link_leads_to_is_checked_where_it_is(planted_library, no_sdk):

@@ -24,10 +24,10 @@ exit codes:
   2  bad usage or input: unknown model, a file that does not load or export, a .pt2 that would run
      code when loaded (see --trust-pickled-pt2), a model ExecuTorch's to_edge or stock XNNPACK lowering
      rejects, a model QNN lowers neither with edgefuse nor stock (QNN's reason is printed), a missing
-     .pt2, an output path that cannot be written, a name edgefuse chose for its own file already taken
+     .pt2, an output path that cannot be written, a name edgefuse chose for its own file already taken,
+     QNN libraries in a folder another user could write
   3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
-     libraries: not set up, in a folder another user could write, or `edgefuse qnn setup` cannot set
-     them up here)
+     libraries: not set up, or `edgefuse qnn setup` cannot set them up here)
   4  edgefuse itself failed (a bug: the traceback is printed)
 """
 

@@ -147,6 +147,7 @@ def _run(passed: list[str], lowering: str, single_row: str | None, hydra_dir: st
     from edgefuse.cli.progress import quiet_root_logger
     from edgefuse.llm.config_check import ConfigRefused
     from edgefuse.llm.export import ConfigRejected, QnnExportFailed, run_export_llm
+    from edgefuse.cli.qnn_flows import qnn_sdk_error
     from edgefuse.qnn.sdk import QnnSdkUnavailable
 
     try:
@@ -161,7 +162,7 @@ def _run(passed: list[str], lowering: str, single_row: str | None, hydra_dir: st
             raise StockQnnFailed(str(error)) from error
         raise UsageError(str(error)) from error
     except QnnSdkUnavailable as error:
-        raise Unavailable(f"the config lowers for QNN: {error}") from error
+        raise qnn_sdk_error(error, "the config lowers for QNN: ") from error
     except SystemExit as error:
         raise UsageError(f"export_llm exited (code {error.code}) before writing a .pte: "
                          "with export.export_only=True there is nothing to lower") from error

@@ -52,7 +52,7 @@ import torch
 from torch.fx import GraphModule, Node
 
 from edgefuse._fx import module_path
-from edgefuse.cli.errors import Unavailable
+from edgefuse.cli.errors import Unavailable, UsageError
 from edgefuse.cli.modelspec import error_summary
 from edgefuse.cli.pte_checks import flat_tensors
 from edgefuse.cli.stock_and_edgefuse import DelegateSummary, op_name, summarize
@@ -271,7 +271,7 @@ def lower(
         program.failure = with_qnn_log(str(error), log)
         return program
     except qnn.QnnLibrariesMissing as error:
-        raise Unavailable(str(error)) from error
+        raise qnn_sdk_error(error) from error
     program.lowered = lowered
     program.summary = qnn_summary(lowered, how)
     say(f"serializing the {how} QNN program to .pte")
@@ -300,6 +300,15 @@ def with_qnn_log(message: str, log: list[str]) -> str:
     return f"{message.rstrip('.')}; QNN logged: {lines}" if lines else message
 
 
+def qnn_sdk_error(error: Exception, context: str = "") -> UsageError | Unavailable:
+    """The command's error for the QNN library's ``QnnSdkUnavailable``: a folder edgefuse refuses to load
+    from is refused input (exit 2), libraries not set up are an unavailable part (exit 3)."""
+    from edgefuse.qnn.sdk import QnnSdkUnsafe
+
+    kind = UsageError if isinstance(error, QnnSdkUnsafe) else Unavailable
+    return kind(f"{context}{error}")
+
+
 def require_libraries() -> None:
     """Load QNN's libraries into this process, or raise :class:`~edgefuse.cli.errors.Unavailable` (exit 3)
     with the library's reason, which names ``edgefuse qnn setup``: before any slow work."""
@@ -310,7 +319,7 @@ def require_libraries() -> None:
     try:
         ensure_in_process()
     except QnnSdkUnavailable as error:
-        raise Unavailable(str(error)) from error
+        raise qnn_sdk_error(error) from error
 
 
 def qnn_library():
@@ -343,7 +352,7 @@ def run_and_check(
         with native_output_held():
             actual = qnn.run_on_emulator(program.pte, list(inputs))
     except qnn.QnnSdkUnavailable as error:
-        raise Unavailable(str(error)) from error
+        raise qnn_sdk_error(error) from error
     except Exception as error:  # noqa: BLE001  (the runtime's reason, with its log, is the result)
         program.failure = error_summary(error)
         return program

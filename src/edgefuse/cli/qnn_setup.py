@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from edgefuse.cli.errors import OK, Unavailable
+from edgefuse.cli.errors import OK
 
 Say = Callable[[str], None]
 
 
 def run(args, say: Say) -> int:
-    from edgefuse.qnn.sdk import QnnSdkUnavailable, default_root, find, setup
+    from edgefuse.cli.qnn_flows import qnn_sdk_error
+    from edgefuse.qnn.sdk import QnnSdkUnavailable, QnnSdkUnsafe, default_root, find, setup
 
     try:
         if args.qnn_command == "setup":
@@ -28,9 +29,9 @@ def run(args, say: Say) -> int:
         else:
             sdk = find(args.dir)
             if not sdk:
-                raise QnnSdkUnavailable(sdk.reason)
+                raise (QnnSdkUnsafe if sdk.unsafe else QnnSdkUnavailable)(sdk.reason)
     except QnnSdkUnavailable as error:
-        raise Unavailable(str(error)) from error
+        raise qnn_sdk_error(error) from error
     manifest = sdk.manifest
     if manifest:
         print(f"# QNN {manifest['qnn_version']} from {manifest['package']} {manifest['package_version']} in "

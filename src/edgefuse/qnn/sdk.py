@@ -78,6 +78,11 @@ class QnnSdkUnavailable(RuntimeError):
     (the command line exits with 3, "a needed part unavailable")."""
 
 
+class QnnSdkUnsafe(QnnSdkUnavailable):
+    """The QNN libraries named are in a folder another user could have written, so edgefuse loads none
+    of them; the message names the path (the command line exits with 2: the input is refused)."""
+
+
 SETUP_HINT = "run `edgefuse qnn setup`, or set QNN_SDK_ROOT to a QNN SDK"
 
 
@@ -131,9 +136,11 @@ class Sdk:
 
 @dataclass(frozen=True)
 class Absent:
-    """No usable QNN SDK; ``reason`` says why and what to run. False in a boolean context."""
+    """No usable QNN SDK; ``reason`` says why and what to run, ``unsafe`` that it is one edgefuse refuses
+    to load (:func:`_unsafe`). False in a boolean context."""
 
     reason: str
+    unsafe: bool = False
 
     def __bool__(self) -> bool:
         return False
@@ -142,7 +149,7 @@ class Absent:
 def read_manifest(root: Path) -> dict | None:
     """What :func:`setup` recorded in ``root``, or None when ``root`` is no finished, current and safe
     edgefuse set-up."""
-    return _inspect(Path(root))[0]
+    return _inspect(Path(root)).manifest
 
 
 def pinned_set_up(root: str | os.PathLike | None = None) -> Path | None:
@@ -150,8 +157,8 @@ def pinned_set_up(root: str | os.PathLike | None = None) -> Path | None:
     current or with a wrapper built from another source, else None: QNN's own libraries in it
     (``REAL_DIR``) are the ones a wrapper built from the current source must work with."""
     root = Path(root) if root is not None else default_root()
-    manifest, _, rebuild = _inspect(root)
-    return root.absolute() if manifest is not None or rebuild else None
+    found = _inspect(root)
+    return root.absolute() if found.manifest is not None or found.rebuild else None
 
 
 def wrapper_sha256() -> str:
@@ -160,10 +167,21 @@ def wrapper_sha256() -> str:
         return _sha256(f)
 
 
-def _inspect(root: Path) -> tuple[dict | None, str | None, bool]:
-    """``root``'s manifest, or None and what is wrong with ``root`` as a set-up of this edgefuse: no
-    manifest, not safe to load (see :func:`_unsafe`), a failed self-check, other pins, or (the third
-    item True: :func:`setup` rebuilds it) built from another wrapper source or layout."""
+@dataclass(frozen=True)
+class _Inspection:
+    """``manifest``: a finished, current and safe set-up's; else ``problem`` says what is wrong with the
+    folder as a set-up of this edgefuse, ``unsafe`` that it is not safe to load (:func:`_unsafe`) and
+    ``rebuild`` that :func:`setup` rebuilds it (built from another wrapper source or layout)."""
+
+    manifest: dict | None
+    problem: str | None = None
+    rebuild: bool = False
+    unsafe: bool = False
+
+
+def _inspect(root: Path) -> _Inspection:
+    """What ``root`` holds as a set-up of this edgefuse (:class:`_Inspection`): no manifest, not safe to
+    load, a failed self-check, other pins, another wrapper source or layout, or a finished set-up."""
     from edgefuse.runtime.files import read_regular
 
     try:
@@ -171,22 +189,22 @@ def _inspect(root: Path) -> tuple[dict | None, str | None, bool]:
     except (OSError, ValueError):
         manifest = None
     if not isinstance(manifest, dict) or not isinstance(manifest.get("self_check"), dict):
-        return None, f"{root} holds no finished QNN set-up of edgefuse", False
+        return _Inspection(None, f"{root} holds no finished QNN set-up of edgefuse")
     unsafe = _unsafe(root)
     if unsafe:
-        return None, unsafe, False
+        return _Inspection(None, unsafe, unsafe=True)
     if not manifest["self_check"].get("ok"):
-        return None, f"the QNN set-up in {root} failed its self-check", False
+        return _Inspection(None, f"the QNN set-up in {root} failed its self-check")
     pins = {"wheel_sha256": WHEEL_SHA256, "qnn_version": QNN_VERSION}
     other = [f"{key} {manifest.get(key)!r}, not {value!r}" for key, value in pins.items() if manifest.get(key) != value]
     if other:
-        return None, f"the QNN set-up in {root} is not the pinned one ({'; '.join(other)})", False
+        return _Inspection(None, f"the QNN set-up in {root} is not the pinned one ({'; '.join(other)})")
     if manifest.get("layout") != LAYOUT_VERSION or manifest.get("wrapper_sha256") != wrapper_sha256():
-        return None, (
+        return _Inspection(None, (
             f"the QNN set-up in {root} was built from another {WRAPPER_SOURCE.name} or layout than this "
             "edgefuse's and must be rebuilt"
-        ), True
-    return manifest, None, False
+        ), rebuild=True)
+    return _Inspection(manifest)
 
 
 def _unsafe(root: Path) -> str | None:
@@ -223,11 +241,11 @@ def find(root: str | os.PathLike | None = None) -> Sdk | Absent:
         source, path = "QNN_SDK_ROOT", Path(os.environ["QNN_SDK_ROOT"])
     else:
         source, path = "edgefuse", default_root()
-    manifest, problem, _ = _inspect(path)
-    if manifest is not None:
-        return Sdk(path.absolute(), source, manifest)
+    found = _inspect(path)
+    if found.manifest is not None:
+        return Sdk(path.absolute(), source, found.manifest)
     if (path / MANIFEST).exists():
-        return Absent(f"{problem}: {SETUP_HINT}")
+        return Absent(f"{found.problem}: {SETUP_HINT}", found.unsafe)
     if source == "edgefuse":
         if path.exists():
             return Absent(f"the QNN set-up in {path} is unfinished: {SETUP_HINT}")
@@ -237,7 +255,7 @@ def find(root: str | os.PathLike | None = None) -> Sdk | Absent:
         return Absent(f"{source}={path} holds no {HOST_DIR / 'libQnnHtp.so'}: {SETUP_HINT}")
     unsafe = _unsafe(path)
     if unsafe:
-        return Absent(f"{source}={path}: {unsafe}: {SETUP_HINT}")
+        return Absent(f"{source}={path}: {unsafe}: {SETUP_HINT}", unsafe=True)
     return Sdk(path.absolute(), source)
 
 
@@ -268,7 +286,7 @@ def ensure_in_process(sdk: Sdk | Absent | None = None) -> Sdk:
     if sdk is None:
         sdk = find()
     if not sdk:
-        raise QnnSdkUnavailable(sdk.reason)
+        raise (QnnSdkUnsafe if sdk.unsafe else QnnSdkUnavailable)(sdk.reason)
     with _LOADING:
         loaded = _LOADED.get("root")
         if loaded is not None:
@@ -282,7 +300,7 @@ def ensure_in_process(sdk: Sdk | Absent | None = None) -> Sdk:
 
         unsafe = _unsafe(sdk.root)
         if unsafe:
-            raise QnnSdkUnavailable(f"the QNN SDK in {sdk.root}: {unsafe}")
+            raise QnnSdkUnsafe(f"the QNN SDK in {sdk.root}: {unsafe}")
         handles = []
         for name in LIBRARIES:
             path = sdk.library_dir / name
@@ -538,11 +556,12 @@ def setup(
     root = Path(root).absolute() if root is not None else default_root()
     _check_folder(root)
     _remove_stale_scratch(root)
-    manifest, problem, rebuild = _inspect(root)
-    if manifest is not None:
-        return Sdk(root, source, manifest), False
+    found = _inspect(root)
+    rebuild = found.rebuild
+    if found.manifest is not None:
+        return Sdk(root, source, found.manifest), False
     if (root / MANIFEST).exists() and not rebuild:
-        raise QnnSdkUnavailable(problem)
+        raise (QnnSdkUnsafe if found.unsafe else QnnSdkUnavailable)(found.problem)
     try:
         occupied = root.exists() and any(root.iterdir())
     except OSError as error:
@@ -552,7 +571,7 @@ def setup(
             f"{root} exists and is no finished QNN set-up of edgefuse; remove it or choose another folder"
         )
     if rebuild:
-        say(problem)
+        say(found.problem)
     check_platform()
     compiler = c_compiler()
     try:
