@@ -17,6 +17,31 @@ def test_a_regular_file_within_the_bound_is_read_whole(tmp_path):
     assert read_regular(path, 100, "a test file") == b"x" * 100
 
 
+def test_a_bound_far_above_the_file_sets_no_memory_aside_for_it(tmp_path):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 100)
+    assert read_regular(path, 1 << 50, "a test file") == b"x" * 100  # a petabyte would not be allocated
+
+
+@pytest.mark.parametrize("limit", [300, 150])
+def test_a_file_that_grows_while_it_is_read_is_read_to_its_end_or_refused_past_the_bound(limit, tmp_path, monkeypatch):
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"x" * 200)
+    real = os.fstat
+
+    def smaller(fd):  # the size the file had when it was opened: it has grown since
+        status = list(real(fd))
+        status[6] = 50
+        return os.stat_result(status)
+
+    monkeypatch.setattr(os, "fstat", smaller)
+    if limit > 200:
+        assert read_regular(path, limit, "a test file") == b"x" * 200
+    else:
+        with pytest.raises(TooLarge, match=f"{limit + 1} bytes, past the bound of {limit}"):
+            read_regular(path, limit, "a test file")
+
+
 def test_a_file_past_the_bound_is_refused_naming_the_bound_and_the_option(tmp_path):
     path = tmp_path / "f.bin"
     path.write_bytes(b"x" * 101)

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from edgefuse.cli.errors import run_command
+from edgefuse.cli.pt2_bounds import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, byte_count
 
 MODEL_HELP = (
     "a built-in model (tiny-llama, tiny-qwen3, tiny-gemma3, tiny-t5, tiny-olmo2, ...; an unknown name "
@@ -22,10 +23,11 @@ exit codes:
   0  done, and every check passed
   1  a check failed: a rewritten or lowered program does not match its reference
   2  bad usage or input: unknown model, a file that does not load or export, a .pt2 that would run
-     code when loaded (see --trust-pickled-pt2), a model ExecuTorch's to_edge or stock XNNPACK lowering
-     rejects, a model QNN lowers neither with edgefuse nor stock (QNN's reason is printed), a missing
-     .pt2, an output path that cannot be written, a name edgefuse chose for its own file already taken,
-     QNN libraries in a folder another user could write
+     code when loaded (see --trust-pickled-pt2) or is past a bound (--max-bytes, --max-seconds), a
+     model ExecuTorch's to_edge or stock XNNPACK lowering rejects, a model QNN lowers neither with
+     edgefuse nor stock (QNN's reason is printed), a missing .pt2, an output path that cannot be written,
+     a name edgefuse chose for its own file already taken, QNN libraries in a folder another user could
+     write
   3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
      libraries: not set up, or `edgefuse qnn setup` cannot set them up here)
   4  edgefuse itself failed (a bug: the traceback is printed)
@@ -207,8 +209,38 @@ def _model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--trust-pickled-pt2", action="store_true",
         help="load a .pt2 even when loading it runs code it carries (pickled weights, constants or inputs, "
-        "compiled libraries, Python guards): only for a file whose source you trust",
+        "compiled libraries, Python guards, operators edgefuse does not run from a file): only for a file "
+        "whose source you trust",
     )
+    parser.add_argument(
+        "--max-bytes", type=_byte_count, default=DEFAULT_MAX_BYTES, metavar="N",
+        help="the most bytes a .pt2 may hold or make: the file, each tensor it declares or makes, and their "
+        f"total (4096, 512K, 64M, 4G; default {DEFAULT_MAX_BYTES >> 30}G)",
+    )
+    parser.add_argument(
+        "--max-seconds", type=_seconds, default=DEFAULT_MAX_SECONDS, metavar="S",
+        help=f"the longest loading a .pt2 and running it once may take (default {DEFAULT_MAX_SECONDS:g})",
+    )
+
+
+def _byte_count(text: str) -> int:
+    try:
+        count = byte_count(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    if count < 1:
+        raise argparse.ArgumentTypeError("must be at least 1 byte")
+    return count
+
+
+def _seconds(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < seconds < 1e6:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seconds above 0")
+    return seconds
 
 
 def _qnn_arguments(parser: argparse.ArgumentParser, when: str) -> None:

@@ -33,7 +33,7 @@ class Background:
                 self.executor = ProcessPoolExecutor(
                     max_workers=1,
                     mp_context=multiprocessing.get_context("fork"),
-                    initializer=_end_with_parent,
+                    initializer=end_with_parent,
                     initargs=(os.getpid(),),
                 )
             except OSError:  # no semaphores here (a locked-down container): run in sequence
@@ -66,7 +66,7 @@ class Background:
 _PR_SET_PDEATHSIG = 1
 
 
-def _end_with_parent(parent: int) -> None:
+def end_with_parent(parent: int) -> None:
     """Worker initializer: have the kernel kill the worker when ``parent`` ends, where it can (Linux)."""
     try:
         libc = ctypes.CDLL(None, use_errno=True)

@@ -31,8 +31,10 @@ Say = Callable[[str], None]
 
 def _spec(args):
     from edgefuse.cli.modelspec import dtype_named, resolve
+    from edgefuse.cli.pt2_bounds import Limits
 
-    return resolve(args.model, dtype_named(args.dtype), trust_pt2=getattr(args, "trust_pickled_pt2", False))
+    return resolve(args.model, dtype_named(args.dtype), trust_pt2=getattr(args, "trust_pickled_pt2", False),
+                   limits=Limits(args.max_bytes, args.max_seconds))
 
 
 def _check_backend(name: str) -> None:

@@ -10,8 +10,9 @@ MODEL is one of:
   ``(module, example_inputs)``; the module is put in eval mode;
 - ``path/to/program.pt2``: a program saved with ``torch.export.save``, run on the example inputs saved
   with it. It is read without running code from it (:mod:`edgefuse.cli.pt2`): an archive with pickled
-  entries, or anything else ``torch.export.load`` would execute, is refused unless ``trust_pt2`` says the
-  user trusts the file.
+  entries, anything else ``torch.export.load`` would execute, or a program calling an operator edgefuse
+  does not run from a file (:mod:`edgefuse.cli.pt2_ops`) is refused unless ``trust_pt2`` says the user
+  trusts the file; and it is read, sized and first run within bounds (:mod:`edgefuse.cli.pt2_bounds`).
 
 Every way this can go wrong raises :class:`~edgefuse.cli.errors.UsageError` with a message that says what to
 fix, so the command line exits 2 instead of printing a traceback.
@@ -35,6 +36,7 @@ from torch.utils import _pytree as pytree
 
 from edgefuse.cli.errors import UsageError
 from edgefuse.cli.progress import quiet_torch_logs
+from edgefuse.cli.pt2_bounds import Limits
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -102,16 +104,18 @@ def dtype_named(name: str | None) -> torch.dtype | None:
         raise UsageError(f"unknown dtype {name!r}; choose one of {', '.join(DTYPES)}") from None
 
 
-def resolve(text: str, dtype: torch.dtype | None = None, seq_len: int = 8, trust_pt2: bool = False) -> ModelSpec:
+def resolve(text: str, dtype: torch.dtype | None = None, seq_len: int = 8, trust_pt2: bool = False,
+            limits: Limits = Limits()) -> ModelSpec:
     """The model MODEL names, converted to ``dtype`` when one is given (built-in and file models only);
-    ``trust_pt2`` lets a ``.pt2`` run the code it carries (pickled entries), as ``torch.export.load`` would."""
+    ``trust_pt2`` lets a ``.pt2`` run the code it carries (pickled entries), as ``torch.export.load`` would;
+    a ``.pt2`` is read and first run within ``limits`` (:mod:`edgefuse.cli.pt2_bounds`)."""
     if text.endswith(".pt2"):
         if dtype is not None:
             raise UsageError(
                 f"{text} is a saved program, whose dtype was fixed when it was exported; drop --dtype, or "
                 "export the model again in the dtype you want"
             )
-        return _load_program(text, trust_pt2)
+        return _load_program(text, trust_pt2, limits)
     path, function = _split_file_spec(text)
     if path is not None:
         return _call_file(text, path, function, dtype)
@@ -231,25 +235,60 @@ def _off_cpu(named: list[tuple[str, object]], inputs: tuple) -> str | None:
     return None
 
 
-def _load_program(path: str, trust: bool = False) -> ModelSpec:
-    from edgefuse.cli.pt2 import ArchiveError, CodeInArchive, load
+def _load_program(path: str, trust: bool = False, limits: Limits = Limits()) -> ModelSpec:
+    """The program saved at ``path``: read once (a regular file within ``--max-bytes``), checked and loaded
+    (:mod:`edgefuse.cli.pt2`), then sized and run once on its sample inputs in a child process, all
+    within ``--max-seconds``; every refusal a :class:`UsageError` that says why."""
+    from edgefuse.cli.pt2_bounds import ChildFailed, Deadline, OutOfTime, in_child
+    from edgefuse.runtime.files import NotARegularFile, TooLarge, read_regular
 
     if os.path.isdir(path):
         raise UsageError(f"{path} is a directory, not a program saved with torch.export.save")
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise UsageError(f"no such file {path!r}: save a program with torch.export.save(program, {path!r})")
+    deadline = Deadline(limits.max_seconds)
+    try:
+        data = read_regular(path, limits.max_bytes, "a saved program", "--max-bytes")
+    except (NotARegularFile, TooLarge) as error:
+        raise UsageError(f"{path} was not loaded: {error}") from None
+    except OSError as error:
+        raise UsageError(f"{path} cannot be read: {error.strerror or error}") from None
+    from edgefuse.cli.pt2 import ArchiveError, CodeInArchive, load  # torch's serializer: seconds to import
+
     try:
         with quiet_torch_logs():
-            program = load(path, trust_code=trust)
+            with deadline.alarm(f"loading {path}"):
+                program = load(data, trust_code=trust, limits=limits)
+                spec = ModelSpec(path, "program", _sample_inputs(path, program), program=program)
+            # once here, in a child killed at the deadline: a program that does not run, or runs past a
+            # bound, fails as bad input before any work
+            in_child(lambda: _first_run(spec, limits), deadline, f"running {path} on its sample inputs")
     except CodeInArchive as refused:
+        loading = "; ".join(str(entry) for entry in refused.entries if not entry.running)
+        running = "; ".join(str(entry) for entry in refused.entries if entry.running)
+        why = "; and ".join(filter(None, (
+            loading and f"torch.export.load would run code it carries: {loading}",
+            running and f"running its program would call what edgefuse does not run from a file: {running}")))
         raise UsageError(
-            f"{path} was not loaded: torch.export.load would run code it carries: {refused}. Load it only if "
-            "you trust where it came from, with --trust-pickled-pt2"
+            f"{path} was not loaded: {why}. Load it only if you trust where it came from, with --trust-pickled-pt2"
         ) from None
     except ArchiveError as error:
         raise UsageError(f"{path} is not a program saved with torch.export.save: {error}") from None
+    except (TooLarge, OutOfTime) as error:
+        raise UsageError(f"{path} was not loaded: {error}") from None
+    except ChildFailed as failure:
+        if failure.kind == "error":
+            raise UsageError(f"{path}: the saved program does not run on the inputs saved with it: {failure}") from None
+        raise UsageError(f"{path} was not loaded: {failure}") from None
+    except UsageError:
+        raise
     except Exception as error:
         raise UsageError(f"{path} is not a program saved with torch.export.save: {error_summary(error)}") from error
+    return spec
+
+
+def _sample_inputs(path: str, program: ExportedProgram) -> tuple:
+    """The positional sample inputs saved with ``program``, on the CPU with its weights."""
     example = program.example_inputs
     if example is None:
         raise UsageError(
@@ -265,14 +304,15 @@ def _load_program(path: str, trust: bool = False) -> ModelSpec:
             f"{path}: {off_cpu}; edgefuse runs programs on the CPU, with values: export the model with its "
             "parameters and inputs on the CPU (a program saved from meta tensors has no values to run)"
         )
-    spec = ModelSpec(path, "program", tuple(args), program=program)
-    try:
-        spec.eager()  # once here: a program that does not run fails as bad input, before any work
-    except Exception as error:
-        raise UsageError(
-            f"{path}: the saved program does not run on the inputs saved with it: {error_summary(error)}"
-        ) from error
-    return spec
+    return tuple(args)
+
+
+def _first_run(spec: ModelSpec, limits: Limits) -> None:
+    """Bound what the saved program makes on its sample inputs (fake tensors: no memory), then run it."""
+    from edgefuse.cli.pt2_bounds import check_sizes
+
+    check_sizes(spec.program, limits)
+    spec.eager()
 
 
 def error_summary(error: BaseException, path: str | None = None) -> str:

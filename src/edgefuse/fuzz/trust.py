@@ -21,6 +21,7 @@ import os
 import pickle
 import pprint
 import random
+import re
 import shutil
 import struct
 import sys
@@ -296,6 +297,155 @@ def saved_programs() -> dict[str, bytes]:
         torch.export.save(program, buffer)
         out[name] = buffer.getvalue()
     return out
+
+
+# --- archives that call what edgefuse does not run, or reach past a bound -------------------------------
+
+
+def saved(module, inputs: tuple, dynamic_shapes=None) -> dict[str, bytes]:
+    """The entries of ``module`` exported on ``inputs`` and saved with ``torch.export.save``."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.export.save(torch.export.export(module, inputs, dynamic_shapes=dynamic_shapes), buffer)
+    return records(buffer.getvalue())
+
+
+def _nodes(entries: dict[str, bytes], edit: Callable[[list], None]) -> bytes:
+    """The archive of ``entries`` with ``edit(nodes)`` applied to its program's top-level nodes."""
+    return zipped(_edit_json(entries, "models/model.json", lambda p, _: edit(p["graph_module"]["graph"]["nodes"])))
+
+
+def _node(nodes: list, target: str) -> dict:
+    return next(node for node in nodes if node["target"] == target)
+
+
+def file_writing_archive(target: str) -> bytes:
+    """A program that maps the file ``target`` (``aten.from_file`` with shared=True) and copies its input
+    into it: running it writes 64 bytes of the attacker's choosing into a file the user owns. No pickle."""
+    import torch
+
+    class CopiesIntoAFile(torch.nn.Module):
+        def forward(self, x):
+            mapped = torch.ones(16)  # becomes the mapped file
+            mapped.view(2, 8).copy_(x)
+            return x + mapped.sum()
+
+    def edit(nodes):
+        node = _node(nodes, "torch.ops.aten.ones.default")
+        node["target"] = "torch.ops.aten.from_file.default"
+        node["inputs"] = [{"name": "filename", "arg": {"as_string": target}, "kind": 1},
+                          {"name": "shared", "arg": {"as_bool": True}, "kind": 1},
+                          {"name": "size", "arg": {"as_int": 16}, "kind": 1}]
+
+    return _nodes(saved(CopiesIntoAFile(), (torch.full((2, 8), 7.0),)), edit)
+
+
+def huge_ones_archive(elements: int) -> bytes:
+    """A program whose ``aten.ones`` makes ``elements`` floats, while the sizes its JSON declares for that
+    value stay 8: only running the program (or propagating its shapes) shows the real size."""
+    import torch
+
+    class AddsOnes(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.ones(8)
+
+    def edit(nodes):
+        _node(nodes, "torch.ops.aten.ones.default")["inputs"][0]["arg"] = {"as_ints": [elements]}
+
+    return _nodes(saved(AddsOnes(), (torch.randn(2, 8),)), edit)
+
+
+def huge_weight_archive(base: bytes, elements: int, weights: int = 1) -> bytes:
+    """``base`` with its first ``weights`` weights declared as ``elements`` elements of stride 0 each: the
+    bytes stored still cover them (one element), but any copy of one has all of them."""
+    def edit(config, _):
+        for entry in list(config["config"].values())[:weights]:
+            entry["tensor_meta"]["sizes"], entry["tensor_meta"]["strides"] = [{"as_int": elements}], [{"as_int": 0}]
+
+    return zipped(_edit_json(records(base), "_weights_config.json", edit))
+
+
+def endless_loop_archive() -> bytes:
+    """A program with a ``while_loop`` whose condition is always true."""
+    import torch
+    from torch._higher_order_ops.while_loop import while_loop
+
+    class Loops(torch.nn.Module):
+        def forward(self, x):
+            _, y = while_loop(lambda i, y: i < 3, lambda i, y: (i + 1, y * 2), (torch.tensor(0), x))
+            return y
+
+    def edit(nodes):
+        cond = _node(nodes, "torch.ops.higher_order.while_loop")["inputs"][0]["arg"]["as_graph"]["graph"]
+        test = _node(cond["nodes"], "torch.ops.aten.lt.Scalar")
+        test["target"], test["inputs"][1]["arg"] = "torch.ops.aten.ge.Scalar", {"as_int": 0}  # i >= 0, i grows
+
+    return _nodes(saved(Loops(), (torch.randn(2, 8),)), edit)
+
+
+def slow_archive(width: int) -> bytes:
+    """A program that multiplies two ``width`` x ``width`` matrices expanded from one number: a few
+    hundred MB, within the byte bound, and 2 * width**3 operations (minutes at 12288)."""
+    import torch
+
+    class Multiplies(torch.nn.Module):
+        def forward(self, x):
+            square = x.expand(width, width)
+            return (square @ square).sum()
+
+    return zipped(saved(Multiplies(), (torch.ones(1, 1),)))
+
+
+def inflated_inputs_archive(base: bytes, how: str, size: int = 1 << 20, copies: int = 256) -> bytes:
+    """``base`` whose sample inputs (a zip of ``torch.save``) hold ``copies`` tensors of ``size`` zero
+    bytes in far fewer: "compressed" (deflated entries) or "overlapping" (every storage entry of the
+    directory points at the bytes of the first)."""
+    import torch
+
+    inputs = torch_saved(((tuple(torch.zeros(size // 4) for _ in range(copies)),), {}))
+    inner = records(inputs)
+    if how == "compressed":
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name, data in inner.items():
+                archive.writestr(name, data)
+        inflated = buffer.getvalue()
+    else:
+        inflated = _overlapping(inner)
+    entries = records(base)
+    entries[_one(entries, "data/sample_inputs/model.pt")] = inflated
+    return zipped(entries)
+
+
+def _overlapping(entries: dict[str, bytes]) -> bytes:
+    """A stored zip of ``entries`` where every storage record (``.../data/N``) but the first is only a
+    directory entry pointing at the first one's local header and bytes."""
+    storages = [name for name in entries if re.search(r"/data/\d+$", name)]
+    body, directory, end = _split_zip(zipped({n: d for n, d in entries.items() if n not in storages[1:]}))
+    first = next(entry for name, entry in _directory_entries(directory) if name == storages[0])
+    copies = b"".join(_entry_named(first, name) for name in storages[1:])
+    count = len(entries)
+    end = bytearray(end)
+    end[8:16] = struct.pack("<HHI", count, count, len(directory) + len(copies))
+    return body + directory + copies + bytes(end)
+
+
+def _directory_entries(directory: bytes):
+    """(name, entry) of each central directory entry."""
+    i = 0
+    while i < len(directory):
+        name, extra, comment = struct.unpack("<HHH", directory[i + 28 : i + 34])
+        yield directory[i + 46 : i + 46 + name].decode(), directory[i : i + 46 + name + extra + comment]
+        i += 46 + name + extra + comment
+
+
+def _entry_named(entry: bytes, name: str) -> bytes:
+    """A central directory ``entry`` (without extra field or comment) under another name."""
+    head = bytearray(entry[:46])
+    head[28:30] = struct.pack("<H", len(name))
+    (old,) = struct.unpack("<H", entry[28:30])
+    return bytes(head) + name.encode() + entry[46 + old :]
 
 
 # --- reproducers --------------------------------------------------------------------------------------

@@ -209,9 +209,16 @@ def open_regular(path: str | os.PathLike, limit: int, what: str, raise_with: str
 
 def read_regular(path: str | os.PathLike, limit: int, what: str, raise_with: str = "") -> bytes:
     """The bytes of the regular file ``path``, at most ``limit`` of them (:func:`open_regular`); a file
-    that grows past the bound while it is read is refused too."""
+    that grows past the bound while it is read is refused too. Memory is set aside for the bytes the file
+    holds, not for the bound (``read(limit)`` would ask for all of it at once)."""
     with open_regular(path, limit, what, raise_with) as f:
-        data = f.read(limit + 1)
+        size = os.fstat(f.fileno()).st_size
+        data = f.read(size + 1)
+        if size < len(data) <= limit:  # it grew while it was read: read on, up to the bound
+            grown = bytearray(data)
+            while len(grown) <= limit and (more := f.read(min(limit + 1 - len(grown), 1 << 20))):
+                grown += more
+            data = bytes(grown)
     _check_size(len(data), limit, f"{os.fspath(path)} ({what})", raise_with)
     return data
 
