@@ -184,6 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="runs (an even number), each loading both programs afresh, stock first in runs "
                            "1, 3, ... and edgefuse in runs 2, 4, ... (default 2; not bench's --runs, which counts "
                            "rounds)")
+    from edgefuse.cli.llm_commands import add_max_bytes_argument
+
+    add_max_bytes_argument(bench_llm)
 
     fuzz = commands.add_parser(
         "fuzz", help="differential fuzzing of edgefuse's rewrites (edgefuse.fuzz)", add_help=False,
