@@ -24,7 +24,8 @@ exit codes:
   2  bad usage or input: unknown model, a file that does not load or export, a .pt2 that would run
      code when loaded (see --trust-pickled-pt2), a model ExecuTorch's to_edge or stock XNNPACK lowering
      rejects, a model QNN lowers neither with edgefuse nor stock (QNN's reason is printed), a missing
-     .pt2, an output path that cannot be written
+     .pt2, an output path that cannot be written, a .pte bench-llm refuses or that crashes the runtime
+     in its trial (the signal is named)
   3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
      libraries: not set up, or `edgefuse qnn setup` cannot set them up here)
   4  edgefuse itself failed (a bug: the traceback is printed)

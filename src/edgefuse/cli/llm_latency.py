@@ -2,7 +2,7 @@
 
 ``python -m edgefuse.cli.llm_latency [--sizes 128x2,1024x4] [--dtypes fp32,fp16,bf16,8da4w] [--prefill 100]
 [--decode 32] [--threads 1] [--rounds 30] [--warmup 3] [--repeats 1] [--dir DIR] [--export-only |
---bench-only DIR] [--profile SIZE:DTYPE]``
+--bench-only DIR] [--profile SIZE:DTYPE] [--max-bytes N]``
 
 For each size (``DIMxLAYERS``: width, heads of 16, half as many KV heads, hidden width twice the width,
 vocabulary 256) it writes params and a random-weight checkpoint of ExecuTorch's Llama, and for each dtype
@@ -26,7 +26,8 @@ its runs, which the verdict reads; progress on stderr.
 ``--export-only --dir DIR`` prepares the programs (``DIR/manifest.json`` names them), which
 ``--bench-only DIR`` times later, on an idle machine. ``--profile SIZE:DTYPE`` prints, instead of the
 timing, where each program of that pair spends its time (ETDump of the released runtime: each XNNPACK
-operator inside the delegates, each kernel outside, by op). A benchmark, not a test: it asserts nothing
+operator inside the delegates, each kernel outside, by op). Each program is checked and tried in a child
+process first, as ``bench-llm`` does (``--max-bytes``). A benchmark, not a test: it asserts nothing
 about times. Exit status: 0 done, 1 a pair's check failed, 2 bad usage or input.
 """
 
