@@ -153,10 +153,11 @@ def test_a_pair_is_timed_in_two_runs_and_again_in_pairs_of_runs_when_close(monke
 
     calls = []
 
-    def bench_pair(folder, pair, args, count, first_run, say):
+    def bench_pair(programs, pair, args, count, first_run, say):
         calls.append((count, first_run))
         return [_timed(order, 1.0, ratio) for order in load_orders(2, count)]
 
+    monkeypatch.setattr(llm_latency, "pair_programs", lambda folder, pair, args, say: [])
     monkeypatch.setattr(llm_latency, "bench_pair", bench_pair)
     pair = llm_latency.Pair("128x2", "8da4w", "s.pte", "e.pte", logits="float32")
     rows = llm_latency.time_pair("folder", pair, SimpleNamespace(repeats=repeats), lambda _: None)

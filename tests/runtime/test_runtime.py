@@ -189,6 +189,18 @@ def test_a_long_log_gives_its_last_lines_to_the_error(capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_what_the_runtime_logged_about_a_file_reaches_the_error_escaped(capsys):
+    # A name read from a .pte (a delegate's id) that the runtime logs must not move the terminal's cursor.
+    def step() -> int:
+        _log("[backend.cpp:10] Backend \x1b[2J\u202eEvil is not registered.")
+        raise RuntimeError("failed with error 0x14")
+
+    with pytest.raises(RuntimeError) as raised:
+        with_its_log(step)
+    assert str(raised.value) == ("failed with error 0x14 (the runtime logged: Backend \\x1b[2J\\u202eEvil is not "
+                                 "registered)")
+
+
 def test_a_failed_call_says_why_when_there_is_no_standard_error(monkeypatch):
     monkeypatch.setattr(sys, "stderr", None)  # pythonw, some services
     with pytest.raises(RuntimeError, match="the runtime logged: Input 0 has unexpected scalar type"):

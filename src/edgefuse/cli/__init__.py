@@ -27,7 +27,7 @@ exit codes:
      model ExecuTorch's to_edge or stock XNNPACK lowering rejects, a model QNN lowers neither with
      edgefuse nor stock (QNN's reason is printed), a missing .pt2, an output path that cannot be written,
      a name edgefuse chose for its own file already taken, QNN libraries in a folder another user could
-     write
+     write, a .pte bench-llm refuses or that crashes the runtime in its trial (the signal is named)
   3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
      libraries: not set up, or `edgefuse qnn setup` cannot set them up here)
   4  edgefuse itself failed (a bug: the traceback is printed)
@@ -191,6 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="runs (an even number), each loading both programs afresh, stock first in runs "
                            "1, 3, ... and edgefuse in runs 2, 4, ... (default 2; not bench's --runs, which counts "
                            "rounds)")
+    from edgefuse.cli.llm_commands import add_max_bytes_argument
+
+    add_max_bytes_argument(bench_llm)
 
     fuzz = commands.add_parser(
         "fuzz", help="differential fuzzing of edgefuse's rewrites (edgefuse.fuzz)", add_help=False,

@@ -13,14 +13,14 @@ output open).
 
 from __future__ import annotations
 
-import ctypes
 import multiprocessing
 import os
-import signal
 import sys
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, Callable
+
+from edgefuse.runtime.contained import end_with_parent
 
 
 class Background:
@@ -60,22 +60,6 @@ class Background:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-#: ``prctl`` option: the signal the kernel sends this process when its parent ends (Linux).
-_PR_SET_PDEATHSIG = 1
-
-
-def end_with_parent(parent: int) -> None:
-    """Worker initializer: have the kernel kill the worker when ``parent`` ends, where it can (Linux)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL) != 0:
-            return
-    except (OSError, AttributeError):  # no prctl: not Linux
-        return
-    if os.getppid() != parent:  # the parent ended before the request took effect
-        os._exit(1)
 
 
 class Pending:

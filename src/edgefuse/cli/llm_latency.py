@@ -2,7 +2,7 @@
 
 ``python -m edgefuse.cli.llm_latency [--sizes 128x2,1024x4] [--dtypes fp32,fp16,bf16,8da4w] [--prefill 100]
 [--decode 32] [--threads 1] [--rounds 30] [--warmup 3] [--repeats 1] [--dir DIR] [--export-only |
---bench-only DIR] [--profile SIZE:DTYPE]``
+--bench-only DIR] [--profile SIZE:DTYPE] [--max-bytes N]``
 
 For each size (``DIMxLAYERS``: width, heads of 16, half as many KV heads, hidden width twice the width,
 vocabulary 256) it writes params and a random-weight checkpoint of ExecuTorch's Llama, and for each dtype
@@ -26,7 +26,8 @@ its runs, which the verdict reads; progress on stderr.
 ``--export-only --dir DIR`` prepares the programs (``DIR/manifest.json`` names them), which
 ``--bench-only DIR`` times later, on an idle machine. ``--profile SIZE:DTYPE`` prints, instead of the
 timing, where each program of that pair spends its time (ETDump of the released runtime: each XNNPACK
-operator inside the delegates, each kernel outside, by op). A benchmark, not a test: it asserts nothing
+operator inside the delegates, each kernel outside, by op). Each program is checked and tried in a child
+process first, as ``bench-llm`` does (``--max-bytes``). A benchmark, not a test: it asserts nothing
 about times. Exit status: 0 done, 1 a pair's check failed, 2 bad usage or input.
 """
 
@@ -230,13 +231,13 @@ def check_pair(folder: str, pair: Pair, say, config) -> None:
     import torch
 
     from edgefuse.cli.llm_check import check_programs
-    from edgefuse.cli.llm_commands import load_llm_programs
+    from edgefuse.cli.llm_commands import MAX_BYTES, load_llm_programs, read_llm_program
     from edgefuse.llm.eager import prompt_and_steps
     from edgefuse.llm.latency import run_step
     from edgefuse.llm.pte import read_pte
 
     paths = [os.path.join(folder, p) for p in (pair.stock, pair.edgefuse)]
-    programs = load_llm_programs(paths, lambda _: None)
+    programs = load_llm_programs([(path, read_llm_program(path, MAX_BYTES)) for path in paths], lambda _: None)
     prompt, _ = prompt_and_steps(dtype_case(pair.size, pair.dtype).params["vocab_size"], 8, 0)
     logits = [run_step(p.method, prompt, 0, k) for k, p in enumerate(programs)]
     pair.logits = str(logits[1].dtype).removeprefix("torch.")
@@ -286,13 +287,25 @@ def _row(pair: Pair, run: int | str, first: str, timing) -> Row:
     return Row(pair, run, first, [timing.medians(0), timing.medians(1)], timing.ratios())
 
 
-def bench_pair(folder: str, pair: Pair, args, runs: int, first_run: int, say) -> list:
-    """Time ``pair``'s two programs in ``runs`` runs (``TimedRun``), loaded afresh each run with the program
-    loaded first alternating, stock first in the first."""
+def pair_programs(folder: str, pair: Pair, args, say) -> list[tuple[str, bytes]]:
+    """The ``(path, bytes)`` of ``pair``'s two programs, each read and checked within ``--max-bytes``, then
+    tried in a child process as the timing runs them (``bench-llm``'s rules: a file refused, or one the
+    runtime crashes on, is a :class:`UsageError` naming it)."""
+    from edgefuse.cli.llm_commands import read_llm_program, try_llm_programs
+
+    programs = [(os.path.join(folder, p), read_llm_program(os.path.join(folder, p), args.max_bytes))
+                for p in (pair.stock, pair.edgefuse)]
+    say(f"{pair.size} {pair.dtype}: trying both programs in a child process")
+    try_llm_programs(programs, args.prefill, args.decode)
+    return programs
+
+
+def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, first_run: int, say) -> list:
+    """Time ``pair``'s two programs (:func:`pair_programs`) in ``runs`` runs (``TimedRun``), loaded afresh
+    each run with the program loaded first alternating, stock first in the first."""
     from edgefuse.cli.llm_commands import failed_steps_named, load_llm_programs
     from edgefuse.llm.latency import time_runs
 
-    paths = [os.path.join(folder, p) for p in (pair.stock, pair.edgefuse)]
     run = first_run
 
     def load(order):
@@ -300,10 +313,10 @@ def bench_pair(folder: str, pair: Pair, args, runs: int, first_run: int, say) ->
         say(f"{pair.size} {pair.dtype} run {run} ({LABELS[order[0]]} loaded first): {args.rounds} rounds of each "
             f"program, alternating, after {args.warmup} warm-up rounds")
         run += 1
-        return load_llm_programs([paths[k] for k in order], lambda _: None)
+        return load_llm_programs([programs[k] for k in order], lambda _: None)
 
-    with failed_steps_named(paths):
-        return time_runs(load, len(paths), args.prefill, args.decode, runs, args.rounds, args.warmup)
+    with failed_steps_named([path for path, _ in programs]):
+        return time_runs(load, len(programs), args.prefill, args.decode, runs, args.rounds, args.warmup)
 
 
 #: The programs of a pair, by their index in a timing.
@@ -315,9 +328,10 @@ def time_pair(folder: str, pair: Pair, args, say) -> list[Row]:
     when the pooled prefill or decode ratio is :data:`REPEAT_AT` or above, and the pooled row."""
     from edgefuse.llm.latency import pooled
 
-    runs = bench_pair(folder, pair, args, 2, 1, say)
+    programs = pair_programs(folder, pair, args, say)
+    runs = bench_pair(programs, pair, args, 2, 1, say)
     if max(pooled(runs).ratios()) >= REPEAT_AT and args.repeats:
-        runs += bench_pair(folder, pair, args, 2 * args.repeats, len(runs) + 1, say)
+        runs += bench_pair(programs, pair, args, 2 * args.repeats, len(runs) + 1, say)
     rows = [_row(pair, k + 1, LABELS[run.order[0]], run.timing) for k, run in enumerate(runs)]
     return rows + [_row(pair, "all", "", pooled(runs))]
 
@@ -363,16 +377,14 @@ def profile_table(folder: str, pair: Pair, args, say) -> str:
     from edgefuse.llm.latency import prompt_for
     from edgefuse.llm.profile import DELEGATE, INSIDE, METHOD, OUTSIDE, profile_prefill_decode
 
-    paths = [os.path.join(folder, p) for p in (pair.stock, pair.edgefuse)]
-    probe = load_llm_programs(paths[:1], lambda _: None)[0]
-    with failed_steps_named(paths):
+    programs = pair_programs(folder, pair, args, say)
+    probe = load_llm_programs(programs[:1], lambda _: None)[0]
+    with failed_steps_named([path for path, _ in programs]):
         prompt, steps = prompt_for(probe.method, args.prefill, args.decode)
     del probe
     profiles = []
-    for path in paths:
+    for path, blob in programs:
         say(f"profiling {path}: {args.profile_rounds} rounds with ETDump")
-        with open(path, "rb") as f:
-            blob = f.read()
         with failed_steps_named([path]):
             profiles.append(profile_prefill_decode(blob, prompt, steps, args.profile_rounds))
     order = {METHOD: 0, DELEGATE: 1, INSIDE: 2, OUTSIDE: 3}
@@ -405,6 +417,8 @@ def _delta(cells, attribute: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from edgefuse.cli.llm_commands import add_max_bytes_argument
+
     parser = argparse.ArgumentParser(prog="python -m edgefuse.cli.llm_latency", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default=None, help=f"DIMxLAYERS, comma-separated (default {','.join(SIZES)}; "
                         "with --bench-only, every size prepared)")
@@ -426,6 +440,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile", metavar="SIZE:DTYPE", default=None,
                         help="instead of timing, where each program of this pair spends its time (ETDump)")
     parser.add_argument("--profile-rounds", type=int, default=5, help="profiled rounds (default 5)")
+    add_max_bytes_argument(parser)
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     return parser
 
@@ -433,7 +448,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_numbers(args) -> None:
     from edgefuse.cli.llm_commands import check_bench_numbers
 
-    check_bench_numbers(args, (("--repeats", args.repeats, 0), ("--profile-rounds", args.profile_rounds, 1)))
+    check_bench_numbers(args, (("--repeats", args.repeats, 0), ("--profile-rounds", args.profile_rounds, 1),
+                               ("--max-bytes", args.max_bytes, 1)))
     if args.export_only and args.dir is None:
         raise UsageError("--export-only needs --dir DIR (where the programs are kept for --bench-only DIR)")
     if args.bench_only is not None and args.dir is not None:

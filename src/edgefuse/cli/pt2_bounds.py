@@ -15,7 +15,7 @@ memory) and bounds what each operator really makes; an operator whose output siz
 
 Time. The static checks are linear in the file and run under an alarm (:class:`Deadline`), which stops
 Python code past the deadline (sympy, torch's deserializer). The program itself runs in a forked child
-(:func:`in_child`) that is killed at the deadline, because a program inside the byte bound can still run
+(:func:`in_child`, through :mod:`edgefuse.runtime.contained`) that is killed at the deadline, because a program inside the byte bound can still run
 for hours, and no static cost model covers every kernel: FlopCounterMode counts matrix products and
 convolutions, but a ``max_pool2d`` of a 64 MB input with a 2048-wide window makes a 16 MB output at 4
 million comparisons an element (about 10^13 operations) and counts as nothing. The shape propagation runs
@@ -32,11 +32,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import re
-import select
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -53,8 +50,6 @@ MAX_RANK = 64
 #: subgraph adds 8), and how deep subgraphs may nest in one another: each checked before anything recurses.
 MAX_DEPTH = 200
 MAX_SUBGRAPH_DEPTH = 16
-#: The bytes a child may report back (a message).
-_REPORT = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -164,59 +159,32 @@ class ChildFailed(Exception):
 
 
 def in_child(work: Callable[[], None], deadline: Deadline, what: str) -> None:
-    """Run ``work()`` in a forked child pinned to one thread, killed at ``deadline``.
+    """Run ``work()`` in a forked child (:func:`edgefuse.runtime.contained.contained`), killed at ``deadline``.
 
     Raises :class:`OutOfTime` when it does not finish in time, :class:`ChildFailed` when it raises (a
-    :class:`TooLarge` or :class:`DataSized` as kind "bound") or dies. Without ``fork`` the work runs here, unbounded in time.
+    :class:`TooLarge` or :class:`DataSized` as kind "bound") or dies.
     """
-    if not hasattr(os, "fork"):
-        work()
-        return
-    from edgefuse.cli.background import end_with_parent
+    from edgefuse.runtime.contained import Crashed, TimedOut, contained
     from edgefuse.runtime.files import TooLarge
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    read, write = os.pipe()
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:  # the child: report one line of kind, then the message; never return into the caller
-        code, report = 0, b""
+    def step(note) -> dict | None:
         try:
-            os.close(read)
-            end_with_parent(parent)
-            import torch
-
-            torch.set_num_threads(1)
             work()
-        except BaseException as error:  # noqa: BLE001  (everything is reported, nothing escapes the child)
-            code = 1
-            kind = "bound" if isinstance(error, (TooLarge, DataSized)) else "error"
-            report = f"{kind}\n{_summary(error)}".encode("utf-8", "replace")[:_REPORT]
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.write(write, report)
-        finally:
-            os._exit(code)
-    os.close(write)
-    status = None
+        except (TooLarge, DataSized) as error:
+            return {"kind": "bound", "message": _summary(error)}
+        except Exception as error:  # noqa: BLE001  (the program's own failure, reported as such)
+            return {"kind": "error", "message": _summary(error)}
+        return None
+
     try:
-        report = _read_until(read, deadline, what)
-        status = _reap(pid, deadline, what)
-    finally:
-        os.close(read)
-        if status is None:  # still running (past the deadline, or interrupted): end it
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    if os.WIFSIGNALED(status):
-        name = signal.Signals(os.WTERMSIG(status)).name
-        raise ChildFailed("died", f"{what} ended with {name} (the process that ran it was killed)")
-    if os.WEXITSTATUS(status) != 0:
-        kind, _, message = report.decode("utf-8", "replace").partition("\n")
-        if kind not in ("bound", "error"):
-            kind, message = "died", f"{what} failed and said nothing"
-        raise ChildFailed(kind, message)
+        failed = contained(step, until=deadline.end)
+    except TimedOut:
+        raise deadline.expired(what) from None
+    except Crashed as crash:
+        how = f"ended with {crash.signal}" if crash.signal else "ended without a result"
+        raise ChildFailed("died", f"{what} {how} (the process that ran it was killed)") from None
+    if failed is not None:
+        raise ChildFailed(failed["kind"], failed["message"])
 
 
 def _summary(error: BaseException) -> str:
@@ -227,38 +195,6 @@ def _summary(error: BaseException) -> str:
     if isinstance(error, (TooLarge, DataSized, OutOfTime)):
         return first
     return f"{type(error).__name__}: {first}".rstrip(": ")
-
-
-def _read_until(fd: int, deadline: Deadline, what: str) -> bytes:
-    """What the child writes to ``fd`` until it closes it, at most :data:`_REPORT` bytes."""
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        left = deadline.remaining()
-        if left <= 0:
-            raise deadline.expired(what)
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
-            continue
-        chunk = os.read(fd, _REPORT)
-        if not chunk:
-            return b"".join(chunks)
-        if size < _REPORT:
-            chunks.append(chunk[: _REPORT - size])
-            size += len(chunk)
-
-
-def _reap(pid: int, deadline: Deadline, what: str) -> int:
-    """The exit status of the child, waited for until ``deadline`` (it may close its pipe and go on)."""
-    pause = 0.001
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return status
-        if deadline.remaining() <= 0:
-            raise deadline.expired(what)
-        time.sleep(min(pause, deadline.remaining()))
-        pause = min(pause * 2, 0.05)
 
 
 # --- what the program makes -----------------------------------------------------------------------------

@@ -117,13 +117,22 @@ class _Held(_StandIn):
         return self.held.write(text)
 
 
-def _in_one_line(log: str) -> str:
-    """The last :data:`LOG_LINES_IN_ERROR` lines of ``log`` without their source positions, in one line."""
+def printable(text: str, most: int | None = None) -> str:
+    """``text`` as a message may show it: control characters and anything outside ASCII escaped (text read
+    from a file, or that the runtime logged about one, must not move the terminal's cursor), cut at ``most``
+    characters."""
+    shown = ascii(text)[1:-1]
+    return shown if most is None or len(shown) <= most else shown[:most] + "..."
+
+
+def in_one_line(log: str) -> str:
+    """The last :data:`LOG_LINES_IN_ERROR` lines of ``log`` without their source positions, in one
+    :func:`printable` line."""
     lines = [line.strip().rstrip(".") for line in _LOG_PREFIX.sub("", log).splitlines() if line.strip()]
     shown = lines[-LOG_LINES_IN_ERROR:]
     if len(lines) > len(shown):
         shown.insert(0, f"{len(lines) - len(shown)} lines before")
-    return "; ".join(shown)
+    return printable("; ".join(shown))
 
 
 def with_its_log(step: Callable[[], T]) -> T:
@@ -137,7 +146,7 @@ def with_its_log(step: Callable[[], T]) -> T:
         try:
             result = step()
         except RuntimeError as error:
-            log = _in_one_line(stream.held.getvalue())
+            log = in_one_line(stream.held.getvalue())
             if log:
                 raise RuntimeError(f"{error} (the runtime logged: {log})") from error
             raise
