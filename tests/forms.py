@@ -282,7 +282,7 @@ class GroupedNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
-#: The hand-written modules of forms of the registry (``edgefuse.forms.FORMS``), by its names: the form
+#: The hand-written modules of forms of the registry (``edgefuse.core.forms.FORMS``), by its names: the form
 #: tests build these as models write them, and the registry's other forms from the registry itself.
 WRITTEN = {
     "llama": LlamaNorm,

@@ -13,8 +13,8 @@ from torch.fx import GraphModule, Node
 from executorch.exir import to_edge
 
 import edgefuse
-from edgefuse.casts import cast_source, dtype_of, is_noop_cast
-from edgefuse.ops import Role, table_for
+from edgefuse.core.casts import cast_source, dtype_of, is_noop_cast
+from edgefuse.core.ops import Role, table_for
 
 #: capture: ``ExportedProgram.module()``; edge: ``to_edge`` with dim order; edge-no-dim-order: ``_to_copy``.
 MODES = ("capture", "edge", "edge-no-dim-order")

@@ -22,112 +22,94 @@ import edgefuse
 PACKAGE = Path(edgefuse.__file__).parent
 ROOT = Path(__file__).resolve().parents[1]
 
-#: Where printing is the job: the application, and the fuzzer beside it (its own command line, and the
-#: progress its runner writes to the stream it is given). The README's layout section says the same.
-PRINTS = ("cli", "fuzz")
+#: Where printing is the job: the application (its command line, its tools, and what it writes: progress
+#: lines and tables), and the fuzzer beside it. The README's layout section says the same.
+PRINTS = ("cli", "tools", "console", "fuzz")
+#: The modules at the package root: its public face, above every layer.
+PUBLIC_FACE = {"__init__.py", "__main__.py", "passes.py", "programs.py"}
 
 
-def _contracts() -> list[dict]:
-    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+def _layers() -> list[list[str]]:
+    """The layers of the one contract, top to bottom, each the packages in it (``a | b``: siblings that do
+    not import each other)."""
+    [contract] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    assert contract["type"] == "layers" and contract["containers"] == ["edgefuse"], contract
+    return [[f"edgefuse.{name.strip()}" for name in layer.split("|")] for layer in contract["layers"]]
+
+
+def _lint_imports(root: Path) -> subprocess.CompletedProcess:
+    command = shutil.which("lint-imports")
+    assert command is not None, "import-linter is not installed: pip install -e '.[test]'"
+    return subprocess.run(
+        [command, "--no-cache"], cwd=root, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "PYTHONPATH": str(root / "src")},
+    )
 
 
 def test_the_import_contracts_hold():
-    """``lint-imports`` checks the contracts in pyproject.toml on this tree; its report is the failure."""
-    command = shutil.which("lint-imports")
-    assert command is not None, "import-linter is not installed: pip install -e '.[test]'"
-    done = subprocess.run(
-        [command, "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)},
-    )
+    """``lint-imports`` checks the layers in pyproject.toml on this tree; its report is the failure."""
+    done = _lint_imports(ROOT)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert "0 broken" in done.stdout, done.stdout[-2000:]
 
 
-#: The application and the fuzzer; every other package is a backend (the shared runtime among them).
-TOP = {"edgefuse.cli", "edgefuse.fuzz"}
-#: The modules that hand a documented ``python -m`` command over to the application, and the one import
-#: each makes of it: the contracts ignore those edges alone, never the modules.
-HAND_OVERS = {
-    "edgefuse.__main__": {"edgefuse.cli"},
-    "edgefuse.xnnpack.bench": {"edgefuse.cli.progress", "edgefuse.cli.xnnpack_bench"},
-    "edgefuse.xnnpack.check_models": {"edgefuse.cli.progress", "edgefuse.cli.check_models"},
-    "edgefuse.quant.__main__": {"edgefuse.cli.quant_command"},
+def test_every_package_is_a_layer_and_the_root_holds_the_public_face_alone():
+    """One folder per layer: each package of edgefuse is in the contract once, and the modules at the root
+    are the public face (``edgefuse.passes``, ``edgefuse.programs``, the package's ``__init__`` and
+    ``__main__``), which stands above the layers and which the contract does not check."""
+    layered = [package for layer in _layers() for package in layer]
+    assert len(layered) == len(set(layered)), layered
+    packages = {f"edgefuse.{i.name}" for i in pkgutil.iter_modules([str(PACKAGE)]) if i.ispkg}
+    assert set(layered) == packages
+    assert {path.name for path in PACKAGE.glob("*.py")} == PUBLIC_FACE
+
+
+#: An upward import from a module of each layer (and across siblings), added to a copy of the package:
+#: each must break the contract, named by importer and imported.
+UPWARD = {
+    "core/casts.py": "edgefuse.runtime.files",
+    "runtime/files.py": "edgefuse.quant.facts",
+    "quant/facts.py": "edgefuse.xnnpack.policy",
+    "xnnpack/policy.py": "edgefuse.qnn.socs",
+    "qnn/socs.py": "edgefuse.llm.config",
+    "llm/config.py": "edgefuse.inputs.errors",
+    "inputs/errors.py": "edgefuse.console.tables",
+    "console/tables.py": "edgefuse.compare.delegate_map",
+    "compare/delegate_map.py": "edgefuse.fuzz.spec",
+    "fuzz/spec.py": "edgefuse.tools.pass_time",
+    "tools/pass_time.py": "edgefuse.cli.commands",
 }
 
 
-def _layout() -> tuple[set[str], set[str]]:
-    """The core's modules (the package root itself among them) and the package's packages."""
-    modules = {info.name: info.ispkg for info in pkgutil.iter_modules([str(PACKAGE)])}
-    core = {"edgefuse"} | {f"edgefuse.{n}" for n, pkg in modules.items() if not pkg}
-    return core, {f"edgefuse.{n}" for n, pkg in modules.items() if pkg}
-
-
-def test_every_module_is_in_a_contract():
-    """The core is the package root (its own ``__init__`` and ``__main__`` too) and each module beside
-    them, checked module by module; every package is forbidden to it, with all it holds. A package other
-    than the application and the fuzzer is a backend, checked as one."""
-    core, backends = _contracts()[:2]
-    modules, packages = _layout()
-    assert set(core["source_modules"]) == modules
-    assert core["as_packages"] is False  # else "edgefuse" would be the whole package, skipped as overlapping
-    assert set(core["forbidden_modules"]) == packages | {f"{p}.**" for p in packages}
-    assert set(backends["source_modules"]) == packages - TOP
-    assert set(backends["forbidden_modules"]) == TOP
-
-
-def test_the_contracts_ignore_the_hand_overs_imports_of_the_application_and_nothing_else():
-    """Each ignored import is one exact edge (no wildcard) from a hand-over module into the application."""
-    ignored = {}
-    for contract in _contracts():
-        for edge in contract.get("ignore_imports", []):
-            importer, imported = (part.strip() for part in edge.split("->"))
-            assert "*" not in edge, f"{edge!r} ignores more than one import"
-            ignored.setdefault(importer, set()).add(imported)
-    assert ignored == HAND_OVERS
-
-
-def test_a_wrong_import_of_the_root_a_core_module_or_a_hand_over_breaks_a_contract(tmp_path):
-    """On a copy of the package with wrong imports added (the root's ``__init__`` importing the runtime, a
-    core module one of the application's modules, and each hand-over a second module of the
-    application), ``lint-imports`` fails and names every one of them."""
-    command = shutil.which("lint-imports")
-    assert command is not None, "import-linter is not installed: pip install -e '.[test]'"
+def test_an_upward_import_breaks_the_contract(tmp_path):
+    """On a copy of the package with one upward (or sibling) import added to a module of every layer,
+    ``lint-imports`` fails and names each of them."""
     copy = tmp_path / "src" / "edgefuse"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    wrong = {
-        "__init__.py": ("edgefuse", "edgefuse.runtime.log"),
-        "casts.py": ("edgefuse.casts", "edgefuse.cli.errors"),
-        "__main__.py": ("edgefuse.__main__", "edgefuse.cli.commands"),
-        "xnnpack/bench.py": ("edgefuse.xnnpack.bench", "edgefuse.cli.commands"),
-        "xnnpack/check_models.py": ("edgefuse.xnnpack.check_models", "edgefuse.cli.report"),
-        "quant/__main__.py": ("edgefuse.quant.__main__", "edgefuse.cli.errors"),
-    }
-    for path, (_, imported) in wrong.items():
+    for path, imported in UPWARD.items():
         with open(copy / path, "a") as module:
             module.write(f"\nimport {imported}\n")
-    done = subprocess.run(
-        [command, "--no-cache"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(tmp_path / "src")},
-    )
+    done = _lint_imports(tmp_path)
     assert done.returncode != 0, done.stdout[-3000:]
-    missed = [f"{a} -> {b}" for a, b in wrong.values() if f"{a} -> {b} " not in done.stdout]
+    importers = {path: "edgefuse." + path.removesuffix(".py").replace("/", ".") for path in UPWARD}
+    missed = [f"{importers[p]} -> {m}" for p, m in UPWARD.items() if f"{importers[p]} -> {m} " not in done.stdout]
     assert missed == [], f"lint-imports let these through: {missed}\n{done.stdout[-4000:]}"
 
 
 def _rank(module: str) -> int:
-    """A module's layer, bottom to top: 0 the core, 1 a backend or the shared runtime, 2 the application
-    or the fuzzer."""
-    core, packages = _layout()
-    if module in core:
-        return 0
+    """A module's layer, counted from the bottom (0: the core); the public face is above them all."""
+    layers = _layers()
     package = ".".join(module.split(".")[:2])
-    assert package in packages, f"{module} is in no layer"
-    return 2 if package in TOP else 1
+    for height, layer in enumerate(reversed(layers)):
+        if package in layer:
+            return height
+    assert module.count(".") <= 1, f"{module} is in no layer"
+    return len(layers)  # the root and its public modules
 
 
 def _lazy_tables(text: str, filename: str = "<source>") -> list[dict[str, str]]:
-    """The tables ``text`` hands to :func:`edgefuse.lazy.lazy_names` (public name -> the module that
+    """The tables ``text`` hands to :func:`edgefuse.core.lazy.lazy_names` (public name -> the module that
     defines it): each a module-level dict of strings, passed by name, or the test cannot read it."""
     tree = ast.parse(text, filename)
     assigned = {}
@@ -165,12 +147,12 @@ def _package_modules() -> dict[str, Path]:
 
 
 def test_no_lazy_name_loads_a_higher_layer():
-    """import-linter sees no import that ``lazy_names`` makes by string, so its tables are read here: a
-    core name never loads a backend, the application or the fuzzer, a backend's never the application or
-    the fuzzer, and every name's module exists."""
+    """import-linter sees no import that ``lazy_names`` makes by string, so its tables are read here: no
+    package's name loads a module of a layer above it (the public face may load any), and every name's
+    module exists."""
     modules = _package_modules()
     owners = [m for m, path in modules.items() if _lazy_tables(path.read_text(), str(path))]
-    assert {"edgefuse", "edgefuse.xnnpack", "edgefuse.quant", "edgefuse.fuzz"} <= set(owners), owners
+    assert {"edgefuse", "edgefuse.xnnpack", "edgefuse.quant", "edgefuse.fuzz", "edgefuse.llm"} <= set(owners), owners
     found = []
     for module in owners:
         text = modules[module].read_text()
@@ -183,19 +165,19 @@ def test_no_lazy_name_loads_a_higher_layer():
 @pytest.mark.parametrize(
     ("module", "target", "wrong"),
     [
-        ("edgefuse", "edgefuse.cli.commands", True),
-        ("edgefuse", "edgefuse.xnnpack.lowering", True),
-        ("edgefuse", "edgefuse.fuzz.spec", True),
-        ("edgefuse.passes", "edgefuse.runtime", True),
-        ("edgefuse.xnnpack", "edgefuse.cli.errors", True),
+        ("edgefuse.core.passes", "edgefuse.runtime", True),
+        ("edgefuse.xnnpack", "edgefuse.inputs.errors", True),
+        ("edgefuse.quant", "edgefuse.xnnpack.lowering", True),
         ("edgefuse.quant", "edgefuse.fuzz.check", True),
-        ("edgefuse", "edgefuse.recompose", False),
+        ("edgefuse.llm", "edgefuse.compare.report", True),
+        ("edgefuse", "edgefuse.core.recompose", False),
         ("edgefuse.xnnpack", "edgefuse.quant.facts", False),
-        ("edgefuse.fuzz", "edgefuse.cli.errors", False),
+        ("edgefuse.llm", "edgefuse.xnnpack.recipes", False),
+        ("edgefuse.fuzz", "edgefuse.inputs.errors", False),
     ],
 )
 def test_the_lazy_table_check_finds_a_name_that_loads_a_higher_layer(module, target, wrong):
-    text = f"from edgefuse.lazy import lazy_names\n_PUBLIC: dict[str, str] = {{'x': {target!r}}}\n"
+    text = f"from edgefuse.core.lazy import lazy_names\n_PUBLIC: dict[str, str] = {{'x': {target!r}}}\n"
     text += "__getattr__, __dir__ = lazy_names(__name__, _PUBLIC)\n"
     assert _lazy_names_upward(module, text) == ([f"{module}.x -> {target}"] if wrong else [])
 
@@ -292,10 +274,16 @@ def _printing(text: str, filename: str = "<source>") -> list[tuple[int, str]]:
 #: stand-in (``runtime/log.py``) takes standard error's place while ExecuTorch's runtime is called and
 #: passes on, at once, what the runtime itself writes there, minus its set-up lines. It prints nothing of
 #: edgefuse's own; holding the runtime's lines back until the call returns would lose the last ones a
-#: runtime writes before it aborts the process.
+#: runtime writes before it aborts the process. The same module flushes both streams (and writes nothing)
+#: before a fork or before native code takes their descriptors over.
 #: Each allowance is the reference found and the whole line of code that holds it.
 FORWARDS = {
-    "runtime/log.py": {("sys.stderr", "stream = make(sys.stderr if sys.stderr is not None else io.StringIO())")},
+    "runtime/log.py": {
+        ("sys.stderr", "stream = make(sys.stderr if sys.stderr is not None else io.StringIO())"),
+        # flushing what Python holds buffered, before a fork or before native code takes the descriptors
+        ("sys.stdout", "for stream in (sys.stdout, sys.stderr):"),
+        ("sys.stderr", "for stream in (sys.stdout, sys.stderr):"),
+    },
 }
 
 
@@ -312,11 +300,11 @@ def _printing_in(path: Path) -> list[str]:
 
 
 def test_nothing_but_the_application_and_the_fuzzer_prints():
-    """The core, the backends and the shared runtime return data, log or raise; only the application
-    and the fuzzer beside it print (:data:`PRINTS`), and the runtime's log stand-in passes the runtime's
-    own lines on (:data:`FORWARDS`)."""
+    """The core, the runtime, the backends, the LLM flows and the application's libraries (``inputs``,
+    ``compare``) return data, log or raise; only the application and the fuzzer beside it print
+    (:data:`PRINTS`), and the runtime's log stand-in passes the runtime's own lines on (:data:`FORWARDS`)."""
     checked = [path for path in sorted(PACKAGE.rglob("*.py")) if path.relative_to(PACKAGE).parts[0] not in PRINTS]
-    assert len(checked) > 40 and PACKAGE / "recompose.py" in checked and PACKAGE / "xnnpack" / "inspect.py" in checked
+    assert len(checked) > 40 and PACKAGE / "core/recompose.py" in checked and PACKAGE / "xnnpack" / "inspect.py" in checked
     found = [entry for path in checked for entry in _printing_in(path)]
     assert found == [], "printing outside the application and the fuzzer: " + ", ".join(found)
 
@@ -398,19 +386,19 @@ def test_the_print_check_leaves_data_logging_and_other_objects_alone():
     assert _printing(text) == []
 
 
-def test_the_readme_layout_table_names_every_module():
-    readme = (ROOT / "README.md").read_text()
-    table = [line for line in readme[readme.index("## Layout"):].splitlines() if line.startswith("|")]
+def test_the_architecture_table_names_every_module():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = [line for line in text[text.index("## Modules"):].splitlines() if line.startswith("|")]
     named = set(re.findall(r"`([\w/.]+\.py)`", "\n".join(table)))
     modules = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")}
-    assert modules - named == set(), f"modules the README's layout table leaves out: {sorted(modules - named)}"
+    assert modules - named == set(), f"modules the architecture table leaves out: {sorted(modules - named)}"
     assert named - modules == set(), f"the layout table names modules that do not exist: {sorted(named - modules)}"
 
 
 def test_the_shared_fx_helpers_import_without_executorch():
-    """``edgefuse._fx`` (the ops outside a delegate among its helpers) serves the core, which must load
+    """``edgefuse.core._fx`` (the ops outside a delegate among its helpers) serves the core, which must load
     without ExecuTorch: importing it imports none of it."""
-    code = "import sys, edgefuse._fx; print(sorted(m for m in sys.modules if m.split('.')[0] == 'executorch'))"
+    code = "import sys, edgefuse.core._fx; print(sorted(m for m in sys.modules if m.split('.')[0] == 'executorch'))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -428,7 +416,10 @@ def test_the_names_people_type_work_after_import_edgefuse_without_importing_exec
         public = sorted(i.name for i in pkgutil.iter_modules(edgefuse.__path__) if not i.name.startswith("_"))
         kinds = {name: type(getattr(edgefuse, name)).__name__ for name in public}
         names = {
+            "root": [n for n in ("recompose_rms_norm", "remove_redundant_casts", "edge_compile_config", "Decision",
+                                 "RecomposeResult", "get_profile", "PROFILES") if hasattr(edgefuse, n)],
             "passes": [n for n in ("RecomposeRmsNorm", "RemoveRedundantCasts") if hasattr(edgefuse.passes, n)],
+            "programs": [n for n in ("detached",) if hasattr(edgefuse.programs, n)],
             "xnnpack": [n for n in ("lower", "EdgefuseXnnpackPartitioner") if hasattr(edgefuse.xnnpack, n)],
             "quant": [n for n in ("mark_norms", "norm_quantization") if hasattr(edgefuse.quant, n)],
         }
@@ -449,7 +440,10 @@ def test_the_names_people_type_work_after_import_edgefuse_without_importing_exec
     assert {"passes", "xnnpack", "quant"} <= set(data["kinds"])
     assert set(data["kinds"].values()) == {"module"}, data["kinds"]
     assert data["names"] == {
+        "root": ["recompose_rms_norm", "remove_redundant_casts", "edge_compile_config", "Decision",
+                 "RecomposeResult", "get_profile", "PROFILES"],
         "passes": ["RecomposeRmsNorm", "RemoveRedundantCasts"],
+        "programs": ["detached"],
         "xnnpack": ["lower", "EdgefuseXnnpackPartitioner"],
         "quant": ["mark_norms", "norm_quantization"],
     }

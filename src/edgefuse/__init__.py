@@ -9,27 +9,27 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edgefuse.lazy import lazy_names
+from edgefuse.core.lazy import lazy_names
 
 #: Each public name and the module that defines it.
 _PUBLIC: dict[str, str] = {
-    "PROFILES": "edgefuse.profiles",
-    "BackendProfile": "edgefuse.profiles",
-    "get_profile": "edgefuse.profiles",
-    "Decision": "edgefuse.recompose",
-    "RecomposeResult": "edgefuse.recompose",
-    "recompose_rms_norm": "edgefuse.recompose",
-    "remove_redundant_casts": "edgefuse.redundant_casts",
-    "edge_compile_config": "edgefuse.edge",
+    "PROFILES": "edgefuse.core.profiles",
+    "BackendProfile": "edgefuse.core.profiles",
+    "get_profile": "edgefuse.core.profiles",
+    "Decision": "edgefuse.core.recompose",
+    "RecomposeResult": "edgefuse.core.recompose",
+    "recompose_rms_norm": "edgefuse.core.recompose",
+    "remove_redundant_casts": "edgefuse.core.redundant_casts",
+    "edge_compile_config": "edgefuse.core.edge",
 }
 
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
-    from edgefuse.edge import edge_compile_config
-    from edgefuse.profiles import PROFILES, BackendProfile, get_profile
-    from edgefuse.recompose import Decision, RecomposeResult, recompose_rms_norm
-    from edgefuse.redundant_casts import remove_redundant_casts
+    from edgefuse.core.edge import edge_compile_config
+    from edgefuse.core.profiles import PROFILES, BackendProfile, get_profile
+    from edgefuse.core.recompose import Decision, RecomposeResult, recompose_rms_norm
+    from edgefuse.core.redundant_casts import remove_redundant_casts
 
 
 __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

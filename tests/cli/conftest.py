@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgefuse.cli.modelspec import resolve
+from edgefuse.inputs.modelspec import resolve
 from tests.cli.command_runs import MODELS_PY
 
 

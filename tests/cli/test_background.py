@@ -1,4 +1,4 @@
-"""The forked worker of :mod:`edgefuse.cli.background`: it returns its step's result, and ends with its parent."""
+"""The forked worker of :mod:`edgefuse.runtime.background`: it returns its step's result, and ends with its parent."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import sys
 import textwrap
 import time
 
-from edgefuse.cli.background import Background
+from edgefuse.runtime.background import Background
 
 #: Starts a worker that records its pid and sleeps, then ends itself with a SIGTERM, as ``kill`` would.
 KILLED_PARENT = textwrap.dedent(
     """
     import os, signal, sys, time
-    from edgefuse.cli.background import Background
+    from edgefuse.runtime.background import Background
 
     def sleep(path):
         with open(path + ".tmp", "w") as f:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 
-from edgefuse.cli.errors import OK, USAGE  # noqa: E402
-from edgefuse.cli.models import MODEL_NAMES  # noqa: E402
+from edgefuse.inputs.errors import OK, USAGE  # noqa: E402
+from edgefuse.inputs.models import MODEL_NAMES  # noqa: E402
 from tests.cli.command_runs import MODELS_PY, last_line, run, run_commands  # noqa: E402
 
 

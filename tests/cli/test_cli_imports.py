@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 
-from edgefuse.cli.errors import OK, USAGE  # noqa: E402
+from edgefuse.inputs.errors import OK, USAGE  # noqa: E402
 
 
 # --- what a command imports (subprocess: a fresh sys.modules) ---------------------------------------------
@@ -38,11 +38,11 @@ def test_import_edgefuse_does_not_import_executorch_and_its_names_still_work():
     assert not [m for m in data["loaded"] if m.partition(".")[0] == "executorch"], data["loaded"][:5]
     assert set(data["names"]) >= {"recompose_rms_norm", "edge_compile_config", "Decision", "PROFILES"}
     assert all(data["names"].values())
-    assert data["public"] == "edgefuse.recompose" and data["config"] == "EdgeCompileConfig"
+    assert data["public"] == "edgefuse.core.recompose" and data["config"] == "EdgeCompileConfig"
 
 
 def test_import_edgefuse_xnnpack_does_not_import_executorch_and_its_names_still_work():
-    """``python -m edgefuse.xnnpack.bench`` imports the package before the command can silence torchao."""
+    """``python -m edgefuse.tools.xnnpack_bench`` imports the package before the command can silence torchao."""
     data = fresh_python(
         """
         import json, sys
@@ -71,7 +71,7 @@ def test_no_name_a_package_imports_on_first_use_is_also_its_submodule(package):
     assert submodules and not set(module._PUBLIC) & submodules
 
 
-@pytest.mark.parametrize("command", ["edgefuse.xnnpack.bench", "edgefuse.xnnpack.check_models", "edgefuse.fuzz"])
+@pytest.mark.parametrize("command", ["edgefuse.tools.xnnpack_bench", "edgefuse.tools.check_models", "edgefuse.fuzz"])
 def test_the_module_commands_say_nothing_on_stderr_as_they_import(command):
     """torchao logs two "Failed to load" lines and torch's pytree a deprecation as they are imported;
     a command run with ``python -m`` silences them before its package or its own imports load them."""

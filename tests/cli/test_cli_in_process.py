@@ -13,10 +13,10 @@ import torch
 import jsonschema
 
 from edgefuse import cli  # noqa: E402
-from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Unavailable, UsageError  # noqa: E402
-from edgefuse.cli.models import MODEL_NAMES  # noqa: E402
-from edgefuse.cli.modelspec import resolve  # noqa: E402
-from edgefuse.cli.report import build_report, schema, summary_line, to_json  # noqa: E402
+from edgefuse.inputs.errors import CHECK_FAILED, OK, UNAVAILABLE, USAGE, Unavailable, UsageError  # noqa: E402
+from edgefuse.inputs.models import MODEL_NAMES  # noqa: E402
+from edgefuse.inputs.modelspec import resolve  # noqa: E402
+from edgefuse.compare.report import build_report, schema, summary_line, to_json  # noqa: E402
 
 
 # --- in-process: every built-in model, the benchmark, the fuzz hand-off ---------------------------------
@@ -59,9 +59,9 @@ class TwoInlineNorms(torch.nn.Module):
 def test_two_norms_of_one_module_get_rows_and_quantization_facts_of_their_own():
     """They share a module path, so each row names its mean too, says its error is the module's, and is
     matched to its own norm's quantization facts."""
-    from edgefuse.cli.modelspec import ModelSpec
-    from edgefuse.quant.qnn import quantization_by_norm
-    from edgefuse.cli.report import add_quantization, format_report
+    from edgefuse.inputs.modelspec import ModelSpec
+    from edgefuse.qnn.quantizer import quantization_by_norm
+    from edgefuse.compare.report import add_quantization, format_report
 
     module = torch.nn.Sequential(TwoInlineNorms())
     spec = ModelSpec("two-norms", "file", (torch.randn(2, 3, 16),), module=module)
@@ -137,7 +137,7 @@ def test_bench_alternates_and_prints_ratios(workdir, capsys):
 
 
 def test_lower_exits_1_and_says_so_when_the_stock_program_fails_its_check(workdir, monkeypatch, capsys):
-    import edgefuse.cli.pte_checks as flows
+    import edgefuse.compare.pte_checks as flows
 
     real = flows.run_and_check
 
@@ -171,7 +171,7 @@ def test_fuzz_says_so_when_the_fuzzer_is_missing(monkeypatch, capsys):
 
 
 def test_edgefuse_lowering_missing_is_unavailable_not_a_crash(monkeypatch):
-    from edgefuse.cli.stock_and_edgefuse import edgefuse_lower
+    from edgefuse.compare.stock_and_edgefuse import edgefuse_lower
 
     monkeypatch.setitem(sys.modules, "edgefuse.xnnpack", None)
     with pytest.raises(Unavailable, match="edgefuse's XNNPACK lowering is unavailable"):
@@ -246,7 +246,7 @@ def test_report_quantize_table_has_a_column_for_how_each_norm_was_quantized(work
 
 
 def test_a_mismatch_exits_1(workdir, monkeypatch, capsys):
-    import edgefuse.cli.report as report
+    import edgefuse.compare.report as report
 
     real = report.compare
 
@@ -261,7 +261,7 @@ def test_a_mismatch_exits_1(workdir, monkeypatch, capsys):
 # --- the python -m commands fail as `edgefuse` does ---------------------------------------------------------
 
 def _latency(monkeypatch, raised):
-    from edgefuse.cli import llm_latency
+    from edgefuse.tools import llm_latency
 
     def run(args, say):
         raise raised
@@ -273,7 +273,7 @@ def _latency(monkeypatch, raised):
 def _qnn_check(monkeypatch, raised, module: str, argv: list[str]):
     import importlib
 
-    from edgefuse.cli import qnn_flows
+    from edgefuse.compare import qnn_flows
 
     def require_libraries():
         raise raised
@@ -284,9 +284,9 @@ def _qnn_check(monkeypatch, raised, module: str, argv: list[str]):
 
 COMMANDS = {
     "llm_latency": _latency,
-    "qnn_check": lambda monkeypatch, raised: _qnn_check(monkeypatch, raised, "edgefuse.cli.qnn_check",
+    "qnn_check": lambda monkeypatch, raised: _qnn_check(monkeypatch, raised, "edgefuse.tools.qnn_check",
                                                         ["-q", "--models", "tiny-llama-layer", "--precisions", "fp16"]),
-    "llm_qnn_check": lambda monkeypatch, raised: _qnn_check(monkeypatch, raised, "edgefuse.cli.llm_qnn_check",
+    "llm_qnn_check": lambda monkeypatch, raised: _qnn_check(monkeypatch, raised, "edgefuse.tools.llm_qnn_check",
                                                             ["--cases", "llama-fp16"]),
 }
 
@@ -302,5 +302,5 @@ def test_the_python_m_commands_turn_what_they_raise_into_the_exit_codes_of_edgef
         command, raised, code, message, monkeypatch, capsys):
     assert COMMANDS[command](monkeypatch, raised) == code
     err = capsys.readouterr().err
-    assert f"python -m edgefuse.cli.{command}: {message}" in err or (
+    assert f"python -m edgefuse.tools.{command}: {message}" in err or (
         command == "llm_qnn_check" and code == UNAVAILABLE and message in err)

@@ -16,9 +16,9 @@ import torch
 import jsonschema
 
 from edgefuse import cli  # noqa: E402
-from edgefuse.cli.errors import OK  # noqa: E402
-from edgefuse.cli.modelspec import resolve  # noqa: E402
-from edgefuse.cli.report import build_report, schema  # noqa: E402
+from edgefuse.inputs.errors import OK  # noqa: E402
+from edgefuse.inputs.modelspec import resolve  # noqa: E402
+from edgefuse.compare.report import build_report, schema  # noqa: E402
 from tests.cli.command_runs import SVG, run  # noqa: E402
 
 
@@ -87,9 +87,9 @@ def test_lower_writes_a_pte_and_a_delegate_map_that_names_the_delegates(workdir)
 def test_report_map_lowers_the_export_the_report_read_and_leaves_it_unchanged(workdir, stage, monkeypatch, capsys):
     """``report --map`` exports once: the report's recomposition leaves the exported program as it was,
     so the map drawn from it equals the map of a fresh export."""
-    from edgefuse.cli.pte_checks import lower_to_pte
+    from edgefuse.compare.pte_checks import lower_to_pte
 
-    from edgefuse.cli.modelspec import ModelSpec
+    from edgefuse.inputs.modelspec import ModelSpec
 
     exports = []
     real_export = ModelSpec.export

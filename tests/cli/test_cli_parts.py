@@ -6,8 +6,8 @@ import xml.etree.ElementTree as ET
 
 import jsonschema
 
-from edgefuse.cli.stock_and_edgefuse import DelegateSummary, Segment  # noqa: E402
-from edgefuse.cli.report import layer_of, schema  # noqa: E402
+from edgefuse.compare.stock_and_edgefuse import DelegateSummary, Segment  # noqa: E402
+from edgefuse.compare.report import layer_of, schema  # noqa: E402
 from tests.cli.command_runs import SVG  # noqa: E402
 
 
@@ -26,7 +26,7 @@ def test_layers_are_read_from_module_paths():
 
 
 def test_the_delegate_map_marks_splits_and_escapes_names():
-    from edgefuse.cli.delegate_map import render
+    from edgefuse.compare.delegate_map import render
 
     stock = DelegateSummary("stock", [
         Segment("delegate", ["linear"], "XnnpackBackend", 0),

@@ -1,9 +1,9 @@
-"""``edgefuse export-llm`` and ``bench-llm``, and the checks of ``python -m edgefuse.cli.llm_check``.
+"""``edgefuse export-llm`` and ``bench-llm``, and the checks of ``python -m edgefuse.tools.llm_check``.
 
 Exports of ExecuTorch's Llama and Qwen3 from small params (dim 64, one layer, random weights saved as a
 checkpoint) are made once per session. The most telling cases run here: float32 Llama through the
 command with ``--compare``, bfloat16 Llama with ``enable_bf16``, and 8da4w Qwen3 with QK norms; every
-case of ``python -m edgefuse.cli.llm_check`` (each model in float32, 8da4w and bfloat16) runs there.
+case of ``python -m edgefuse.tools.llm_check`` (each model in float32, 8da4w and bfloat16) runs there.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import os
 import pytest
 
 from edgefuse import cli
-from edgefuse.cli.errors import OK, USAGE
-from edgefuse.cli.llm_check import CASES, case_arguments, check_case, check_programs, passed
+from edgefuse.inputs.errors import OK, USAGE
+from edgefuse.tools.llm_check import CASES, case_arguments, check_case, check_programs, passed
 from edgefuse.llm.lowering import swapped
 
 
@@ -318,8 +318,8 @@ def test_bench_llm_refuses_runs_that_do_not_load_each_program_first_as_often_bef
 def test_a_recipe_keeps_every_mean_inside_and_matches_stock_and_eager(recipe, model):
     """Static int8 on Qwen3: every norm's mean (the QK norms' over ``[B, T, H, D]`` too) reads a dequantized
     square. bfloat16 has no stock recipe: stock's FP32 recipe leaves bfloat16 on portable kernels."""
-    from edgefuse.llm.recipes import EdgefuseRecipeType
-    from edgefuse.cli.llm_check import check_recipe
+    from edgefuse.xnnpack.recipes import EdgefuseRecipeType
+    from edgefuse.tools.llm_check import check_recipe
 
     check = check_recipe(EdgefuseRecipeType[recipe], model)
     assert check.stock.means > 0  # stock splits the delegate at the norms

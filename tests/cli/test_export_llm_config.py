@@ -13,7 +13,7 @@ import time
 import pytest
 
 from edgefuse import cli
-from edgefuse.cli.errors import USAGE
+from edgefuse.inputs.errors import USAGE
 from edgefuse.llm import config_check
 from edgefuse.llm.config_check import ConfigRefused, check_overrides, read_config, run_folder_override
 
@@ -302,7 +302,7 @@ def test_an_override_that_asks_for_more_than_data_exits_2_naming_it(place, capsy
 @pytest.mark.parametrize("arguments", [["--config-dir", "x"], ["--config=x.yaml"], ["-m", "base.checkpoint=a,b"],
                                        ["--experimental-rerun", "config.pickle"], ["--config", "a.yaml", "--config"]])
 def test_the_engine_passes_hydra_no_option_but_config(arguments):
-    """``python -m edgefuse.cli.llm_check`` and the others reach the engine without the command's parser:
+    """``python -m edgefuse.tools.llm_check`` and the others reach the engine without the command's parser:
     hydra's own options (another config folder, a multirun, a pickle to rerun) are refused there too."""
     with pytest.raises(ConfigRefused, match="export_llm's command line here is|give the config file"):
         config_check.check_command_line(arguments)

@@ -1,4 +1,4 @@
-"""``python -m edgefuse.cli.llm_latency``: its argument handling, the programs ``--export-only`` prepares,
+"""``python -m edgefuse.tools.llm_latency``: its argument handling, the programs ``--export-only`` prepares,
 and what its tables name. A benchmark: no test here asserts a time; the timing and profile runs on
 the smallest size check only what the output names."""
 
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from edgefuse.cli import llm_latency
-from edgefuse.cli.errors import OK, USAGE
+from edgefuse.tools import llm_latency
+from edgefuse.inputs.errors import OK, USAGE
 
 
 def run(capsys, *argv):
@@ -230,8 +230,8 @@ def test_the_profile_names_the_kernels_outside_and_xnnpacks_operators(prepared, 
 
 
 def test_a_config_export_llm_rejects_is_a_usage_error(monkeypatch):
-    from edgefuse.cli import llm_check
-    from edgefuse.cli.errors import UsageError
+    from edgefuse.tools import llm_check
+    from edgefuse.inputs.errors import UsageError
     from edgefuse.llm.export import ConfigRejected
 
     def rejected(*args, **kwargs):
@@ -243,7 +243,7 @@ def test_a_config_export_llm_rejects_is_a_usage_error(monkeypatch):
 
 
 def test_llm_check_exits_2_with_export_llms_message_when_it_rejects_a_case(monkeypatch, capsys):
-    from edgefuse.cli import llm_check
+    from edgefuse.tools import llm_check
     from edgefuse.llm.export import ConfigRejected
 
     def rejected(*args, **kwargs):

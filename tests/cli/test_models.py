@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from edgefuse.cli.models import MODEL_NAMES, build_model
+from edgefuse.inputs.models import MODEL_NAMES, build_model
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)

@@ -16,7 +16,7 @@ import pytest
 import edgefuse
 from edgefuse import cli
 from edgefuse.cli import demo
-from edgefuse.cli.errors import OK, USAGE
+from edgefuse.inputs.errors import OK, USAGE
 from edgefuse.runtime.files import UnsafeFolder, own_folder, write_text
 from edgefuse.fuzz import cli as fuzz_cli
 
@@ -214,7 +214,7 @@ def test_a_parent_others_can_write_without_the_sticky_bit_is_refused(tmp_path):
 def lower_run(tmp_path, monkeypatch):
     """``edgefuse lower`` of a small block into ``tmp_path/out.pte``; ``during`` (if given) runs when the
     first lowering starts, after the command checked its paths."""
-    from edgefuse.cli import pte_checks
+    from edgefuse.compare import pte_checks
     from tests.cli.command_runs import MODELS_PY
 
     (tmp_path / "models.py").write_text(MODELS_PY)
@@ -294,7 +294,7 @@ def test_export_llm_compare_keeps_stocks_program_only_as_a_new_file(kind, tmp_pa
 
     output = tmp_path / "model.pte"
 
-    def export(passed, lowering, single_row):  # stands in for export_llm: writes where it is told
+    def export(passed, lowering, single_row, hydra_dir=None):  # stands in for export_llm: writes where told
         path = passed[-1].partition("=")[2] if lowering == "stock" else str(output)
         with open(path, "wb") as f:
             f.write(f"{lowering} program".encode())

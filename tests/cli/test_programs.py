@@ -1,4 +1,4 @@
-"""edgefuse's flows leave the caller's exported program as it was (:mod:`edgefuse.programs`).
+"""edgefuse's flows leave the caller's exported program as it was (:mod:`edgefuse.core.programs`).
 
 ``to_edge`` shares a non-empty constants dict with the program it was made from, and ExecuTorch's
 lowering deletes the constants a delegate takes in from it: lowering the same program twice (stock,
@@ -10,9 +10,9 @@ from __future__ import annotations
 import torch
 from torch.export import export
 
-from edgefuse.cli.pte_checks import lower_to_pte
-from edgefuse.cli.modelspec import ModelSpec
-from edgefuse.cli.report import build_report
+from edgefuse.compare.pte_checks import lower_to_pte
+from edgefuse.inputs.modelspec import ModelSpec
+from edgefuse.compare.report import build_report
 from edgefuse.runtime import LoadedProgram
 from tests.forms import GemmaNorm
 

@@ -16,12 +16,11 @@ import torch
 import transformers  # noqa: F401  (the built-in models need it; pinned in the test extra)
 
 from edgefuse import cli
-from edgefuse.cli import qnn_flows
-from edgefuse.cli.commands import _write_bytes
-from edgefuse.cli.errors import UNAVAILABLE, USAGE
-from edgefuse.cli.qnn_flows import QNN_BACKEND, QnnProgram, describe_norm, failures
-from edgefuse.cli.qnn_models import QNN_MODEL_NAMES, build_qnn_model
-from edgefuse.recompose import Decision, recompose_rms_norm
+from edgefuse.compare import qnn_flows
+from edgefuse.inputs.errors import UNAVAILABLE, USAGE
+from edgefuse.compare.qnn_flows import QNN_BACKEND, QnnProgram, describe_norm, failures
+from edgefuse.inputs.qnn_models import QNN_MODEL_NAMES, build_qnn_model
+from edgefuse.core.recompose import Decision, recompose_rms_norm
 
 BLOCK = textwrap.dedent(
     '''
@@ -114,31 +113,6 @@ def test_missing_qnn_libraries_exit_3_naming_the_set_up_and_write_nothing(block,
     assert "edgefuse qnn setup" in done.stderr.strip().splitlines()[-1]
     assert "Traceback" not in done.stderr and done.stdout == ""
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-
-
-# --- writing the .pte: never half a program ---------------------------------------------------------------
-
-def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
-    target = tmp_path / "out.pte"
-    target.write_bytes(b"old")
-
-    def fail(*_):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(os, "replace", fail)
-    with pytest.raises(OSError):
-        _write_bytes(str(target), b"new program")
-    assert target.read_bytes() == b"old"
-    assert [p.name for p in tmp_path.iterdir()] == ["out.pte"]
-
-
-def test_a_written_file_has_the_umask_permissions_of_a_plain_open(tmp_path):
-    target = tmp_path / "out.pte"
-    _write_bytes(str(target), b"program")
-    umask = os.umask(0)
-    os.umask(umask)
-    assert target.read_bytes() == b"program"
-    assert target.stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 # --- the models the QNN table lowers ----------------------------------------------------------------------
@@ -258,8 +232,8 @@ def test_failures_name_an_error_over_tolerance_and_a_program_that_did_not_run(fa
 # --- report --compile: the column, the summary line and the JSON -------------------------------------------
 
 def test_a_compiled_report_has_a_qnn_op_column_a_line_and_json_that_validates(block):
-    from edgefuse.cli.modelspec import resolve
-    from edgefuse.cli.report import build_report, format_report, schema, to_json
+    from edgefuse.inputs.modelspec import resolve
+    from edgefuse.compare.report import build_report, format_report, schema, to_json
 
     report = build_report(resolve(block), backend="qnn", stage="edge")
     (row,) = report.rows
@@ -285,8 +259,8 @@ def test_a_compiled_report_has_a_qnn_op_column_a_line_and_json_that_validates(bl
 
 
 def test_a_report_without_compile_has_no_compiled_fields(block):
-    from edgefuse.cli.modelspec import resolve
-    from edgefuse.cli.report import build_report, format_report, to_json
+    from edgefuse.inputs.modelspec import resolve
+    from edgefuse.compare.report import build_report, format_report, to_json
 
     report = build_report(resolve(block), backend="qnn", stage="edge")
     assert "QNN op" not in format_report(report) and "compiled" not in to_json(report)

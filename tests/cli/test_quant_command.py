@@ -1,4 +1,4 @@
-"""``python -m edgefuse.quant``: its verdicts, its JSON, and clear errors for bad options."""
+"""``python -m edgefuse.tools.quant``: its verdicts, its JSON, and clear errors for bad options."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import sys
 import pytest
 import torch
 
-from edgefuse._fx import dtype_name
-from edgefuse.cli import quant_tables as table
-from edgefuse.cli.quant_command import _json_safe, main
+from edgefuse.core._fx import dtype_name
+from edgefuse.compare import quant_tables as table
+from edgefuse.tools.quant import _json_safe, main
 
 
 def test_a_bad_option_is_a_usage_error_before_any_work_with_no_traceback():
-    done = subprocess.run([sys.executable, "-m", "edgefuse.quant", "--models", "tiny-lama"],
+    done = subprocess.run([sys.executable, "-m", "edgefuse.tools.quant", "--models", "tiny-lama"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("usage:"), done.stderr
@@ -45,7 +45,7 @@ def test_names_are_read_with_spaces_and_repeats_forgiven(capsys):
 
 
 def test_the_quant_dtypes_known_up_front_are_the_released_ones():
-    from edgefuse.quant.qnn import QUANT_DTYPES, load_quantizer_module
+    from edgefuse.qnn.quantizer import QUANT_DTYPES, load_quantizer_module
 
     assert QUANT_DTYPES == tuple(d.name for d in load_quantizer_module().QuantDtype)
 
@@ -113,7 +113,7 @@ def _fake_flows(monkeypatch, calls, *, qnn_missing=None, xnnpack_row=_passing_xn
     quantizer by one that fails with ``qnn_missing`` (if given); ``calls`` records the order in which the
     command asked for them. The fakes take what the real ones take, the same way (``say`` by keyword:
     the real flows' next positional parameter is the number of held-out inputs)."""
-    import edgefuse.quant.qnn as qnn
+    import edgefuse.qnn.quantizer as qnn
 
     def xnnpack(model, dtype, scheme, *, say):
         assert isinstance(dtype, torch.dtype) and callable(say)
@@ -138,9 +138,9 @@ def _fake_flows(monkeypatch, calls, *, qnn_missing=None, xnnpack_row=_passing_xn
 def _run(argv, capsys, monkeypatch):
     """The command on two models, one dtype and scheme, leaving the process's loggers and warnings as they
     were (the fake flows print nothing to silence)."""
-    import edgefuse.cli.progress
+    import edgefuse.runtime.quiet
 
-    monkeypatch.setattr(edgefuse.cli.progress, "quiet_libraries", lambda: None)
+    monkeypatch.setattr(edgefuse.runtime.quiet, "quiet_libraries", lambda: None)
     threads = torch.get_num_threads()
     try:
         status = main(["--models", "tiny-llama,tiny-qwen3", "--dtypes", "float32", "--xnnpack-dtypes", "float32",

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from edgefuse import cli
-from edgefuse.cli import pt2
-from edgefuse.cli.errors import USAGE
+from edgefuse.inputs import pt2
+from edgefuse.inputs.errors import USAGE
 from edgefuse.fuzz import trust
-from edgefuse.cli.modelspec import resolve
+from edgefuse.inputs.modelspec import resolve
 
 #: The hostile archives whose payload torch.export.load itself runs (when the program is loaded and run):
 #: the test below shows each is a real attack, so that refusing it is a real defence.
@@ -194,9 +194,9 @@ def test_a_program_with_dynamic_sizes_and_guards_still_loads(tmp_path):
     torch.testing.assert_close(resolve(path).eager(), program.module()(*inputs), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", __import__("edgefuse.cli.models", fromlist=["MODEL_NAMES"]).MODEL_NAMES)
+@pytest.mark.parametrize("name", __import__("edgefuse.inputs.models", fromlist=["MODEL_NAMES"]).MODEL_NAMES)
 def test_every_built_in_model_saved_with_torch_export_save_still_loads(name, tmp_path):
-    from edgefuse.cli.models import build_model
+    from edgefuse.inputs.models import build_model
 
     module, inputs = build_model(name, layers=1, seq_len=4)
     program = torch.export.export(module, tuple(inputs))

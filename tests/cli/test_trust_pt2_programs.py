@@ -1,5 +1,5 @@
-"""A program read from a .pt2 calls only the operators of edgefuse.cli.pt2_ops, and is read and first run
-within the bounds of edgefuse.cli.pt2_bounds.
+"""A program read from a .pt2 calls only the operators of edgefuse.inputs.pt2_ops, and is read and first run
+within the bounds of edgefuse.inputs.pt2_bounds.
 
 Operators: each listed one has a schema that allows it, each exception is refused with its reason, and a
 program calling anything else (an operator that maps a file and writes it, an endless while_loop, an
@@ -24,10 +24,12 @@ import pytest
 import torch
 
 from edgefuse import cli
-from edgefuse.cli import modelspec, pt2, pt2_ops
-from edgefuse.cli.errors import USAGE
-from edgefuse.cli.modelspec import resolve
-from edgefuse.cli.pt2_bounds import DEFAULT_MAX_BYTES, MAX_DEPTH, MAX_RANK, MAX_SUBGRAPH_DEPTH
+from edgefuse.inputs import modelspec
+from edgefuse.inputs import pt2
+from edgefuse.inputs import pt2_ops
+from edgefuse.inputs.errors import USAGE
+from edgefuse.inputs.modelspec import resolve
+from edgefuse.inputs.pt2_bounds import DEFAULT_MAX_BYTES, MAX_DEPTH, MAX_RANK, MAX_SUBGRAPH_DEPTH
 from edgefuse.fuzz import trust
 from edgefuse.runtime.files import TooLarge
 
@@ -62,7 +64,7 @@ def test_every_listed_operator_has_a_schema_that_allows_it():
 
 
 def test_the_lists_are_what_this_torch_makes_of_the_rule():
-    # A torch with other operators fails here (python -m edgefuse.cli.pt2_ops prints its lists), instead of
+    # A torch with other operators fails here (python -m edgefuse.tools.pt2_ops prints its lists), instead of
     # running what was never looked at.
     functional, in_place = pt2_ops.allowed_by_rule()
     assert {n: frozenset(o) for n, o in functional.items()} == pt2_ops.FUNCTIONAL

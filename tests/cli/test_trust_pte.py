@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from edgefuse import cli
-from edgefuse.cli import llm_latency
-from edgefuse.cli.errors import OK, USAGE
+from edgefuse.tools import llm_latency
+from edgefuse.inputs.errors import OK, USAGE
 
 #: The vtable slots (4 + 2 * the field's place in program.fbs) of the fields the edits below change.
 PROGRAM_SEGMENTS = 12

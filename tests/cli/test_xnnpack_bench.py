@@ -1,4 +1,4 @@
-"""``python -m edgefuse.xnnpack.bench`` runs as a user runs it and prints a table people can read.
+"""``python -m edgefuse.tools.xnnpack_bench`` runs as a user runs it and prints a table people can read.
 
 The benchmark is not part of the test run: this runs two small workloads for ten rounds and checks
 the table's structure (the thread count stated, what each lowering left outside, ratios that parse) and
@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from edgefuse.cli.xnnpack_bench import main
+from edgefuse.tools.xnnpack_bench import main
 
 
 #: The last cells of every row, in the header's order ("stock us" and "edgefuse us" are one cell each).
@@ -22,7 +22,7 @@ TIMING = ("runs", "stock us", "edgefuse us", "ratio", "wall", "call", "floor", "
 
 def test_the_table_has_a_row_per_shape_and_policy_with_the_thread_count_and_the_blocks_floor():
     done = subprocess.run(
-        [sys.executable, "-m", "edgefuse.xnnpack.bench", "--quick", "--only", "mean,blocks-512", "--runs", "10",
+        [sys.executable, "-m", "edgefuse.tools.xnnpack_bench", "--quick", "--only", "mean,blocks-512", "--runs", "10",
          "--budget", "0.05", "--threads", "1"],
         capture_output=True, text=True, timeout=300,
     )

@@ -17,9 +17,9 @@ import torch
 from torch.export import export
 
 import edgefuse
-from edgefuse.cli.models import build_model
-from edgefuse.ops import Role, table_for
-from edgefuse.passes import RecomposeRmsNorm, RemoveRedundantCasts
+from edgefuse.inputs.models import build_model
+from edgefuse.core.ops import Role, table_for
+from edgefuse.core.passes import RecomposeRmsNorm, RemoveRedundantCasts
 
 PATH = pathlib.Path(__file__).parent / "data" / "decisions.json"
 MODELS = ("tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2", "tiny-mamba2")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgefuse.verify import compare, compare_elementwise
+from edgefuse.core.verify import compare, compare_elementwise
 from tests.harness import rms_norm_nodes
 
 

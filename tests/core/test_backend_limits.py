@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from edgefuse.profiles import FLOAT, PROFILES, QUANTIZED, ShapeLimit
-from edgefuse.ops import Role, table_for
-from edgefuse.verify import compare_elementwise
+from edgefuse.core.profiles import FLOAT, PROFILES, QUANTIZED, ShapeLimit
+from edgefuse.core.ops import Role, table_for
+from edgefuse.core.verify import compare_elementwise
 
 from tests.harness import MODES, cast_path, rewrite, rms_norm_nodes
 

@@ -8,7 +8,7 @@ from torch import nn
 from torch.export import Dim, export
 
 import edgefuse
-from edgefuse.verify import compare
+from edgefuse.core.verify import compare
 from tests.forms import LlamaNorm
 from tests.harness import MODES, cast_path, norm_input, exported, rewrite, rms_norm_nodes
 

@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from edgefuse import forms as registry
-from edgefuse._fx import dtype_name
+from edgefuse.core import forms as registry
+from edgefuse.core._fx import dtype_name
 from edgefuse.fuzz.generate import instance
 from edgefuse.fuzz.render import norm_module
-from edgefuse.ops import Role, table_for
-from edgefuse.verify import compare_elementwise
+from edgefuse.core.ops import Role, table_for
+from edgefuse.core.verify import compare_elementwise
 from tests.forms import WRITTEN, FunctionalNorm, LlamaNorm
 from tests.harness import DTYPES, MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
-#: Every form of the registry (edgefuse.forms.FORMS) that captured graphs hold decomposed:
+#: Every form of the registry (edgefuse.core.forms.FORMS) that captured graphs hold decomposed:
 #: ``F.rms_norm`` stays one node there, and edge graphs decompose it (its own test below).
 FORMS = [name for name, form in registry.FORMS.items() if not form.functional]
 SHAPE = (4096, 4, 16)
@@ -93,7 +93,7 @@ def test_every_form_is_rebuilt_on_its_input(form, dtype, mode):
 
 
 def test_the_form_tests_cover_every_root_the_matcher_labels():
-    """The matcher labels a norm by its root (edgefuse.forms.ROOTS), grouped or not, with a weight or not:
+    """The matcher labels a norm by its root (edgefuse.core.forms.ROOTS), grouped or not, with a weight or not:
     each of those is a form this file rebuilds, so a root the matcher accepts is never untested."""
     tested = [registry.FORMS[name] for name in FORMS]
     missing = {root.label for root in registry.ROOTS} - {form.root.label for form in tested}

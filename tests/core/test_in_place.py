@@ -8,7 +8,7 @@ from torch import nn
 from torch.export import export
 
 import edgefuse
-from edgefuse.verify import compare
+from edgefuse.core.verify import compare
 from tests.harness import cast_path, norm_input, rms_norm_nodes
 
 

@@ -10,8 +10,8 @@ from torch.export import export
 from executorch.exir import EdgeCompileConfig, to_edge
 
 import edgefuse
-from edgefuse.passes import RecomposeRmsNorm, RemoveRedundantCasts
-from edgefuse.verify import compare
+from edgefuse.core.passes import RecomposeRmsNorm, RemoveRedundantCasts
+from edgefuse.core.verify import compare
 from tests.forms import LlamaNorm
 from tests.harness import cast_path, norm_input, rms_norm_nodes
 
@@ -90,8 +90,8 @@ def test_weights_folded_in_two_runs_over_one_program_keep_their_own_constants():
 
 def test_dead_node_erasure_keeps_ops_edgefuse_does_not_know():
     """A dead op of unknown purity (it may write state) survives; the dead cast that fed nothing else goes."""
-    from edgefuse.ops import table_for
-    from edgefuse.recompose import _erase_dead
+    from edgefuse.core.ops import table_for
+    from edgefuse.core.recompose import _erase_dead
 
     graph = torch.fx.Graph()
     x = graph.placeholder("x")

@@ -18,8 +18,8 @@ from torch.export import export
 from executorch.exir import to_edge
 
 import edgefuse
-from edgefuse.cli.models import build_model
-from edgefuse.verify import compare, tolerance
+from edgefuse.inputs.models import build_model
+from edgefuse.core.verify import compare, tolerance
 from tests.harness import DTYPES, rms_norm_nodes
 
 MODELS = ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2")

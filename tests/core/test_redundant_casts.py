@@ -11,9 +11,9 @@ from executorch.exir import EdgeCompileConfig, to_edge
 from executorch.exir.dialects._ops import ops as exir_ops
 
 from edgefuse import remove_redundant_casts
-from edgefuse.casts import dtype_of
-from edgefuse.ops import Role, table_for
-from edgefuse.verify import compare
+from edgefuse.core.casts import dtype_of
+from edgefuse.core.ops import Role, table_for
+from edgefuse.core.verify import compare
 from tests.forms import LlamaNorm
 
 

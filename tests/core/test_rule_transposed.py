@@ -14,9 +14,9 @@ from torch import nn
 from torch.export import Dim
 
 import edgefuse
-import edgefuse.recompose
-from edgefuse.recompose import UNREADABLE
-from edgefuse.verify import compare
+import edgefuse.core.recompose
+from edgefuse.core.recompose import UNREADABLE
+from edgefuse.core.verify import compare
 from tests.core.test_forms import FORMS, ONE_ROUNDING_MORE, allowed_units, assert_matches_eager, build
 from tests.core.rule_checks import assert_left
 from tests.forms import EPS, GemmaNorm, LlamaNorm
@@ -356,7 +356,7 @@ def test_rule_an_error_while_reading_a_permuted_input_leaves_the_norm_and_says_s
     def broken(match, table):
         raise RuntimeError("metadata edgefuse cannot read")
 
-    monkeypatch.setattr(edgefuse.recompose, "permuted_input", broken)
+    monkeypatch.setattr(edgefuse.core.recompose, "permuted_input", broken)
     module, inputs = QKNorm(GemmaNorm()), (_x(),)
     graph = exported(module, inputs, "capture")
     [decision] = edgefuse.recompose_rms_norm(graph).decisions

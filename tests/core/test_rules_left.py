@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from edgefuse.verify import compare
+from edgefuse.core.verify import compare
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import LlamaNorm
 from tests.harness import MODES, rewrite, rms_norm_nodes

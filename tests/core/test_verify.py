@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from edgefuse.verify import compare, compare_elementwise, finite_tolerance, max_error, tolerance, ulp
+from edgefuse.core.verify import compare, compare_elementwise, finite_tolerance, max_error, tolerance, ulp
 
 
 def test_tolerance_is_units_in_the_last_place_at_the_largest_magnitude():

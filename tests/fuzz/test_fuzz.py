@@ -12,13 +12,13 @@ import torch
 from torch.export import Dim, export
 
 import edgefuse
-import edgefuse.match
-import edgefuse.recompose
+import edgefuse.core.match
+import edgefuse.core.recompose
 import edgefuse.runtime
 import edgefuse.xnnpack
 from edgefuse.fuzz import cli
 from edgefuse.fuzz.check import CHECKS, Finding
-from edgefuse import forms as registry
+from edgefuse.core import forms as registry
 from edgefuse.fuzz.generate import features, generate, instance
 from edgefuse.fuzz.hostile import run_hostile
 from edgefuse.fuzz.malformed import check_malformed, malformed_graphs
@@ -41,7 +41,7 @@ from edgefuse.fuzz.spec import (
 from edgefuse.fuzz.summary import FAILING, format_summary
 from edgefuse.fuzz.units import run_unit
 from edgefuse.fuzz.xnnpack import run_xnnpack
-from edgefuse.verify import compare
+from edgefuse.core.verify import compare
 from tests.harness import rewrite, rms_norm_nodes
 
 SEED = 4
@@ -166,7 +166,7 @@ def test_the_generator_makes_every_form_near_miss_cast_and_neighbour(population)
 
 
 def test_the_generator_makes_every_root_the_matcher_labels(population):
-    """Every root the matcher labels (edgefuse.forms.ROOTS), in a case that is no near miss, and every
+    """Every root the matcher labels (edgefuse.core.forms.ROOTS), in a case that is no near miss, and every
     form of the registry: a form the matcher accepts is never one the fuzzer cannot write."""
     roots, forms = set(), set()
     for spec in population:
@@ -404,7 +404,7 @@ def test_the_check_reports_a_change_outside_the_norms_and_does_not_excuse_it(mon
 def test_the_check_reports_a_dropped_rounding_at_the_output_and_norm_by_norm(monkeypatch):
     rounding = dataclasses.replace(LLAMA, norm=dataclasses.replace(LLAMA.norm, mid=(Cast("to", "bfloat16"), Cast("to", "input"))))
     assert not _kinds(run_unit([rounding], CAPTURE[:1]))  # the real rule 7 keeps it right ...
-    monkeypatch.setattr(edgefuse.match, "at_least", lambda dtype, floor: True)
+    monkeypatch.setattr(edgefuse.core.match, "at_least", lambda dtype, floor: True)
     [result] = run_unit([rounding], CAPTURE[:1])
     assert _kinds([result]) == {"mismatch", "norm-mismatch"}  # ... and a pass without it is caught,
     assert not result.amplified  # not excused as the model magnifying an allowed difference
@@ -417,19 +417,19 @@ def test_the_norm_by_norm_check_sees_a_dropped_rounding_that_a_later_rounding_hi
         LLAMA, norm=dataclasses.replace(LLAMA.norm, mid=(Cast("to", "bfloat16"), Cast("to", "input")), post=(Cast("to", "bfloat16"),))
     )
     assert not _kinds(run_unit([hidden], CAPTURE[:1]))
-    monkeypatch.setattr(edgefuse.match, "at_least", lambda dtype, floor: True)
+    monkeypatch.setattr(edgefuse.core.match, "at_least", lambda dtype, floor: True)
     [result] = run_unit([hidden], CAPTURE[:1])
     assert _kinds([result]) == {"norm-mismatch"} and result.rebuilt == 1
 
 
 def _take_any_power_as_a_square(monkeypatch):
     """Break rule 2: ``pow(x, n)`` is taken as a square for any n, so a cube is rebuilt."""
-    original = edgefuse.match._square_base
+    original = edgefuse.core.match._square_base
 
     def square_base(node, table, constants):
-        return node.args[0] if table.role(node) is edgefuse.match.Role.POW else original(node, table, constants)
+        return node.args[0] if table.role(node) is edgefuse.core.match.Role.POW else original(node, table, constants)
 
-    monkeypatch.setattr(edgefuse.match, "_square_base", square_base)
+    monkeypatch.setattr(edgefuse.core.match, "_square_base", square_base)
 
 
 def test_the_check_reports_a_rebuilt_near_miss(monkeypatch):
@@ -440,16 +440,16 @@ def test_the_check_reports_a_rebuilt_near_miss(monkeypatch):
 
 
 def test_the_check_reports_a_wrong_eps(monkeypatch):
-    original = edgefuse.match._eps
-    monkeypatch.setattr(edgefuse.match, "_eps", lambda *a: (lambda e: e * 10 if isinstance(e, float) else e)(original(*a)))
+    original = edgefuse.core.match._eps
+    monkeypatch.setattr(edgefuse.core.match, "_eps", lambda *a: (lambda e: e * 10 if isinstance(e, float) else e)(original(*a)))
     small = dataclasses.replace(LLAMA, scale=1e-3, norm=dataclasses.replace(LLAMA.norm, eps=1e-5))
     assert "wrong-norm" in _kinds(run_unit([small], CAPTURE[:1]))
 
 
 def test_the_check_reports_a_norm_rebuilt_with_eps_zero_where_the_model_adds_eps(monkeypatch):
     # 1e-8 underflows in float16 but not in float32, where this norm adds it: eps 0 would be wrong here.
-    original = edgefuse.match._eps
-    monkeypatch.setattr(edgefuse.match, "_eps", lambda *a: (lambda e: 0.0 if isinstance(e, float) else e)(original(*a)))
+    original = edgefuse.core.match._eps
+    monkeypatch.setattr(edgefuse.core.match, "_eps", lambda *a: (lambda e: 0.0 if isinstance(e, float) else e)(original(*a)))
     tiny = dataclasses.replace(LLAMA, norm=dataclasses.replace(LLAMA.norm, eps=1e-8))
     assert "wrong-norm" in _kinds(run_unit([tiny], CAPTURE[:1]))
 
@@ -473,7 +473,7 @@ def test_the_check_reports_a_norm_the_pass_failed_to_read(monkeypatch):
     def raises(*args, **kwargs):
         raise AttributeError("a bug in the matcher")
 
-    monkeypatch.setattr(edgefuse.recompose, "match_rms_norm", raises)
+    monkeypatch.setattr(edgefuse.core.recompose, "match_rms_norm", raises)
     assert _kinds(run_unit([LLAMA], CAPTURE[:1])) == {"internal-error"}
 
 
@@ -605,7 +605,7 @@ def test_a_reproducer_rebuilds_the_case_without_the_generator(tmp_path, capsys):
 
 
 def test_a_reproducer_fails_while_the_bug_is_there(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(edgefuse.match, "at_least", lambda dtype, floor: True)
+    monkeypatch.setattr(edgefuse.core.match, "at_least", lambda dtype, floor: True)
     rounding = dataclasses.replace(LLAMA, norm=dataclasses.replace(LLAMA.norm, mid=(Cast("to", "bfloat16"), Cast("to", "input"))))
     finding = Finding("norm-mismatch", ("capture", "aten", False), "(a dropped rounding)", rounding)
     assert _run_reproducer(reproducer_text(finding), tmp_path, "repro.py") == 1

@@ -1,13 +1,13 @@
 """Regression tests from what the fuzzer found, each built from its reproducer file.
 
-* eps that rounds to zero in float16 (seed 2, case 1189): a core bug, fixed in match.py (rule 4): the
+* eps that rounds to zero in float16 (seed 2, case 1189): a core bug, fixed in core/match.py (rule 4): the
   norm is rebuilt with eps 0, so a row of zeros gives NaN as in the model.
 * a square whose metadata lies about its shape (seed 1, case 3300, hostile "garbage-meta"): a core bug,
-  fixed in recompose.py: computing the rebuilt node's metadata raised out of ``recompose_rms_norm``; the
+  fixed in core/recompose.py: computing the rebuilt node's metadata raised out of ``recompose_rms_norm``; the
   norm is now left with a reason.
 * squares that overflow float16 (seed 1, case 3122): the fuzzer's bug. The generator drew inputs around
   100 for a case whose feeding norm computes in float16; a rebuilt norm computes in float32 and returns
-  what float64 would where the model's own square overflows, as match.py's rule 7 documents.
+  what float64 would where the model's own square overflows, as core/match.py's rule 7 documents.
 * a grouped norm computed wholly in float16 (seed 1, case 1797): the fuzzer's bug. Its norm-by-norm
   check held the rebuilt node to 2 ulps of the decomposed norm, which rounds its square, mean, sum and
   inverse square root one by one and was itself 4.5 ulps off the exact norm, while the rebuilt node was
@@ -35,7 +35,7 @@ from edgefuse.fuzz.localize import NormCheck, pair, replay
 from edgefuse.fuzz.render import build
 from edgefuse.fuzz.spec import Cast, CaseSpec, NormSpec, Tail, WeightSpec
 from edgefuse.fuzz.units import run_unit
-from edgefuse.verify import Comparison, compare
+from edgefuse.core.verify import Comparison, compare
 from tests.harness import MODES, exported
 
 # --- eps that rounds to zero in float16 -----------------------------------------------------------------
@@ -156,7 +156,7 @@ class HalfNorm(nn.Module):
 
 
 def test_a_rebuilt_float16_norm_returns_what_float64_would_where_the_models_square_overflows():
-    # match.py, rule 7: rms_norm computes in float32, so it does not overflow where x.pow(2) in float16 does.
+    # core/match.py, rule 7: rms_norm computes in float32, so it does not overflow where x.pow(2) in float16 does.
     x = torch.tensor([[300.0, 1.0, -2.0, 0.5], [0.5, 1.0, -2.0, 0.25]], dtype=torch.float16)
     gm = export(HalfNorm(), (x,)).module()
     assert [d.rebuilt for d in edgefuse.recompose_rms_norm(gm).decisions] == [True]

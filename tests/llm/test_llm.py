@@ -78,7 +78,7 @@ def test_every_stock_xnnpack_recipe_type_has_an_edgefuse_twin_built_like_it():
     from executorch.backends.xnnpack.recipes import XNNPackRecipeType
     from executorch.export import ExportRecipe, recipe_registry
 
-    from edgefuse.llm.recipes import BACKEND, EdgefuseRecipeType
+    from edgefuse.xnnpack.recipes import BACKEND, EdgefuseRecipeType
     from edgefuse.xnnpack import EdgefuseXnnpackPartitioner
 
     assert set(recipe_registry.get_supported_recipes(BACKEND)) == set(EdgefuseRecipeType)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgefuse.cli import main
-from edgefuse.cli.errors import OK, UNAVAILABLE
+from edgefuse.inputs.errors import OK, UNAVAILABLE
 from edgefuse.qnn import sdk as qnn_sdk_module
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 
 from edgefuse.qnn.emulator import compare_at_steps, output_steps, run_on_emulator
-from edgefuse._fx import ops_outside
+from edgefuse.core._fx import ops_outside
 from edgefuse.qnn.selfcheck import ULPS
-from edgefuse.verify import compare
+from edgefuse.core.verify import compare
 
 
 def test_qnn_takes_the_whole_norm(lowered_rms_norm):

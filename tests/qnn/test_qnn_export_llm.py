@@ -3,7 +3,7 @@ QNN passes, compiled by QNN and run on the x86 HTP emulator.
 
 The model is ExecuTorch's Llama from small params (dim 64, one layer, random weights saved as a
 checkpoint) with a KV cache and static shapes, as export_llm's QNN path requires; SM8650. The full
-table, stock beside edgefuse and the quantized configs, is ``python -m edgefuse.cli.llm_qnn_check``.
+table, stock beside edgefuse and the quantized configs, is ``python -m edgefuse.tools.llm_qnn_check``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import os
 import pytest
 
 from edgefuse import cli
-from edgefuse.cli.errors import INTERNAL, USAGE
-from edgefuse.cli.llm_qnn_check import CASES, check_case
+from edgefuse.inputs.errors import INTERNAL, USAGE
+from edgefuse.tools.llm_qnn_check import CASES, check_case
 from edgefuse.llm.lowering import swapped
 
 

@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import edgefuse.profiles
-from edgefuse.profiles import PROFILES
+import edgefuse.core.profiles
+from edgefuse.core.profiles import PROFILES
 from edgefuse.qnn import QnnLoweringFailed, lower
 from edgefuse.runtime import LoadedProgram
 
@@ -88,7 +88,7 @@ def without(monkeypatch):
     def remove(name):
         qnn = PROFILES["qnn"]
         kept = tuple(limit for limit in qnn.limits if limit.name != name)
-        monkeypatch.setitem(edgefuse.profiles.PROFILES, "qnn", dataclasses.replace(qnn, limits=kept))
+        monkeypatch.setitem(edgefuse.core.profiles.PROFILES, "qnn", dataclasses.replace(qnn, limits=kept))
 
     return remove
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from edgefuse import cli
-from edgefuse.cli import qnn_check, qnn_flows
-from edgefuse.cli.errors import CHECK_FAILED, OK, USAGE
+from edgefuse.tools import qnn_check
+from edgefuse.compare import qnn_flows
+from edgefuse.inputs.errors import CHECK_FAILED, OK, USAGE
 from tests.cli.command_runs import MODELS_PY as COMMAND_MODELS_PY
 
 #: The command tests' models (Hugging Face Llama's norm ``Norm`` among them), a Linear -> norm -> Linear
@@ -55,7 +56,7 @@ MODELS_PY = COMMAND_MODELS_PY + textwrap.dedent(
 
 
     def whole_llama():
-        from edgefuse.cli.models import build_model
+        from edgefuse.inputs.models import build_model
 
         return build_model("tiny-llama", layers=1)
     '''
@@ -164,7 +165,7 @@ def test_a_masked_layer_at_16a8w_is_within_its_derived_tolerance(qnn_sdk):
     mask sets the range of the scores it is added to: with -1e4 (the mask this table had) their 16-bit
     step was 0.15 and the program 1178 output steps off; with the table's mask it is 9e-4 and the program
     19 steps off, of the 22 its roundings allow, within a tolerance tighter than float16's."""
-    from edgefuse.cli.qnn_models import build_qnn_model
+    from edgefuse.inputs.qnn_models import build_qnn_model
 
     module, inputs = build_qnn_model("tiny-olmo2-layer")
     program = qnn_flows.lower(module, inputs, qnn_flows.EDGEFUSE, soc="SM8650", precision="16a8w")
@@ -189,7 +190,7 @@ def test_a_program_that_reads_memory_it_did_not_write_is_marked(qnn_sdk):
     """QNN computes the QK norms of ExecuTorch's Llama (head dim 32) wrong at fp16, and that program's
     outputs change with what another program computed before it; the edgefuse program of the same model,
     run between, gives the same bits each time. A QNN version that fixes the norm shows up here."""
-    from edgefuse.cli.qnn_models import build_qnn_model
+    from edgefuse.inputs.qnn_models import build_qnn_model
 
     module, inputs = build_qnn_model("et-llama-qk-hd32")
     programs = [

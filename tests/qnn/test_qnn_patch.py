@@ -18,8 +18,8 @@ from torch import nn
 
 import edgefuse.qnn
 from edgefuse.qnn.passes import QNN_PACKAGE, QnnRecomposeRmsNorm, QnnRemoveRedundancy
-from edgefuse.quant.qnn import sdk_setup_left_to_caller
-from edgefuse.verify import compare_elementwise
+from edgefuse.qnn.quantizer import sdk_setup_left_to_caller
+from edgefuse.core.verify import compare_elementwise
 
 STOCK = {
     "RecomposeRmsNorm": "executorch.backends.qualcomm._passes.recompose_rms_norm",

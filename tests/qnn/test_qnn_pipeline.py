@@ -11,11 +11,11 @@ import pytest
 import torch
 from torch import nn
 
-from edgefuse.cli.qnn_flows import FP16_ULPS
+from edgefuse.compare.qnn_flows import FP16_ULPS
 from edgefuse.qnn import QnnLoweringFailed, lower
 from edgefuse.qnn.emulator import compare_at_steps, output_tolerances
 from edgefuse.runtime import LoadedProgram
-from edgefuse.verify import compare
+from edgefuse.core.verify import compare
 
 pytestmark = pytest.mark.usefixtures("qnn_sdk")
 

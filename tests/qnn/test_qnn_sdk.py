@@ -144,7 +144,7 @@ def test_without_the_wrapper_the_self_check_fails_with_qnns_log(edgefuse_sdk, mo
     """QNN 2.51's own libQnnHtp.so, given ExecuTorch 1.5.1's device config, cannot create the HTP
     device: ``edgefuse qnn setup`` exits with 3 and QNN's own error lines, and leaves nothing behind."""
     from edgefuse.cli import main
-    from edgefuse.cli.errors import UNAVAILABLE
+    from edgefuse.inputs.errors import UNAVAILABLE
 
     lay_out, build_wrapper = _linked_layout(edgefuse_sdk.root)
     monkeypatch.setattr(qnn_sdk_module, "lay_out", lay_out)
@@ -330,7 +330,7 @@ def test_a_dir_that_cannot_hold_a_set_up_is_a_clear_error_before_any_slow_step(n
     """``edgefuse qnn setup DIR`` with a file, a link (dangling or not) or a path below a file: exit 3
     with the reason, before the platform check and everything after it."""
     from edgefuse.cli import main
-    from edgefuse.cli.errors import UNAVAILABLE
+    from edgefuse.inputs.errors import UNAVAILABLE
 
     def slow_work():
         raise AssertionError("the set-up went on past its folder's check")
@@ -455,7 +455,7 @@ def test_a_planted_library_in_a_root_others_can_write_is_not_loaded(planted_libr
 def test_lower_with_a_planted_qnn_sdk_root_exits_2_and_loads_nothing(planted_library, tmp_path):
     """The command a user runs, with ``QNN_SDK_ROOT`` at a group-writable folder holding a planted
     library: exit 2 (refused input) naming the folder, the library never loaded, nothing written."""
-    from edgefuse.cli.errors import USAGE
+    from edgefuse.inputs.errors import USAGE
 
     root = _planted_sdk(tmp_path / "sdk", planted_library)
     root.chmod(0o775)

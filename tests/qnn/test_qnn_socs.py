@@ -25,7 +25,7 @@ def test_the_compiler_specs_refuse_an_unknown_soc_unknown_sm_included():
 
 
 def test_export_llms_soc_check_refuses_unknown_sm_and_lists_the_socs_sorted():
-    from edgefuse.llm.qnn import soc_problem
+    from edgefuse.llm.config import soc_problem
 
     def config(soc):
         return types.SimpleNamespace(backend=types.SimpleNamespace(qnn=types.SimpleNamespace(soc_model=soc)))

@@ -9,7 +9,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from edgefuse.cli.models import build_model
+from edgefuse.inputs.models import build_model
 from edgefuse.quant.exact import exact_module
 
 

@@ -15,9 +15,9 @@ import sys
 import pytest
 import torch
 
-from edgefuse._fx import dtype_name
+from edgefuse.core._fx import dtype_name
 from edgefuse.quant.facts import DEQUANTIZE_CAST, NORM_KEY, NormQuantization, is_dequantize, is_quantize
-from edgefuse.quant.qnn import (
+from edgefuse.qnn.quantizer import (
     QnnUnavailable,
     capture,
     dequantize_in_float32,
@@ -297,11 +297,11 @@ def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(
     within the bound the program's own roundings give (:func:`rebuilt_norm_bound`), which a wrong
     weight or eps exceeds.
     The logits are not compared: there every quantized op downstream rounds, and a norm moved by a
-    fraction of a step flips those roundings either way (``python -m edgefuse.quant`` shows them).
+    fraction of a step flips those roundings either way (``python -m edgefuse.tools.quant`` shows them).
     """
-    from edgefuse.cli.models import build_model
+    from edgefuse.inputs.models import build_model
     from edgefuse.quant.diagnose import norm_ends, norm_runs, own_errors
-    from edgefuse.cli.quant_tables import calibration_inputs, held_out_inputs
+    from edgefuse.compare.quant_tables import calibration_inputs, held_out_inputs
 
     module, example = build_model(name, dtype, 0)
     calibration = calibration_inputs(example)
@@ -344,8 +344,8 @@ def test_a_rebuilt_norm_covers_the_casts_its_decomposed_norm_covered():
     """Tiny Gemma3 in bfloat16 keeps an upcast before and a ``type_as`` after each rebuilt float32 norm
     (its ``1 + w`` weight is float32, which a bfloat16 ``rms_norm`` would round). Those casts stay in
     the norm's window, so the pairs the norms are said to save are exactly the pairs the program saves."""
-    from edgefuse.cli.models import build_model
-    from edgefuse.cli.quant_tables import calibration_inputs
+    from edgefuse.inputs.models import build_model
+    from edgefuse.compare.quant_tables import calibration_inputs
 
     module, example = build_model("tiny-gemma3", torch.bfloat16, 0)
     calibration = calibration_inputs(example)
@@ -371,9 +371,9 @@ def test_with_only_the_norms_quantized_recomposition_never_raises_the_logits_err
     """
     dtype = torch.float32
 
-    from edgefuse.cli.models import build_model
+    from edgefuse.inputs.models import build_model
     from edgefuse.quant.exact import exact_module
-    from edgefuse.cli.quant_tables import calibration_inputs, errors, held_out_inputs
+    from edgefuse.compare.quant_tables import calibration_inputs, errors, held_out_inputs
 
     module, example = build_model(name, dtype, 0)
     exact = exact_module(module)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 import edgefuse
-from edgefuse.quant.qnn import capture, quantize_for_qnn
+from edgefuse.qnn.quantizer import capture, quantize_for_qnn
 from tests.core.test_rule_transposed import QKNorm, _permute_after, _x
 from tests.forms import GemmaNorm
 
@@ -51,7 +51,7 @@ def test_tiny_gemma3_for_qnn_rebuilds_every_norm_as_one_op_and_keeps_each_qk_nor
     """Tiny Gemma3 captured for QNN: its 13 norms, q and k norms included, are rebuilt and quantized as one
     op each; every node that reads a rebuilt q or k norm reads a tensor with the strides it read in the
     model, run by run (the graph's readers are the model's own nodes, under their own names)."""
-    from edgefuse.cli.models import build_model
+    from edgefuse.inputs.models import build_model
 
     module, inputs = build_model("tiny-gemma3")
     quantized = quantize_for_qnn(module, inputs, [inputs])

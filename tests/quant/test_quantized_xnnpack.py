@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch.export import export
 
-from edgefuse.quant import xnnpack as qx
+from edgefuse.xnnpack import quantizer as qx
 from edgefuse.quant.facts import is_dequantize, is_quantize
-from edgefuse._fx import ops_outside
+from edgefuse.core._fx import ops_outside
 from edgefuse.xnnpack.inspect import node_type_counts, node_types, run_pte, to_pte
 from tests.harness import norm_perturbation
 

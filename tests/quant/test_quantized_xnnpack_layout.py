@@ -12,9 +12,9 @@ import pytest
 import torch
 from torch.export import export
 
-from edgefuse.quant import xnnpack as qx
+from edgefuse.xnnpack import quantizer as qx
 from edgefuse.quant.facts import is_quantize
-from edgefuse._fx import ops_outside
+from edgefuse.core._fx import ops_outside
 from edgefuse.xnnpack.inspect import node_type_counts, run_pte, to_pte
 from tests.quant.test_quantized_xnnpack import ConvAndMeans, _misread
 

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from edgefuse.runtime.files import NotARegularFile, TooLarge, open_regular, read_regular, write_new
+from edgefuse.runtime.files import NotARegularFile, TooLarge, open_regular, read_regular, replace_atomically, write_new
 
 
 def test_a_regular_file_within_the_bound_is_read_whole(tmp_path):
@@ -110,3 +110,26 @@ def test_write_new_never_writes_through_a_symlink_at_the_name(tmp_path):
     with pytest.raises(FileExistsError):
         write_new(dangling, "edgefuse's map")
     assert not (tmp_path / "nowhere.txt").exists()
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    target = tmp_path / "out.pte"
+    target.write_bytes(b"old")
+
+    def fail(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", fail)
+    with pytest.raises(OSError):
+        replace_atomically(target, lambda f: f.write(b"new program"))
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["out.pte"]
+
+
+def test_a_written_file_has_the_umask_permissions_of_a_plain_open(tmp_path):
+    target = tmp_path / "out.pte"
+    replace_atomically(target, lambda f: f.write(b"program"))
+    umask = os.umask(0)
+    os.umask(umask)
+    assert target.read_bytes() == b"program"
+    assert target.stat().st_mode & 0o777 == 0o666 & ~umask

@@ -210,7 +210,7 @@ def test_a_failed_call_says_why_when_there_is_no_standard_error(monkeypatch):
 def test_the_real_runtime_says_why_a_run_failed_in_the_error(capsys):
     from torch.export import export
 
-    from edgefuse.cli.pte_checks import lower_to_pte
+    from edgefuse.compare.pte_checks import lower_to_pte
     from edgefuse.xnnpack.inspect import run_pte
 
     class Mean(torch.nn.Module):

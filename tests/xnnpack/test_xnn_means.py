@@ -12,7 +12,7 @@ from torch.export import Dim, export
 
 from tests.xnnpack.xnn_helpers import assert_matches, casts_outside, lower_and_run, means_outside
 
-from edgefuse.verify import tolerance
+from edgefuse.core.verify import tolerance
 from edgefuse.xnnpack.inspect import lowered_modules, xnn_graph
 from edgefuse.xnnpack.mean_plan import PlanError, plan_mean
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, SINGLE_ROW_POLICIES, keep_portable

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 from torch.export import export
 
-from edgefuse.verify import tolerance
+from edgefuse.core.verify import tolerance
 from edgefuse.xnnpack.lowering import lower, lower_stock
-from edgefuse._fx import ops_outside
+from edgefuse.core._fx import ops_outside
 from edgefuse.xnnpack.inspect import lowered_modules, node_type_counts, node_types, run_pte, to_pte
 
 torch.set_num_threads(1)  # eager OpenMP workers left spinning slow the runtime on 2 cores

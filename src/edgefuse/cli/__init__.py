@@ -9,8 +9,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from edgefuse.cli.errors import run_command
-from edgefuse.cli.pt2_bounds import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, byte_count
+from edgefuse.console.command import run_command
+from edgefuse.inputs.pt2_bounds import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, byte_count
 
 MODEL_HELP = (
     "a built-in model (tiny-llama, tiny-qwen3, tiny-gemma3, tiny-t5, tiny-olmo2, ...; an unknown name "
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
         "pairs it costs",
     )
     report.add_argument("--json", action="store_true",
-                        help="print JSON that validates against edgefuse/cli/report.schema.json")
+                        help="print JSON that validates against edgefuse/compare/report.schema.json")
     report.add_argument("--map", metavar="SVG",
                         help="also lower MODEL for XNNPACK both ways and write the delegate map here")
     report.add_argument(
@@ -191,7 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="runs (an even number), each loading both programs afresh, stock first in runs "
                            "1, 3, ... and edgefuse in runs 2, 4, ... (default 2; not bench's --runs, which counts "
                            "rounds)")
-    from edgefuse.cli.llm_commands import add_max_bytes_argument
+    from edgefuse.compare.llm_programs import add_max_bytes_argument
 
     add_max_bytes_argument(bench_llm)
 
@@ -269,7 +269,8 @@ def _fuzz_arguments(argv: list[str]) -> argparse.Namespace | None:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code."""
-    from edgefuse.cli.progress import Progress, quiet_libraries
+    from edgefuse.console.progress import Progress
+    from edgefuse.runtime.quiet import quiet_libraries
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()

@@ -2,7 +2,7 @@
 
 ``lower --backend qnn`` lowers MODEL through ExecuTorch's own QNN flow with edgefuse's recomposition and
 with the stock one, runs both ``.pte`` on the x86 HTP emulator against their references
-(:mod:`edgefuse.cli.qnn_flows`) and prints a line for each. Stock's line is information: a stock program
+(:mod:`edgefuse.compare.qnn_flows`) and prints a line for each. Stock's line is information: a stock program
 that fails its check (ExecuTorch's own Llama with QK norms, whose rebuilt norms QNN computes wrong in
 float16) does not fail the command. edgefuse's does, and so does edgefuse failing to lower what stock
 lowers, or a norm edgefuse rebuilt that QNN did not compile as one RmsNorm. A model QNN lowers neither
@@ -10,35 +10,34 @@ way is bad input (exit 2, with QNN's reason). ``report --compile`` adds the QNN 
 
 They glue the parts together (MODEL resolution, the report, the two lowerings, the runtime, the map)
 and print results to stdout; progress goes to the ``say`` callable (stderr). Errors are raised as
-:mod:`edgefuse.cli.errors` exceptions, which ``edgefuse.cli`` turns into messages and exit codes. Each
+:mod:`edgefuse.inputs.errors` exceptions, which ``edgefuse.cli`` turns into messages and exit codes. Each
 command checks its arguments and resolves MODEL before it imports ExecuTorch, so bad input is reported
 without waiting for it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 from typing import Callable
 
-from edgefuse.cli.errors import CHECK_FAILED, OK, Unavailable, UsageError
-from edgefuse.cli.threads import threads_problem
+from edgefuse.inputs.errors import CHECK_FAILED, OK, Unavailable, UsageError
+from edgefuse.runtime.files import replace_atomically
+from edgefuse.runtime.threads import threads_problem
 
 Say = Callable[[str], None]
 
 
 def _spec(args):
-    from edgefuse.cli.modelspec import dtype_named, resolve
-    from edgefuse.cli.pt2_bounds import Limits
+    from edgefuse.inputs.modelspec import dtype_named, resolve
+    from edgefuse.inputs.pt2_bounds import Limits
 
     return resolve(args.model, dtype_named(args.dtype), trust_pt2=getattr(args, "trust_pickled_pt2", False),
                    limits=Limits(args.max_bytes, args.max_seconds))
 
 
 def _check_backend(name: str) -> None:
-    from edgefuse.profiles import PROFILES
+    from edgefuse.core.profiles import PROFILES
 
     if name not in PROFILES:
         raise UsageError(f"unknown backend {name!r}; edgefuse knows {', '.join(sorted(PROFILES))}")
@@ -63,7 +62,7 @@ def _check_output(path: str, what: str) -> None:
 
 def _check_distinct(model: str, outputs: dict[str, str]) -> None:
     """Refuse two outputs written to one file, or an output written over the model file it reads."""
-    from edgefuse.cli.modelspec import model_file
+    from edgefuse.inputs.modelspec import model_file
 
     seen: dict[object, str] = {}
     source = model_file(model)
@@ -96,7 +95,7 @@ def _write(path: str, what: str, write: Callable[[], None]) -> None:
 def _write_map(path: str, summaries, title: str, say: Say, named: bool = True) -> None:
     """Write the map to ``path``: as any output when the user ``named`` it, else (its default name) only as
     a new file (:func:`edgefuse.runtime.files.write_new`), never through a link or over another file."""
-    from edgefuse.cli.delegate_map import render, write
+    from edgefuse.compare.delegate_map import render, write
     from edgefuse.runtime.files import write_new
 
     def write_map() -> None:
@@ -133,8 +132,8 @@ def _stage(args) -> str:
 
 def _quantization(spec, say: Say) -> dict:
     """How each norm of ``spec`` is quantized for QNN, keyed like the report's rows."""
-    from edgefuse.cli.progress import quiet_root_logger
-    from edgefuse.quant.qnn import QnnUnavailable, quantization_by_norm
+    from edgefuse.runtime.quiet import quiet_root_logger
+    from edgefuse.qnn.quantizer import QnnUnavailable, quantization_by_norm
 
     say("quantizing the captured graph for QNN (prepare_pt2e, calibration on the example inputs, convert_pt2e)")
     model = spec.module if spec.module is not None else spec.export().module()
@@ -157,14 +156,14 @@ def report(args, say: Say) -> int:
         raise UsageError("--compile lowers with QNN's compiler: use --backend qnn (the default)")
     compile_for = qnn_options(args, "--compile", args.compile)
     if compile_for is not None:
-        from edgefuse.cli.qnn_flows import require_libraries
+        from edgefuse.compare.qnn_flows import require_libraries
 
         require_libraries()  # missing: exit 3 before the slow work
     if args.map:
         _check_output(args.map, "delegate map")
         _check_distinct(args.model, {"delegate map": args.map})
     spec = _spec(args)
-    from edgefuse.cli.report import add_quantization, build_report, format_report, to_json  # ExecuTorch: once the input is good
+    from edgefuse.compare.report import add_quantization, build_report, format_report, to_json  # ExecuTorch: once the input is good
 
     # the map lowers the same export the report reads: neither changes the program it is given
     program = None
@@ -181,7 +180,7 @@ def report(args, say: Say) -> int:
     else:
         print(format_report(result))
     if args.map:
-        from edgefuse.cli.pte_checks import lower_to_pte
+        from edgefuse.compare.pte_checks import lower_to_pte
 
         summaries = [lower_to_pte(program, how, say, serialize=False).summary for how in ("stock", "edgefuse")]
         _write_map(args.map, summaries, f"delegate map: {spec.name} ({_dtype(spec)})", say)
@@ -235,7 +234,7 @@ def lower(args, say: Say) -> int:
     if qnn is not None:
         return _lower_qnn(args, *qnn, output=output, map_path=map_path, say=say)
     spec = _spec(args)
-    from edgefuse.cli.pte_checks import comparison_lines, flat_tensors, lower_to_pte, run_and_check
+    from edgefuse.compare.pte_checks import comparison_lines, flat_tensors, lower_to_pte, run_and_check
 
     say(f"exporting {spec.name}")
     program = spec.export()
@@ -250,7 +249,7 @@ def lower(args, say: Say) -> int:
         error.args = (f"{error.args[0]}; no .pte was written",)
         raise
     run_and_check(ours, spec.inputs, expected, stock, reference=reference)
-    _write(output, ".pte", lambda: _write_bytes(output, ours.pte))
+    _write(output, ".pte", lambda: replace_atomically(output, lambda f: f.write(ours.pte)))
     print(f"{spec.name} ({_dtype(spec)}), XNNPACK, before (stock) and after (edgefuse):")
     print("\n".join(comparison_lines(stock, ours)))
     print(f"wrote {output} ({len(ours.pte)} bytes, edgefuse lowering)")
@@ -262,8 +261,8 @@ def lower(args, say: Say) -> int:
 
 def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, say: Say) -> int:
     """``edgefuse lower MODEL --backend qnn -o out.pte``; returns the exit code."""
-    from edgefuse.cli import qnn_flows
-    from edgefuse.cli.qnn_flows import EDGEFUSE, STOCK
+    from edgefuse.compare import qnn_flows
+    from edgefuse.compare.qnn_flows import EDGEFUSE, STOCK
 
     qnn_flows.require_libraries()  # missing: exit 3 before the slow work
     spec = _spec(args)
@@ -283,7 +282,7 @@ def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, sa
     qnn_flows.run_and_check(ours, module, spec.inputs, say, reference)
     qnn_flows.run_and_check(stock, module, spec.inputs, say, reference)
     qnn_flows.check_repeatable([ours, stock], spec.inputs)
-    _write(output, ".pte", lambda: _write_bytes(output, ours.pte))
+    _write(output, ".pte", lambda: replace_atomically(output, lambda f: f.write(ours.pte)))
     print(title)
     print(f"  {ours.line()}")
     print(f"  {stock.line()}")
@@ -301,8 +300,8 @@ def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, sa
 
 def _add_compiled(result, spec, soc: str, precision: str, say: Say) -> None:
     """Lower ``spec`` with edgefuse's QNN flow and record on each report row the QNN op its norm became."""
-    from edgefuse.cli import qnn_flows
-    from edgefuse.cli.qnn_flows import EDGEFUSE
+    from edgefuse.compare import qnn_flows
+    from edgefuse.compare.qnn_flows import EDGEFUSE
 
     program = qnn_flows.lower(_module(spec), spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)
     if not program.lowered_ok:
@@ -329,9 +328,9 @@ def bench(args, say: Say) -> int:
     if args.warmup is not None and args.warmup < 0:
         raise UsageError("--warmup must be 0 or more")
     spec = _spec(args)
-    from edgefuse.cli.pte_checks import flat_tensors, lower_to_pte, run_and_check
+    from edgefuse.compare.pte_checks import flat_tensors, lower_to_pte, run_and_check
     from edgefuse.runtime import alternate, set_threads
-    from edgefuse.cli.tables import format_table
+    from edgefuse.console.tables import format_table
 
     say(f"exporting {spec.name}")
     program = spec.export()
@@ -364,31 +363,13 @@ def _reference(spec) -> str:
 
 def _checked(programs) -> int:
     """OK when every lowered program passed its check against its reference; else say which failed."""
-    from edgefuse.cli.pte_checks import failed_checks_line
+    from edgefuse.compare.pte_checks import failed_checks_line
 
     line = failed_checks_line(programs)
     if line is None:
         return OK
     print(line)
     return CHECK_FAILED
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    """Write ``data`` to a temporary file in ``path``'s folder, then rename it over ``path``: a failure or an
-    interrupt leaves the old file or none, never half a program."""
-    directory = os.path.dirname(os.path.abspath(path))
-    handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(temporary, 0o666 & ~umask)  # as open() would have made it, not mkstemp's 0600
-        os.replace(temporary, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temporary)
-        raise
 
 
 def fuzz(args, say: Say) -> int:
@@ -408,6 +389,6 @@ def fuzz(args, say: Say) -> int:
 
 
 def _dtype(spec) -> str:
-    from edgefuse._fx import dtype_name
+    from edgefuse.core._fx import dtype_name
 
     return dtype_name(spec.dtype) if spec.dtype is not None else "no float weights"

@@ -1,6 +1,6 @@
 """``edgefuse demo``: tiny Qwen3 from an embedded config, its norms rebuilt for QNN, lowered for XNNPACK.
 
-No arguments and no network: the model is built from the config in :mod:`edgefuse.cli.models` with random
+No arguments and no network: the model is built from the config in :mod:`edgefuse.inputs.models` with random
 weights and one decoder layer, which holds every kind of norm Qwen3 has (the input and post-attention
 norms, and the q and k norms inside attention), followed by the final norm. The demo exports it once in
 float32 and once in float16. In each, it rebuilds the RMSNorms for QNN in the captured graph, the graph
@@ -12,7 +12,7 @@ delegate map written to a new private folder under the temporary directory.
 XNNPACK lowering is the slow part, so the demo lowers one dtype, float16, where edgefuse changes most
 (stock splits its delegate at every norm's casts and mean; ``edgefuse lower tiny-qwen3 --dtype float32
 -o out.pte`` shows float32). It builds the XNNPACK backend's pattern graphs once
-(:func:`edgefuse.cli.stock_and_edgefuse.build_xnnpack_patterns`), then forks a worker (:mod:`edgefuse.cli.background`)
+(:func:`edgefuse.compare.stock_and_edgefuse.build_xnnpack_patterns`), then forks a worker (:mod:`edgefuse.runtime.background`)
 that lowers stock while this process rebuilds the QNN norms and lowers with edgefuse. No step runs
 twice: one export per dtype serves every use of that dtype, and the eager run that the float16 norm
 table compares with is also the reference for both ``.pte`` files.
@@ -26,15 +26,15 @@ import tempfile
 import torch
 from torch.export import ExportedProgram
 
-from edgefuse._fx import dtype_name
-from edgefuse.cli.background import Background
-from edgefuse.cli.errors import CHECK_FAILED, OK, UNAVAILABLE, Unavailable, UsageError
+from edgefuse.core._fx import dtype_name
+from edgefuse.runtime.background import Background
+from edgefuse.inputs.errors import CHECK_FAILED, OK, UNAVAILABLE, Unavailable, UsageError
 from edgefuse.runtime.files import fresh_private_folder, write_text
-from edgefuse.cli.pte_checks import CheckedProgram, comparison_lines, flat_tensors, lower_to_pte, run_and_check
-from edgefuse.cli.stock_and_edgefuse import build_xnnpack_patterns
-from edgefuse.cli.modelspec import ModelSpec
-from edgefuse.cli.progress import Progress
-from edgefuse.cli.report import Report, build_report, format_report
+from edgefuse.compare.pte_checks import CheckedProgram, comparison_lines, flat_tensors, lower_to_pte, run_and_check
+from edgefuse.compare.stock_and_edgefuse import build_xnnpack_patterns
+from edgefuse.inputs.modelspec import ModelSpec
+from edgefuse.console.progress import Progress
+from edgefuse.compare.report import Report, build_report, format_report
 
 MODEL = "tiny-qwen3"
 LAYERS = 1  # `edgefuse report tiny-qwen3` builds the config's two
@@ -119,7 +119,7 @@ def _run(destination: str, say: Progress) -> int:
     print(f"  delegates: {stock.summary.delegates} stock -> {ours.summary.delegates} edgefuse; ops outside: "
           f"{len(stock.summary.outside)} -> {len(ours.summary.outside)}")
 
-    from edgefuse.cli.delegate_map import render
+    from edgefuse.compare.delegate_map import render
 
     try:
         write_text(destination, render([stock.summary, ours.summary], f"delegate map: {MODEL} ({dtype_name(XNNPACK_DTYPE)})"))
@@ -130,7 +130,7 @@ def _run(destination: str, say: Progress) -> int:
 
 
 def _build(dtype: torch.dtype) -> ModelSpec:
-    from edgefuse.cli.models import build_model
+    from edgefuse.inputs.models import build_model
 
     try:
         module, inputs = build_model(MODEL, dtype=dtype, layers=LAYERS)

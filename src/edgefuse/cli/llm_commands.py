@@ -15,7 +15,7 @@ import tempfile
 from collections import Counter
 from typing import Callable
 
-from edgefuse.cli.errors import OK, Unavailable, UsageError
+from edgefuse.inputs.errors import OK, UsageError
 
 Say = Callable[[str], None]
 
@@ -69,7 +69,7 @@ def contents_rows(programs: list[tuple[str, object]]) -> tuple[list[str], list[l
 
 def export_llm(args, say: Say) -> int:
     """``edgefuse export-llm [--config FILE] [--compare] [--hydra-dir DIR] [OVERRIDES...]``."""
-    from edgefuse.cli.tables import format_table
+    from edgefuse.console.tables import format_table
     from edgefuse.llm.pte import read_pte
 
     _check_overrides(args.overrides)
@@ -144,10 +144,10 @@ def _run(passed: list[str], lowering: str, single_row: str | None, hydra_dir: st
     ``.pte``'s), its own output (hydra's and the model's lines, QNN's per-op lines) on stderr and its log
     records below ERROR dropped; the library's errors become the command's (a failure after edgefuse's
     lowering started is not caught: it is a bug, exit 4)."""
-    from edgefuse.cli.progress import quiet_root_logger
+    from edgefuse.runtime.quiet import quiet_root_logger
     from edgefuse.llm.config_check import ConfigRefused
     from edgefuse.llm.export import ConfigRejected, QnnExportFailed, run_export_llm
-    from edgefuse.cli.qnn_flows import qnn_sdk_error
+    from edgefuse.inputs.errors import qnn_sdk_error
     from edgefuse.qnn.sdk import QnnSdkUnavailable
 
     try:
@@ -168,162 +168,22 @@ def _run(passed: list[str], lowering: str, single_row: str | None, hydra_dir: st
                          "with export.export_only=True there is nothing to lower") from error
 
 
-def load_llm_kernels() -> None:
-    """Register the kernels ExecuTorch's LLM programs call outside their delegates with the runtime:
-    the LLM custom ops (``llama::custom_sdpa``, ``llama::update_cache``) and, where installed, the
-    quantized kernels (a quantized embedding)."""
-    import importlib
-
-    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (loads the custom ops' kernels)
-
-    for optional in ("executorch.kernels.quantized",):
-        with contextlib.suppress(ImportError):
-            importlib.import_module(optional)
-
-
-#: The bound on what loading a ``.pte`` takes (the file's bytes and the memory its methods plan) unless
-#: ``--max-bytes`` says otherwise: a Llama 3.2 1B in 8da4w (1.2 GB) with its KV cache fits; a larger program
-#: needs the option, and a small file that asks for gigabytes is refused.
-MAX_BYTES = 2 * 1024**3
-
-
-def add_max_bytes_argument(parser) -> None:
-    """``--max-bytes`` on an argument parser: the bound :func:`read_llm_program` reads within."""
-    parser.add_argument("--max-bytes", type=int, default=MAX_BYTES, metavar="N",
-                        help="the most bytes loading a .pte may take, its own and the memory its methods plan; "
-                        f"a file past it is refused before it loads (default {MAX_BYTES:,})")
-
-
-#: The delegates of the programs ``bench-llm`` times: those that run on this CPU.
-TIMED_BACKENDS = ("XnnpackBackend",)
-
-
-def read_llm_program(path: str, max_bytes: int) -> bytes:
-    """The bytes of the ``.pte`` at ``path`` once the runtime may see them: a regular file whose headers,
-    tables and size pass :func:`~edgefuse.runtime.pte_check.check_pte` within ``max_bytes``, delegating to
-    XNNPACK or to nothing, whose ``forward`` takes export_llm's tokens and start position (two int64
-    tensors). :class:`UsageError` naming the file and why otherwise."""
-    from executorch.exir._serialize.generated.executorch_flatbuffer.ScalarType import ScalarType
-
-    from edgefuse.runtime.files import NotARegularFile, TooLarge, read_regular
-    from edgefuse.runtime.log import printable
-    from edgefuse.runtime.pte_check import NAME_SHOWN, PteRejected, check_pte
-
-    try:
-        blob = read_regular(path, max_bytes, "a .pte", "--max-bytes")
-        facts = check_pte(blob, path, max_bytes, "--max-bytes")
-    except FileNotFoundError as error:
-        raise UsageError(f"{path}: no such file") from error
-    except (NotARegularFile, TooLarge, PteRejected) as error:
-        raise UsageError(str(error)) from error
-    except OSError as error:
-        raise UsageError(f"{path} cannot be read: {error.strerror or error}") from error
-    if "QnnBackend" in facts.delegates:
-        raise UsageError(f"{path} runs on QNN (a QnnBackend delegate): this times programs that run on this "
-                         "CPU (XNNPACK and portable kernels), not QNN ones")
-    other = sorted(set(facts.delegates) - set(TIMED_BACKENDS))
-    if other:
-        raise UsageError(f"{path} holds a delegate of {printable(other[0], NAME_SHOWN)}: this times programs "
-                         f"whose delegates are XNNPACK's ({', '.join(TIMED_BACKENDS)}), on this CPU")
-    if "forward" not in facts.methods:
-        methods = printable(", ".join(sorted(facts.methods)), NAME_SHOWN)
-        raise UsageError(f"{path} has no forward method (it has {methods}): this times export_llm's programs")
-    inputs = facts.methods["forward"]
-    if inputs != (ScalarType.LONG, ScalarType.LONG):
-        names = {number: name.lower() for name, number in vars(ScalarType).items() if not name.startswith("_")}
-        taken = ", ".join("a value" if kind is None else f"{names.get(kind, kind)} tensor" for kind in inputs)
-        raise UsageError(f"{path}: its forward takes ({taken}), not export_llm's tokens and start position (two "
-                         "long tensors, as a program exported with a KV cache takes)")
-    return blob
-
-
-def load_llm_programs(programs, say: Say) -> list:
-    """Each ``(path, bytes)`` of ``programs`` (bytes :func:`read_llm_program` returned) loaded in
-    ``executorch.runtime`` with the LLM kernels (a ``LoadedProgram`` each); :class:`UsageError` naming a
-    file that does not load. Set the threads first."""
-    from edgefuse.runtime import LoadedProgram
-
-    load_llm_kernels()
-    loaded = []
-    for path, blob in programs:
-        say(f"loading {path}")
-        try:
-            loaded.append(LoadedProgram(blob))
-        except Exception as error:  # the runtime says why in its log, which the error carries
-            raise UsageError(f"{path} does not load in executorch.runtime: {error}") from error
-    return loaded
-
-
-def try_llm_programs(programs, prefill: int, decode: int) -> None:
-    """Load ``programs`` and run each through a prefill and ``decode`` steps as the timing runs them (the
-    prompt drawn from the first one's vocabulary), in a child process: :class:`UsageError` naming the file
-    when the runtime crashes on it (the signal and what it was doing), cannot load it, or fails a step.
-
-    A program can pass every check and still crash the runtime (a damaged delegate payload), which would
-    end this process without a word; the trial's child takes the crash instead. The timing itself runs
-    here, as it always has, on the bytes the child ran.
-    """
-    from edgefuse.llm.latency import prompt_for, time_prefill_decode
-    from edgefuse.runtime.contained import Crashed, contained
-
-    paths = [path for path, _ in programs]
-
-    def trial(note) -> str | None:
-        try:
-            methods = [program.method for program in load_llm_programs(programs, note)]
-            note(f"running {paths[0]}")
-            with failed_steps_named(paths):
-                prompt, steps = prompt_for(methods[0], prefill, decode)
-            for path, method in zip(paths, methods):
-                note(f"running {path}")
-                with failed_steps_named([path]):
-                    time_prefill_decode([method], prompt, steps, 1, 0)
-        except UsageError as error:
-            return str(error)
-        return None
-
-    try:
-        reason = contained(trial)
-    except Crashed as error:
-        raise UsageError(str(error)) from error
-    if reason is not None:
-        raise UsageError(reason)
-
-
-@contextlib.contextmanager
-def failed_steps_named(paths):
-    """A step that fails in the block becomes a :class:`UsageError` naming the program's file."""
-    from edgefuse.llm.latency import StepFailed
-
-    try:
-        yield
-    except StepFailed as error:
-        raise UsageError(f"{paths[error.index]} {error} (is --prefill plus --decode within the program's "
-                         "context length?)") from error
-
-
-def check_bench_numbers(args, more: tuple[tuple[str, int, int], ...] = ()) -> None:
-    """:class:`UsageError` unless ``--prefill``, ``--decode``, ``--rounds``, ``--warmup``, ``--threads`` (and
-    ``more``: name, value, least) are counts a timing can use."""
-    from edgefuse.cli.threads import threads_problem
-
-    for name, value, least in (("--prefill", args.prefill, 1), ("--decode", args.decode, 1),
-                               ("--rounds", args.rounds, 1), ("--warmup", args.warmup, 0), *more):
-        if value < least:
-            raise UsageError(f"{name} must be at least {least}")
-    problem = threads_problem(args.threads)
-    if problem:
-        raise UsageError(problem)
-
-
 def bench_llm(args, say: Say) -> int:
     """``edgefuse bench-llm STOCK.pte EDGEFUSE.pte``: prefill latency and decode ms per token, alternating, in
     ``--runs`` runs on programs loaded afresh, the one loaded first alternating."""
+    from edgefuse.compare.llm_programs import check_bench_numbers
+
     check_bench_numbers(args, (("--runs", args.runs, 2), ("--max-bytes", args.max_bytes, 1)))
     if args.runs % 2:
         raise UsageError(f"--runs {args.runs}: give an even number, so that each program is loaded first in half "
                          "the runs (the one loaded second runs up to a percent or two faster)")
     paths = (args.stock, args.edgefuse)
+    from edgefuse.compare.llm_programs import (
+        failed_steps_named,
+        load_llm_programs,
+        read_llm_program,
+        try_llm_programs,
+    )
     from edgefuse.llm.latency import pooled, time_runs
     from edgefuse.runtime import cpu_features, set_threads
 
@@ -342,7 +202,7 @@ def bench_llm(args, say: Say) -> int:
         runs = time_runs(load, len(paths), args.prefill, args.decode, args.runs, args.rounds, args.warmup)
     timing = pooled(runs)
     medians = [timing.medians(k) for k in range(len(paths))]
-    from edgefuse.cli.tables import format_table
+    from edgefuse.console.tables import format_table
 
     rows = []
     for label, path, (p, d) in zip(labels, paths, medians):

@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-from edgefuse.cli.errors import OK
+from edgefuse.inputs.errors import OK
 
 Say = Callable[[str], None]
 
 
 def run(args, say: Say) -> int:
-    from edgefuse.cli.qnn_flows import qnn_sdk_error
+    from edgefuse.inputs.errors import qnn_sdk_error
     from edgefuse.qnn.sdk import QnnSdkUnavailable, QnnSdkUnsafe, default_root, find, setup
 
     try:

@@ -42,7 +42,7 @@ Why a seeded generator of our own, not hypothesis strategies
 
 from typing import TYPE_CHECKING
 
-from edgefuse.lazy import lazy_names
+from edgefuse.core.lazy import lazy_names
 
 #: Each public name and the module that defines it, imported on first use (PEP 562): ``python -m
 #: edgefuse.fuzz`` imports this package before it can silence the warnings torch and torchao log as they

@@ -2,7 +2,7 @@
 
 import sys
 
-from edgefuse.cli.progress import quiet_libraries
+from edgefuse.runtime.quiet import quiet_libraries
 
 quiet_libraries()  # before torch and torchao are imported: their import-time warnings are not the fuzzer's
 

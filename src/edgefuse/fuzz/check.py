@@ -38,8 +38,8 @@ from edgefuse.fuzz.localize import Replay, pair, replay
 from edgefuse.fuzz.render import Built
 from edgefuse.fuzz.spec import CaseSpec, normalized_shape
 from edgefuse.fuzz.tolerance import compare_at, eps_values, output_tolerance_dtypes
-from edgefuse.recompose import UNREADABLE
-from edgefuse.verify import outputs
+from edgefuse.core.recompose import UNREADABLE
+from edgefuse.core.verify import outputs
 
 #: (mode, backend, quantization_capture) in the order they run. Quantization capture is for captured
 #: graphs only: the pass refuses it on edge graphs.

@@ -13,8 +13,8 @@ from typing import Sequence
 
 import torch
 
-from edgefuse import forms as registry
-from edgefuse.casts import is_exact
+from edgefuse.core import forms as registry
+from edgefuse.core.casts import is_exact
 from edgefuse.fuzz.spec import (
     DIMS_STYLES,
     DTYPES,
@@ -34,7 +34,7 @@ from edgefuse.fuzz.spec import (
 HALF = ("float16", "bfloat16")
 #: Input magnitudes. A norm computed wholly in float16 squares its input in float16, which overflows
 #: above 256 and loses its precision below 1e-4 (subnormal squares); rms_norm computes in float32 and
-#: does neither, as match.py's rule 7 documents. Cases with float16 anywhere (the input, a cast of the
+#: does neither, as core/match.py's rule 7 documents. Cases with float16 anywhere (the input, a cast of the
 #: norm or of the norm that feeds it) stay within 0.1-10, so that the checks judge the rewrite and not
 #: that documented difference; the others also get 1e-3 and 100.
 FLOAT16_SCALES = (0.1, 0.5, 1.0, 3.0, 10.0)
@@ -99,7 +99,7 @@ def _weight(rng: random.Random, dtype: str, **overrides) -> WeightSpec:
 def instance(
     form: str, dtype: str, compute: str = "float32", weight_dtype: str | None = None, seed: int = 0, weighted: bool = True
 ) -> NormSpec:
-    """The registry's ``form`` (:data:`edgefuse.forms.FORMS`) for an input of ``dtype``, computing in
+    """The registry's ``form`` (:data:`edgefuse.core.forms.FORMS`) for an input of ``dtype``, computing in
     ``compute`` (a dtype or "input"), with a weight of ``weight_dtype`` (the input's by default) drawn
     from ``seed``; ``weighted=False`` leaves out a weight the form may go without."""
     entry = registry.FORMS[form]

@@ -40,8 +40,8 @@ from edgefuse.fuzz.localize import Replay, pair, replay
 from edgefuse.fuzz.render import build
 from edgefuse.fuzz.spec import CaseSpec
 from edgefuse.fuzz.tolerance import ULPS, compare_at, output_tolerance_dtypes
-from edgefuse.ops import Role, table_for
-from edgefuse.verify import outputs
+from edgefuse.core.ops import Role, table_for
+from edgefuse.core.verify import outputs
 
 #: the check name hostile findings carry: (variant, backend, quantization capture)
 BACKENDS = (("aten", False), ("qnn", False), ("qnn", True))

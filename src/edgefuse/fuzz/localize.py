@@ -15,7 +15,7 @@ the rewrite where it happens:
 * a rebuilt node must lie within ``ULPS`` units in the last place of its dtype D of its twin, with one
   exception. A norm that the model computes wholly in D (every tensor between its input and its twin D
   or wider) rounds its square, mean, sum and inverse square root to D one by one and may end several
-  units off the exact norm; the rebuilt node rounds once (rule 7 of :mod:`edgefuse.match` admits it),
+  units off the exact norm; the rebuilt node rounds once (rule 7 of :mod:`edgefuse.core.match` admits it),
   so it may differ from its twin by more than ``ULPS`` while being the better answer. Such a node
   passes when it lies within one unit of D of the *model's own* norm computed exactly: the original
   graph's nodes from the norm's input to the twin, evaluated in float64 with every cast between them
@@ -40,11 +40,11 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.utils import _pytree as pytree
 
-from edgefuse._fx import Recorder
+from edgefuse.core._fx import Recorder
 from edgefuse.fuzz.tolerance import ULPS, compare_at
-from edgefuse.ops import Role, table_for
-from edgefuse.paths import nodes_between
-from edgefuse.verify import Comparison, tolerance
+from edgefuse.core.ops import Role, table_for
+from edgefuse.core.paths import nodes_between
+from edgefuse.core.verify import Comparison, tolerance
 
 
 def _meta(node: Node) -> torch.Tensor | None:
@@ -179,7 +179,7 @@ def _exact_twin(original: GraphModule, input_name: str, twin_name: str, values: 
     """The model's own norm, the nodes from ``input_name`` to ``twin_name``, computed in float64 with
     every cast between them exact, from the values the original graph gave it; None when the norm
     computes any tensor narrower than ``dtype`` or cannot be evaluated so."""
-    from edgefuse.casts import cast_source, is_exact
+    from edgefuse.core.casts import cast_source, is_exact
 
     nodes = {n.name: n for n in original.graph.nodes}
     source, twin = nodes.get(input_name), nodes.get(twin_name)

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import torch
 
-from edgefuse import forms as registry
+from edgefuse.core import forms as registry
 from edgefuse.fuzz import spec as _spec
 from edgefuse.fuzz.spec import (
     DTYPES,

@@ -17,7 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Sequence
 
-from edgefuse._fx import dtype_name
+from edgefuse.core._fx import dtype_name
 from edgefuse.fuzz.check import Finding, check_name
 from edgefuse.fuzz.render import describe, source
 from edgefuse.fuzz.spec import CaseSpec, normalized_shape, to_dict
@@ -133,7 +133,7 @@ _XNNPACK_CHECK = '''
 import copy
 import sys
 
-from edgefuse.cli.pte_checks import ULPS, lower_to_pte
+from edgefuse.compare.pte_checks import ULPS, lower_to_pte
 from edgefuse.fuzz.tolerance import compare_at
 from edgefuse.runtime import LoadedProgram
 from torch.export import export

@@ -3,7 +3,7 @@
 Nothing here refers to edgefuse's matcher: a spec says what the model computes (which tensor is cast to
 what, what is squared, averaged, scaled and multiplied), and :mod:`edgefuse.fuzz.render` turns it into
 source code. The names of forms, squares and roots come from the registry of norm forms,
-:mod:`edgefuse.forms`. Every field is a str, int, float, bool, None or a tuple of them, so a spec round-trips
+:mod:`edgefuse.core.forms`. Every field is a str, int, float, bool, None or a tuple of them, so a spec round-trips
 through :func:`to_dict` / :func:`from_dict` (and ``repr``) and can be embedded in a reproducer.
 """
 
@@ -13,12 +13,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from edgefuse import forms as registry
+from edgefuse.core import forms as registry
 
 #: dtype names a spec may use; "input" means the dtype of the tensor the norm reads (``x.dtype``).
 DTYPES = ("float32", "float16", "bfloat16", "float64")
 
-#: Norm forms: those of the registry (:data:`edgefuse.forms.FORMS`: real models and hand-written code),
+#: Norm forms: those of the registry (:data:`edgefuse.core.forms.FORMS`: real models and hand-written code),
 #: and ExecuTorch's RMSNormCoreML, x * sqrt(D) / clamp_min(vector_norm(x), floor), which is not rms_norm.
 FORMS = (*registry.FORMS, "coreml")
 

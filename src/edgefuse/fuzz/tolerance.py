@@ -2,10 +2,10 @@
 
 A rebuilt norm may round once where the decomposed one rounded twice: about one unit in the last place
 (ulp) of the norm's dtype D, so the check allows ``ULPS`` = 2 ulps of D at the largest magnitude
-(:func:`edgefuse.verify.tolerance`). At a graph output, that difference may have passed through an op
+(:func:`edgefuse.core.verify.tolerance`). At a graph output, that difference may have passed through an op
 that rounds to a coarser dtype, where it can flip one rounding: the output's tolerance is then in the
-coarsest dtype on any path from a rebuilt norm to it (:func:`edgefuse.verify.output_tolerance_dtypes`,
-imported here with :data:`~edgefuse.verify.FLOATS` for the fuzzer's modules). Nothing here is
+coarsest dtype on any path from a rebuilt norm to it (:func:`edgefuse.core.verify.output_tolerance_dtypes`,
+imported here with :data:`~edgefuse.core.verify.FLOATS` for the fuzzer's modules). Nothing here is
 widened to make a case pass.
 """
 
@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from edgefuse.verify import FLOATS, Comparison, compare, output_tolerance_dtypes  # noqa: F401  (the fuzzer's names)
+from edgefuse.core.verify import FLOATS, Comparison, compare, output_tolerance_dtypes  # noqa: F401  (the fuzzer's names)
 
 ULPS = 2.0
 
 
 def compare_at(expected: torch.Tensor, actual: torch.Tensor, dtype: torch.dtype | None, ulps: float = ULPS) -> Comparison:
-    """:func:`edgefuse.verify.compare` at ``ulps`` units of ``dtype`` (the expected tensor's dtype if None).
+    """:func:`edgefuse.core.verify.compare` at ``ulps`` units of ``dtype`` (the expected tensor's dtype if None).
 
     NaN and inf must sit at the same places in both (an infinite error otherwise); the finite values
     agree within ``ulps`` units in the last place of ``dtype`` at the largest finite expected magnitude.
@@ -36,7 +36,7 @@ def eps_values(norm, input_dtype: str) -> set[float]:
     The graph may hold eps rounded to any float dtype on its way (a constant eps tensor, the float32
     tensor ``to_edge`` lifts a Python float into, the dtype a decomposition adds in), and such a rounding
     changes eps by less than one unit of the norm's dtype. Zero is different: it is allowed only where
-    eps rounds to zero in the dtype the model adds it in (match.py's rule 4), that is the dtype of the
+    eps rounds to zero in the dtype the model adds it in (core/match.py's rule 4), that is the dtype of the
     variance (the last cast before the square; ``"input"`` is the case's input dtype), promoted with a
     constant eps tensor's dtype (a Python float that ``to_edge`` lifts is a 0-d tensor: no promotion).
     """

@@ -3,7 +3,7 @@
 Each hostile builder writes a file the way an attacker would: a payload that creates a marker file when
 it runs, placed where ``torch.export.load`` or the fuzzer's renderer would run it. :func:`measure` also
 mutates real files (random byte flips, edits of their JSON or of their ``SPEC``, hostile edits among
-them) and feeds each to the reader edgefuse uses (:func:`edgefuse.cli.modelspec.resolve` and the saved
+them) and feeds each to the reader edgefuse uses (:func:`edgefuse.inputs.modelspec.resolve` and the saved
 program's one run; :func:`edgefuse.fuzz.reproducer.read_specs` and, when it accepts, the module rendered
 from the spec, built and run), counting refusals (exit 2), files accepted as valid, tracebacks and
 markers. ``python -m edgefuse.fuzz.trust`` prints the counts and exits 1 unless there are no tracebacks
@@ -273,7 +273,7 @@ def saved_programs() -> dict[str, bytes]:
     and a dynamic dim (a constants config and symbolic sizes)."""
     import torch
 
-    from edgefuse.cli.models import build_model
+    from edgefuse.inputs.models import build_model
 
     module, inputs = build_model("tiny-llama", layers=1, seq_len=4)
     programs = {"tiny-llama": torch.export.export(module, tuple(inputs))}
@@ -689,8 +689,8 @@ class Counts:
 def read_archive(path: str) -> str:
     """What ``edgefuse report PATH`` does before its work: resolve the MODEL (the archive checked, loaded,
     its program run once on its saved inputs). "refused" on exit 2, "accepted" when it loads."""
-    from edgefuse.cli.errors import UsageError
-    from edgefuse.cli.modelspec import resolve
+    from edgefuse.inputs.errors import UsageError
+    from edgefuse.inputs.modelspec import resolve
 
     try:
         resolve(path)
@@ -742,7 +742,7 @@ def _feed(counts: Counts, read: Callable[[str], str], path: str, marker: str, la
 def measure(archives: int, reproducers: int, seed: int = 0, log=sys.stderr) -> tuple[Counts, Counts]:
     """Feed ``archives`` mutated archives and ``reproducers`` mutated reproducers to edgefuse's readers."""
     from edgefuse.runtime.files import fresh_private_folder
-    from edgefuse.cli.progress import quiet_torch_logs
+    from edgefuse.runtime.quiet import quiet_torch_logs
 
     rng = random.Random(f"edgefuse-trust:{seed}")
     folder = fresh_private_folder("edgefuse-trust-")
@@ -806,7 +806,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from edgefuse.cli.progress import quiet_libraries
+    from edgefuse.runtime.quiet import quiet_libraries
 
     quiet_libraries()
     sys.exit(main())

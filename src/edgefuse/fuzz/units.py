@@ -20,7 +20,7 @@ from edgefuse.fuzz.check import CaseResult, Finding, UnitFailure, merge, run_che
 from edgefuse.fuzz.edge_programs import to_edge_program
 from edgefuse.fuzz.render import build
 from edgefuse.fuzz.spec import CaseSpec
-from edgefuse.verify import outputs
+from edgefuse.core.verify import outputs
 
 
 @dataclass

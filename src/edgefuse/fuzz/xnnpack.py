@@ -2,7 +2,7 @@
 
 A sample of cases (``--xnnpack-every K``) is exported, lowered with :func:`edgefuse.xnnpack.lower`,
 serialized to ``.pte`` bytes, loaded in ``executorch.runtime`` and run with the real XNNPACK kernels; each
-output must keep eager's dtype and shape and match eager within ``edgefuse.cli.pte_checks.ULPS`` (8) units in the
+output must keep eager's dtype and shape and match eager within ``edgefuse.compare.pte_checks.ULPS`` (8) units in the
 last place of its dtype at its largest magnitude (the delegate sums in another order than ATen, and a
 half-precision program rounds each intermediate once more or less). An output that misses that still
 passes when stock ExecuTorch's lowering of the same program misses it by as much, within one more unit:
@@ -27,13 +27,13 @@ from edgefuse.fuzz.render import Built, build
 from edgefuse.fuzz.spec import CaseSpec
 from edgefuse.fuzz.tolerance import compare_at
 from edgefuse.fuzz.units import Timing
-from edgefuse.verify import outputs
+from edgefuse.core.verify import outputs
 
 XNNPACK_CHECK = ("xnnpack", "edgefuse", False)
 
 
 def _run_pte(program, how: str, inputs) -> list[torch.Tensor]:
-    from edgefuse.cli.pte_checks import lower_to_pte
+    from edgefuse.compare.pte_checks import lower_to_pte
     from edgefuse.runtime import LoadedProgram
 
     lowered = lower_to_pte(program, how)
@@ -48,7 +48,7 @@ class _Failure(Exception):
 
 def _lowered_outputs(program, inputs) -> list[torch.Tensor] | str:
     """edgefuse's ``.pte`` outputs; a str when stock cannot lower or run the program either."""
-    from edgefuse.cli.pte_checks import lower_to_pte
+    from edgefuse.compare.pte_checks import lower_to_pte
     from edgefuse.runtime import LoadedProgram
 
     try:
@@ -85,7 +85,7 @@ def _check(specs: Sequence[CaseSpec], built: Built, eager, program, results: lis
         return
     if len(actual) != len(eager):
         raise _Failure("xnnpack-broken", f"the .pte returns {len(actual)} tensors, eager {len(eager)}")
-    from edgefuse.cli.pte_checks import ULPS
+    from edgefuse.compare.pte_checks import ULPS
 
     stock: list = []
     for k, (spec, res) in enumerate(zip(specs, results)):

@@ -8,7 +8,7 @@
   stock ones, and a record of what QNN compiled.
 - :class:`EdgefuseRecipeType`, :class:`EdgefuseRecipeProvider`: export recipes for
   ``executorch.export.export``, registered with ExecuTorch's recipe registry on import of
-  :mod:`edgefuse.llm.recipes`.
+  :mod:`edgefuse.xnnpack.recipes`.
 - :func:`read_pte`: the delegates and the kernels outside them in a ``.pte``.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edgefuse.lazy import lazy_names
+from edgefuse.core.lazy import lazy_names
 
 #: Each public name and the module that defines it.
 _PUBLIC: dict[str, str] = {
@@ -32,8 +32,8 @@ _PUBLIC: dict[str, str] = {
     "qnn_lowering": "edgefuse.llm.qnn",
     "PteContents": "edgefuse.llm.pte",
     "read_pte": "edgefuse.llm.pte",
-    "EdgefuseRecipeProvider": "edgefuse.llm.recipes",
-    "EdgefuseRecipeType": "edgefuse.llm.recipes",
+    "EdgefuseRecipeProvider": "edgefuse.xnnpack.recipes",
+    "EdgefuseRecipeType": "edgefuse.xnnpack.recipes",
 }
 
 __all__ = sorted(_PUBLIC)
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from edgefuse.llm.lowering import LoweringSwapError, edgefuse_lowering
     from edgefuse.llm.pte import PteContents, read_pte
     from edgefuse.llm.qnn import QnnRecord, qnn_lowering
-    from edgefuse.llm.recipes import EdgefuseRecipeProvider, EdgefuseRecipeType
+    from edgefuse.xnnpack.recipes import EdgefuseRecipeProvider, EdgefuseRecipeType
 
 
 __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

@@ -23,6 +23,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
+from edgefuse.llm.config import is_qnn_config, output_folder, output_problem, soc_problem, xnnpack_enabled
 from edgefuse.llm.lowering import Swap, atomic_pte_writes, edgefuse_lowering
 
 EDGEFUSE = "edgefuse"
@@ -64,65 +65,19 @@ class LlmExport:
         return bool(self.swap.lowerings)
 
 
-def _get(config, *path: str):
-    for name in path:
-        config = getattr(config, name, None)
-    return config
-
-
 def check_supported(config) -> None:
     """Raise :class:`ConfigRejected` for a config export_llm fails on only after the whole export: an
     output path it cannot write, or a QNN config whose SoC QNN does not know (a bare ``AttributeError``)."""
-    from edgefuse.llm.qnn import is_qnn_config, soc_problem
-
     problem = output_problem(config) or (soc_problem(config) if is_qnn_config(config) else None)
     if problem:
         raise ConfigRejected(problem)
-
-
-def _output(config) -> tuple[str | None, str, str]:
-    """Where export_llm writes the ``.pte`` of ``config``: its path (None when export_llm names it after the
-    model), its folder, and the settings that say so. The path is ``export.output_name`` as given when it
-    ends in ``.pte``, else ``export.output_dir/NAME.pte``."""
-    folder = str(_get(config, "export", "output_dir") or ".")
-    name = _get(config, "export", "output_name")
-    if not name:
-        return None, folder, f"export.output_dir={folder}"
-    if str(name).endswith(".pte"):
-        return str(name), os.path.dirname(str(name)) or ".", f"export.output_name={name}"
-    path = os.path.join(folder, f"{name}.pte")
-    return path, os.path.dirname(path) or ".", f"export.output_name={name} (in export.output_dir={folder})"
-
-
-def output_folder(config) -> str:
-    """The folder export_llm writes the ``.pte`` of ``config`` in."""
-    return _output(config)[1]
-
-
-def output_problem(config) -> str | None:
-    """Why export_llm could not write the ``.pte`` of ``config`` (its folder missing, or the path a
-    directory), or None."""
-    path, folder, what = _output(config)
-    if path is not None and os.path.isdir(path):
-        return f"{what}: {path} is a directory; name the .pte file to write"
-    if not os.path.isdir(folder):
-        return f"{what}: the folder {folder} does not exist"
-    return None
-
-
-def xnnpack_enabled(config) -> bool:
-    """Whether ``export_llama`` lowers ``config`` for XNNPACK: the backend on, or a PT2E quantization of
-    XNNPACK's (which turns it on)."""
-    options = _get(config, "quantization", "pt2e_quantize")
-    options = str(getattr(options, "value", options) or "").split(",")
-    return bool(_get(config, "backend", "xnnpack", "enabled")) or any(o.strip().startswith("xnnpack") for o in options)
 
 
 def lowering_for(config, lowering: str = EDGEFUSE, single_row: str | None = None):
     """The swap that exports ``config`` with ``lowering``: the QNN one for a config export_llama lowers
     for QNN, else the XNNPACK one (edgefuse's, or stock's with only the atomic writer). A single-row
     policy for a QNN config is :class:`ConfigRejected`: QNN's passes have no such choice to make."""
-    from edgefuse.llm.qnn import is_qnn_config, qnn_lowering
+    from edgefuse.llm.qnn import qnn_lowering
 
     if is_qnn_config(config):
         if single_row is not None:

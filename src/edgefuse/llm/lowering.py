@@ -24,7 +24,6 @@ import contextlib
 import importlib
 import inspect
 import os
-import tempfile
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
@@ -195,20 +194,17 @@ def write_atomically(original: Callable, swap: Swap) -> Callable:
     if it had written it; this one raises, and leaves no file.
     """
 
+    from edgefuse.runtime.files import replace_atomically
+
     def save_pte_program(prog, model_name: str, output_dir: str = "") -> str:
         filename = model_name if model_name.endswith(".pte") else os.path.join(output_dir, f"{model_name}.pte")
-        directory = os.path.dirname(os.path.abspath(filename))
-        handle, staged = tempfile.mkstemp(dir=directory, prefix=".", suffix=".pte.partial")
-        try:
-            with os.fdopen(handle, "wb") as file:
-                prog.write_to_file(file)
+
+        def write(file) -> None:
+            prog.write_to_file(file)
             prog.write_tensor_data_to_file(outdir=output_dir)
-            os.replace(staged, filename)
-            swap.written.append(filename)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(staged)
-            raise
+
+        replace_atomically(filename, write)
+        swap.written.append(filename)
         return filename
 
     save_pte_program.__wrapped__ = original

@@ -58,26 +58,6 @@ class QnnRecord:
         return self.builder.pre_autograd_graph_module if self.quantized and self.builder is not None else None
 
 
-def is_qnn_config(config) -> bool:
-    """Whether ``export_llama`` lowers ``config`` through its QNN path: QNN on, and no XNNPACK lowering
-    (with both on, 1.5.1 lowers for XNNPACK alone)."""
-    from edgefuse.llm.export import _get, xnnpack_enabled
-
-    return bool(_get(config, "backend", "qnn", "enabled")) and not xnnpack_enabled(config)
-
-
-def soc_problem(config) -> str | None:
-    """Why ``backend.qnn.soc_model`` names no SoC QNN knows (1.5.1 fails on it with a bare
-    ``AttributeError`` after the export), or None."""
-    from edgefuse.llm.export import _get
-    from edgefuse.qnn.socs import qnn_socs
-
-    soc, known = _get(config, "backend", "qnn", "soc_model"), qnn_socs()
-    if str(soc) in known or not known:  # none known: the Qualcomm package is missing, and the export says so
-        return None
-    return f"backend.qnn.soc_model={soc}: not a SoC QNN knows ({', '.join(known)})"
-
-
 def _capture(original: Callable, swap: Swap) -> Callable:
     """``_to_edge_and_lower_llama`` that loads the QNN libraries, marks the lowering started, keeps the
     lowered builder and reads what QNN built for it."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edgefuse.lazy import lazy_names
+from edgefuse.core.lazy import lazy_names
 
 #: Each public name and the module that defines it.
 _PUBLIC: dict[str, str] = {

@@ -70,8 +70,8 @@ def compare_at_steps(expected: torch.Tensor, actual: torch.Tensor, step: float, 
     """Compare a quantized program's output on the emulator with the fake-quantized module's, allowing
     ``steps`` quantization steps of size ``step`` (the HTP's integer kernels may round a value to the
     neighbouring level where the fake-quantized float arithmetic did not), plus float32's rounding of
-    the dequantized values at their magnitude. Returns a :class:`edgefuse.verify.Comparison`."""
-    from edgefuse.verify import Comparison, max_error, tolerance
+    the dequantized values at their magnitude. Returns a :class:`edgefuse.core.verify.Comparison`."""
+    from edgefuse.core.verify import Comparison, max_error, tolerance
 
     shape_ok = actual.shape == expected.shape
     if not shape_ok:
@@ -185,7 +185,7 @@ def roundings(converted, inputs: Sequence[Any]) -> list[Roundings | None]:
     KV cache it writes) are put back as they were."""
     from torch.utils import _pytree as pytree
 
-    from edgefuse.fresh import kept_state
+    from edgefuse.core.fresh import kept_state
 
     leaves = pytree.tree_leaves(tuple(inputs))
     with torch.no_grad(), kept_state(converted):

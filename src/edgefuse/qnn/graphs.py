@@ -14,8 +14,8 @@ import threading
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
-from edgefuse._fx import call_name, nodes_outside
-from edgefuse.recompose import Decision
+from edgefuse.core._fx import call_name, nodes_outside
+from edgefuse.core.recompose import Decision
 
 #: The QNN op type a rebuilt norm becomes.
 RMS_NORM = "RmsNorm"
@@ -71,7 +71,7 @@ class NormPlace:
 class QnnGraphs:
     """Every QNN graph of a lowered program, the ops left outside the delegates, and each norm's place.
 
-    ``outside`` holds ``(node name, op)`` of each call outside a delegate (plumbing aside: :func:`edgefuse._fx.is_plumbing`);
+    ``outside`` holds ``(node name, op)`` of each call outside a delegate (plumbing aside: :func:`edgefuse.core._fx.is_plumbing`);
     ``norms`` one :class:`NormPlace` per norm decision.
     """
 

@@ -34,8 +34,8 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule
 from torch.fx.passes.infra.pass_base import PassResult
 
-from edgefuse.passes import RecomposeRmsNorm, RemoveRedundantCasts
-from edgefuse.recompose import Decision
+from edgefuse.core.passes import RecomposeRmsNorm, RemoveRedundantCasts
+from edgefuse.core.recompose import Decision
 
 #: The package whose modules refer to the stock passes, and the modules that define them.
 QNN_PACKAGE = "executorch.backends.qualcomm"

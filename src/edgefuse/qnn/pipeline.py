@@ -23,7 +23,7 @@ from edgefuse.qnn.emulator import to_pte
 from edgefuse.qnn.sdk import QnnSdkUnavailable, ensure_in_process
 from edgefuse.qnn.graphs import QnnGraphs, qnn_graphs, recording_compiled_graphs
 from edgefuse.qnn.passes import PassRun, patched
-from edgefuse.recompose import Decision
+from edgefuse.core.recompose import Decision
 
 #: The precisions :func:`lower` compiles for: HTP float16, or the ``QuantDtype`` of ``QnnQuantizer``.
 PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w")

@@ -13,7 +13,7 @@ from dataclasses import asdict
 
 import torch
 
-from edgefuse._fx import ops_outside
+from edgefuse.core._fx import ops_outside
 from edgefuse.qnn.sdk import SelfCheck
 
 #: The norm checked: ``[1, 8, 64]`` float32, lowered at fp16 for SM8650 (a shape QNN computes right).
@@ -62,7 +62,7 @@ def check() -> SelfCheck:
     already be reachable: by the environment, or :func:`edgefuse.qnn.sdk.ensure_in_process`)."""
     from edgefuse.qnn.emulator import to_pte
     from edgefuse.runtime import LoadedProgram
-    from edgefuse.verify import compare
+    from edgefuse.core.verify import compare
 
     module, (x,) = example()
     try:

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.fx import GraphModule, Node
 
-from edgefuse._fx import Recorder
+from edgefuse.core._fx import Recorder
 from edgefuse.quant.exact import exact_module
 from edgefuse.quant.facts import NORM_KEY, dequantized, is_model_cast, is_quantize, readers
 

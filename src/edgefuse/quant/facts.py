@@ -27,11 +27,11 @@ from typing import Iterable, Sequence
 
 from torch.fx import GraphModule, Node
 
-from edgefuse._fx import module_path
-from edgefuse.constants import GraphConstants
-from edgefuse.match import Rejection, match_rms_norm
-from edgefuse.ops import TABLES, Role, table_for
-from edgefuse.paths import nodes_between
+from edgefuse.core._fx import module_path
+from edgefuse.core.constants import GraphConstants
+from edgefuse.core.match import Rejection, match_rms_norm
+from edgefuse.core.ops import TABLES, Role, table_for
+from edgefuse.core.paths import nodes_between
 
 #: ``node.meta`` key holding the key of the norm a node belongs to.
 NORM_KEY = "edgefuse_norm"
@@ -41,7 +41,7 @@ NORM_KEY = "edgefuse_norm"
 NORM_MEAN = "edgefuse_norm_mean"
 
 #: ``node.meta`` key marking a cast that belongs to the dequantize it reads (see
-#: :func:`edgefuse.quant.qnn.dequantize_in_float32`), as opposed to a cast of the model's.
+#: :func:`edgefuse.qnn.quantizer.dequantize_in_float32`), as opposed to a cast of the model's.
 DEQUANTIZE_CAST = "edgefuse_dequantize_cast"
 
 #: ``node.meta`` key PT2E quantizers write their annotation under.

@@ -4,7 +4,7 @@ Every claim the command line makes about a lowered program (it loads, it matches
 slower) is checked here, on the bytes that would ship, with the real XNNPACK kernels. The timing is the
 benchmark machinery: the programs run alternately (one run of each, repeated) after a warm-up, so a
 change of machine load hits all of them alike; the result is each program's median. It takes any
-number of programs and inputs, so ``edgefuse.xnnpack.bench`` can share it.
+number of programs and inputs, so ``edgefuse.tools.xnnpack_bench`` can share it.
 """
 
 from __future__ import annotations

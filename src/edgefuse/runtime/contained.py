@@ -32,7 +32,7 @@ import time
 import traceback
 from typing import Any, Callable
 
-from edgefuse.runtime.log import in_one_line
+from edgefuse.runtime.log import flush_standard_streams, in_one_line
 
 #: How much of the end of the child's stderr is read for its last lines, where an abort says why.
 _TAIL = 4096
@@ -68,8 +68,7 @@ def contained(step: Callable[[Note], Any], until: float | None = None) -> Any:
     """
     if not hasattr(os, "fork"):
         return step(lambda _: None)
-    sys.stdout.flush()  # a forked child inherits unwritten buffered output and would write it a second time
-    sys.stderr.flush()
+    flush_standard_streams()
     read, write = os.pipe()
     with tempfile.TemporaryFile() as stderr:
         pid = os.fork()

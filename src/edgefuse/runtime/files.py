@@ -23,12 +23,14 @@ through a link at its name, so nothing swapped after the check is written throug
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import shutil
 import stat
 import tempfile
+from typing import Callable
 from typing import BinaryIO
 
 _FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -278,3 +280,23 @@ def _write_new(path: str, data: bytes | str | BinaryIO, folder: int | None = Non
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
         else:
             shutil.copyfileobj(data, f, 1 << 20)
+
+
+def replace_atomically(path: str | os.PathLike, write: Callable[[io.BufferedWriter], None]) -> None:
+    """Have ``write`` fill a new temporary file beside ``path``, then rename it over ``path``: a failure or an
+    interrupt leaves the old file or none, never half a one, and a link at ``path`` is replaced, not
+    written through. The file gets the mode ``open()`` would give it, not ``mkstemp``'s 0600."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    handle, temporary = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(handle, "wb") as f:
+            write(f)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(temporary, 0o666 & ~umask)
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

@@ -155,3 +155,40 @@ def with_its_log(step: Callable[[], T]) -> T:
             raise
         stream.target.write(stream.held.getvalue())
         return result
+
+
+def flush_standard_streams() -> None:
+    """Write out what Python holds buffered for stdout and stderr: before a fork (a child would write it a
+    second time) and before native code takes their descriptors over."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is not None:
+            stream.flush()
+
+
+@contextlib.contextmanager
+def native_output_held() -> Iterator[list[str]]:
+    """File descriptors 1 and 2 sent to a temporary file while the block runs, and log records below
+    ERROR dropped: QNN's libraries print op tables and set-up notes from native code, which Python's own
+    redirection does not catch, and they would land among the results on stdout. The list yielded holds
+    what was printed once the block ends."""
+    import os
+    import tempfile
+
+    from edgefuse.runtime.quiet import quiet_root_logger
+
+    held: list[str] = []
+    flush_standard_streams()
+    with tempfile.TemporaryFile("w+b") as sink:
+        saved = {fd: os.dup(fd) for fd in (1, 2)}
+        try:
+            for fd in saved:
+                os.dup2(sink.fileno(), fd)
+            with quiet_root_logger():
+                yield held
+        finally:
+            flush_standard_streams()
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)
+            sink.seek(0)
+            held.append(sink.read().decode("utf-8", "replace"))

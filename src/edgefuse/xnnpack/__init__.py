@@ -9,10 +9,10 @@ global average pooling, static reshape, convert), so the programs load on releas
 - :class:`EdgefuseXnnpackPartitioner`: the drop-in for ``XnnpackPartitioner``.
 - :class:`SubstituteForXnnpack`, :class:`RestoreUndelegated`: the passes around partitioning.
 - :mod:`edgefuse.xnnpack.policy`: the single-row mean policy; :mod:`edgefuse.xnnpack.inspect`: read
-  back what a lowered program holds; ``python -m edgefuse.xnnpack.bench``: the benchmark.
+  back what a lowered program holds; ``python -m edgefuse.tools.xnnpack_bench``: the benchmark.
 
 The names are imported on first use (PEP 562), as in :mod:`edgefuse`: running
-``python -m edgefuse.xnnpack.bench`` imports this package first, and the command silences the import-time
+``python -m edgefuse.tools.xnnpack_bench`` imports this package first, and the command silences the import-time
 warnings of torch and torchao only if ExecuTorch is not loaded before it starts.
 """
 
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from edgefuse.lazy import lazy_names
+from edgefuse.core.lazy import lazy_names
 
 #: Each public name and the module that defines it.
 _PUBLIC: dict[str, str] = {

@@ -1,7 +1,7 @@
 """Read back what a lowered program holds, and run it in the released ExecuTorch runtime.
 
 Used by the tests, the benchmark and the acceptance check: how many delegates (which edge ops run
-outside them is :func:`edgefuse._fx.ops_outside`, shared with the other backends), which XNNPACK node types each delegate serialized (decoded from the delegate's own
+outside them is :func:`edgefuse.core._fx.ops_outside`, shared with the other backends), which XNNPACK node types each delegate serialized (decoded from the delegate's own
 flatbuffer with the installed schema, so a claim about a node type is checked on the bytes the runtime
 loads), and the outputs of the ``.pte`` in ``executorch.runtime.Runtime``.
 """
@@ -24,7 +24,7 @@ from executorch.exir import EdgeProgramManager
 from executorch.exir._serialize._flatbuffer import _flatc_decompile
 from executorch.exir.lowered_backend_module import LoweredBackendModule
 
-from edgefuse._fx import top_graph
+from edgefuse.core._fx import top_graph
 
 
 def lowered_modules(program) -> list[LoweredBackendModule]:

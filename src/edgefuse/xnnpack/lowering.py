@@ -17,7 +17,7 @@ from torch.export import ExportedProgram
 
 from executorch.exir import EdgeCompileConfig, EdgeProgramManager, to_edge_transform_and_lower
 
-from edgefuse.programs import detached
+from edgefuse.core.programs import detached
 from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy
 from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
@@ -80,7 +80,7 @@ def lower(
 
 def lower_stock(exported_program: ExportedProgram, **partitioner_kwargs: Any) -> EdgeProgramManager:
     """ExecuTorch's own XNNPACK lowering of ``exported_program``: ``to_edge_transform_and_lower`` with
-    ``XnnpackPartitioner(**partitioner_kwargs)``, on a :func:`~edgefuse.programs.detached` program so
+    ``XnnpackPartitioner(**partitioner_kwargs)``, on a :func:`~edgefuse.core.programs.detached` program so
     that the caller's can be lowered again."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 

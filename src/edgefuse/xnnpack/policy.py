@@ -2,7 +2,7 @@
 
 A delegated mean is much faster than the portable kernel once it averages many rows; a mean of a
 single row (one token of decode through an RMSNorm) has little work to save, so whether to delegate it
-is a measured choice. ``python -m edgefuse.xnnpack.bench`` measures it. On the shared 2-core x86
+is a measured choice. ``python -m edgefuse.tools.xnnpack_bench`` measures it. On the shared 2-core x86
 machine the project is measured on, at 1 thread, median CPU time of the program alone over 1000
 rounds in random order (100-200 for the 2048-wide blocks), edgefuse against stock, load average 2-3.5
 from other work:
@@ -39,7 +39,7 @@ Policies, for a mean whose row count (the product of the kept dims) is static an
 A mean whose row count is known only at run time (dynamic shapes) is always delegated: the same program
 then serves prefill and decode, and prefill is where the time goes. At a decode step such a mean has
 one row, and at width 128 delegating it measured no loss: in ExecuTorch's Llama at dim 128, 2 layers,
-8da4w (5 norms; ``python -m edgefuse.cli.llm_latency --sizes 128x2 --dtypes 8da4w --rounds 1000
+8da4w (5 norms; ``python -m edgefuse.tools.llm_latency --sizes 128x2 --dtypes 8da4w --rounds 1000
 --repeats 2``), the fully-connected that averages a row of 128 took about 0.19 µs a call in samples of
 decode steps (``perf record -F 10000 -e cpu-clock``; its loop is one chain of 128 dependent multiply-adds
 into one register) against 0.15 to 0.17 µs for the portable kernel of stock's program, but stock's

@@ -28,8 +28,8 @@ import torch
 from torch.fx import GraphModule, Node
 from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
-from edgefuse.casts import changes_only_dtype, dtype_of
-from edgefuse.ops import EDGE, Role
+from edgefuse.core.casts import changes_only_dtype, dtype_of
+from edgefuse.core.ops import EDGE, Role
 from edgefuse.xnnpack.custom_ops import EDGE_XNN_ADD_SCALAR, EDGE_XNN_CONVERT, EDGE_XNN_MEAN
 from edgefuse.xnnpack.mean_plan import PlanError, normalize_dims
 

@@ -1,0 +1,1 @@
+"""What the application writes: how a command ends, its progress lines, its tables."""

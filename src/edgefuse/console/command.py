@@ -1,0 +1,29 @@
+"""How every command of the application ends: an error a person can act on is printed as one line and
+becomes its exit code, Ctrl-C becomes 130, and a bug prints its traceback."""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Callable
+
+from edgefuse.inputs.errors import INTERNAL, INTERRUPTED, EdgefuseError
+
+
+def run_command(prog: str, work: Callable[..., int], *args) -> int:
+    """Run a command's ``work(*args)`` and return its exit code, so every command fails the same way: an
+    :class:`EdgefuseError` prints ``PROG: message`` and returns its code, Ctrl-C returns 130, and any other
+    exception (a bug) prints its traceback and the internal-error line and returns :data:`INTERNAL`."""
+    try:
+        return work(*args)
+    except EdgefuseError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except Exception:  # noqa: BLE001  (a bug: reported, not hidden)
+        traceback.print_exc()
+        print(f"{prog}: internal error (a bug in edgefuse: please report it with the traceback above)",
+              file=sys.stderr)
+        return INTERNAL

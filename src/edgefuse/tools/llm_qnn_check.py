@@ -1,0 +1,281 @@
+"""Acceptance check of ``export-llm`` for QNN: ExecuTorch's Llama and Qwen3 from small params through
+export_llm's own QNN path, stock beside edgefuse, run on QNN's x86 HTP emulator.
+
+``python -m edgefuse.tools.llm_qnn_check [--cases llama-fp16,...] [--prefill 4] [--decode 6]``
+
+For each case: write small params and a random checkpoint, export with ExecuTorch's ``export_llm``
+(``backend.qnn.enabled=True``, KV cache, static shapes, SM8650) with the released QNN passes and with
+edgefuse's, count the QNN ``RmsNorm`` ops QNN compiled, and run each ``.pte`` on the emulator through a
+prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) and decode steps.
+
+- **fp16** (the HTP computes in float16): each step's logits against the eager model of the config
+  (float32) at :data:`~edgefuse.compare.qnn_flows.FP16_ULPS` units in the last place of float16 at the largest
+  logit, the bound ``lower --backend qnn`` derives for the tiny models (about 16 float16 roundings
+  reach the output undamped, half a unit each).
+- **quantized** (``quantization.pt2e_quantize=qnn_16a4w``, ``qnn_8a8w``, ``qnn_16a16w``): against the
+  converted (fake-quantized) module export_llm lowered, at the derived tolerance of
+  :func:`edgefuse.qnn.emulator.output_tolerances` on each call's inputs (the one ``lower --backend qnn``
+  uses: one logit step per rounding on the longest path, or what the module carries to the logits when
+  each rounding lands one level off, whichever is more); against float eager as information. A program
+  whose tolerance is set by one coarse op cannot be told apart from a
+  wrong one and does not pass (:func:`edgefuse.compare.qnn_flows.told_apart`: a tolerance looser than
+  float16's on the same logits).
+
+  ``llama-16a4w`` is not among the default cases: as ExecuTorch ships it, it cannot pass. export_llm's
+  QNN path puts a causal mask of -inf in place of the model's boolean one (``replace_causal_mask``), and
+  quantized at 16 bits it sets the scores' step at 1.0: 9962 logit steps (measured on QNN 2.51's
+  emulator, SM8650, 4 prompt tokens and 6 decode steps: stock 0.74 and edgefuse 2.08 off the
+  fake-quantized module, where 33 and 22 roundings allow 0.0033 and 0.0022; the module carries its
+  levels to 0.68 and 2.26). With that mask replaced by ExecuTorch's QNN Llama example's -255, the
+  scores are no longer the coarsest: the 8-bit KV cache of the 16a4w recipe is, at 0.0202, 202 logit
+  steps (stock 0.12, edgefuse 0.36 off; the module carries 0.13 and 0.54). Neither program can be told
+  apart from a wrong one on these logits. edgefuse's program is further off than stock's and stays within
+  what its own module carries (0.54 at the worst call, stock's 0.13).
+
+A case passes when edgefuse's program rebuilds every norm it decided on into one QNN ``RmsNorm``, has no
+fewer RmsNorm ops than stock's, and stays within its bound at every step, as stock's is held to.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+
+if __name__ == "__main__":
+    from edgefuse.runtime.quiet import quiet_libraries
+
+    quiet_libraries()
+
+import torch
+
+from edgefuse.llm.eager import SMALL_LLAMA, SMALL_QWEN3
+
+#: The overrides of every case: ExecuTorch's Llama with a KV cache and static shapes, lowered for QNN.
+BASE_OVERRIDES = (
+    "model.use_kv_cache=True",
+    "model.enable_dynamic_shape=False",
+    "backend.qnn.enabled=True",
+    "backend.qnn.soc_model=SM8650",
+)
+
+
+@dataclass(frozen=True)
+class QnnCase:
+    """One model and precision: params, ``base.model_class`` and the PT2E quantization (None: fp16)."""
+
+    name: str
+    params: dict
+    model_class: str
+    pt2e_quantize: str | None = None
+
+    def arguments(self, params_path: str, checkpoint_path: str) -> list[str]:
+        quantize = [f"quantization.pt2e_quantize={self.pt2e_quantize}"] if self.pt2e_quantize else []
+        return [f"base.model_class={self.model_class}", f"base.params={params_path}",
+                f"base.checkpoint={checkpoint_path}", *BASE_OVERRIDES, *quantize]
+
+
+CASES = {
+    case.name: case
+    for case in (
+        QnnCase("llama-fp16", SMALL_LLAMA, "llama3"),
+        QnnCase("qwen3-fp16", SMALL_QWEN3, "qwen3_0_6b"),
+        QnnCase("llama-16a4w", SMALL_LLAMA, "llama3", "qnn_16a4w"),
+        QnnCase("llama-8a8w", SMALL_LLAMA, "llama3", "qnn_8a8w"),
+        QnnCase("llama-16a16w", SMALL_LLAMA, "llama3", "qnn_16a16w"),
+    )
+}
+
+
+@dataclass
+class QnnProgramCheck:
+    """One lowering of a case: its ``.pte``, what QNN built, and its logits' errors step by step."""
+
+    lowering: str
+    path: str
+    contents: object  # PteContents
+    rms_norms: int
+    rebuilt: int  # norms edgefuse's passes rebuilt (0 for stock)
+    decisions: int
+    reference: str
+    errors: list[float] = field(default_factory=list)
+    allowed: list[float] = field(default_factory=list)
+    versus_float: list[float] = field(default_factory=list)  # quantized programs: against float eager
+    tolerances: list = field(default_factory=list)  # quantized programs: (step, Roundings) per compared call
+
+    @property
+    def within(self) -> bool:
+        return bool(self.errors) and all(e <= a for e, a in zip(self.errors, self.allowed))
+
+    told_apart: bool = True  # quantized programs: no tolerance looser than float16's (qnn_flows.told_apart)
+
+    @property
+    def ok(self) -> bool:
+        return self.within and self.told_apart
+
+
+def one_token_at_a_time(step):
+    """``step`` for a prompt of any length, fed one token per call as a static-shape QNN program takes it;
+    the logits of the prompt's last token."""
+
+    def fed(tokens: torch.Tensor, position: int) -> torch.Tensor:
+        for i in range(tokens.shape[1]):
+            logits = step(tokens[:, i : i + 1], position + i)
+        return logits.reshape(-1).float()
+
+    return fed
+
+
+def counted_step(reference):
+    """A step of the converted (fake-quantized) module ``reference`` as :func:`eager_step` makes it, and the
+    list it appends each call's derived tolerance of the logits to
+    (:func:`edgefuse.qnn.emulator.output_tolerances`: the logits' step and the roundings on their longest
+    path, or what the module carries to them, on that call's inputs). The tolerance is read after the
+    call, on the same tokens and position; reading it puts the module's KV cache back as it was."""
+    from edgefuse.llm.eager import eager_step
+    from edgefuse.qnn.emulator import output_tolerances
+
+    step, tolerances = eager_step(reference), []
+
+    def counting(tokens: torch.Tensor, position: int) -> torch.Tensor:
+        logits = step(tokens, position)
+        (tolerance,) = output_tolerances(reference, (tokens, {"input_pos": torch.tensor([position], dtype=torch.long)}))[:1]
+        if tolerance is None:
+            raise AssertionError("the converted module's logits come from no dequantize: no quantization step to compare at")
+        tolerances.append(tolerance)
+        return logits
+
+    return counting, tolerances
+
+
+def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
+               lowerings=("stock", "edgefuse")) -> dict[str, QnnProgramCheck]:
+    """Export ``case`` with each lowering in ``directory`` and check each program on the emulator."""
+    from edgefuse.compare.qnn_flows import FP16_ULPS, told_apart
+    from edgefuse.llm.eager import eager_model, eager_step, logits_sequence, prompt_and_steps, write_small_model
+    from edgefuse.llm.export import run_export_llm
+    from edgefuse.llm.pte import read_pte
+    from edgefuse.qnn.emulator import compare_at_steps
+    from edgefuse.runtime import LoadedProgram
+    from edgefuse.core.verify import compare, max_error
+
+    params_path, checkpoint_path = write_small_model(directory, case.params)
+    prompt, steps = prompt_and_steps(case.params["vocab_size"], prefill, decode)
+    checks, float_logits = {}, None
+    for how in lowerings:
+        path = os.path.join(directory, f"{how}.pte")
+        export = run_export_llm([*case.arguments(params_path, checkpoint_path), f"export.output_name={path}"],
+                                lowering=how)
+        record = export.swap.qnn
+        if float_logits is None:
+            float_logits = logits_sequence(one_token_at_a_time(eager_step(eager_model(export.config))), prompt, steps)
+        with open(path, "rb") as f:
+            loaded = LoadedProgram(f.read())
+        actual = logits_sequence(one_token_at_a_time(lambda t, p: loaded.run([t, torch.tensor([p])])[0]), prompt, steps)
+        decisions = record.decisions
+        check = QnnProgramCheck(how, path, read_pte(path), record.rms_norms, sum(d.rebuilt for d in decisions),
+                                len(decisions), "fake-quantized" if record.quantized else "eager")
+        if record.quantized:
+            counting, tolerances = counted_step(record.reference)
+            expected = logits_sequence(one_token_at_a_time(counting), prompt, steps)
+            tolerances = tolerances[prompt.shape[1] - 1:]  # those of the calls whose logits are compared
+            comparisons = [compare_at_steps(e, a, step, counted.steps)
+                           for e, a, (step, counted) in zip(expected, actual, tolerances)]
+            check.tolerances = tolerances
+            check.told_apart = all(told_apart(e, c.allowed) for e, c in zip(expected, comparisons))
+            check.versus_float = [max_error(e, a) for e, a in zip(float_logits, actual)]
+        else:
+            comparisons = [compare(e, a, ulps=FP16_ULPS, dtype=torch.float16) for e, a in zip(float_logits, actual)]
+        check.errors = [c.max_error for c in comparisons]
+        check.allowed = [c.allowed for c in comparisons]
+        checks[how] = check
+    return checks
+
+
+def passed(checks: dict[str, QnnProgramCheck]) -> bool:
+    """edgefuse's program rebuilt every norm it decided on into a QNN RmsNorm, has at least stock's
+    RmsNorm ops, and every program is within a bound that tells a wrong program apart."""
+    ours, stock = checks.get("edgefuse"), checks.get("stock")
+    if ours is None or not all(c.ok for c in checks.values()):
+        return False
+    return ours.rebuilt == ours.decisions == ours.rms_norms and (stock is None or ours.rms_norms >= stock.rms_norms)
+
+
+HEADER = ("case", "lowering", "delegates", "kernels outside", "QNN RmsNorm", "rebuilt", "reference",
+          "err", "allowed", "steps = max(roundings, carried) (coarsest step, in logit steps)", "vs float eager", "ok")
+
+
+def rows(case: QnnCase, checks: dict[str, QnnProgramCheck]) -> list[list[object]]:
+    result = []
+    for how, check in checks.items():
+        worst = max(range(len(check.errors)), key=lambda i: check.errors[i] / max(check.allowed[i], 1e-30))
+        result.append([
+            case.name, how, dict(check.contents.delegates), dict(check.contents.kernels), check.rms_norms,
+            f"{check.rebuilt}/{check.decisions}" if how == "edgefuse" else "-", check.reference,
+            f"{check.errors[worst]:.3g}", f"{check.allowed[worst]:.3g}", _roundings(check, worst),
+            f"{max(check.versus_float):.3g}" if check.versus_float else "-",
+            "yes" if check.ok else ("NOT TOLD APART" if check.within else "NO"),
+        ])
+    return result
+
+
+def _roundings(check: QnnProgramCheck, i: int) -> str:
+    """``9 (1 after aten.add.Tensor = 15400)``: the roundings a quantized program's logits are allowed at
+    call ``i``, and the coarsest step they depend on in steps of the logits ("-" for fp16)."""
+    if not check.tolerances:
+        return "-"
+    step, counted = check.tolerances[i]
+    return (f"{counted.steps:.0f} = max({counted.count}, {counted.carried:.1f}) "
+            f"({counted.coarsest:.3g} after {counted.coarsest_op} = {counted.coarsest_steps:.0f}, "
+            f"one level alone {counted.coarsest_carried:.0f})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command on ``argv`` (default ``sys.argv[1:]``); its exit code."""
+    from edgefuse.console.command import run_command
+
+    return run_command("python -m edgefuse.tools.llm_qnn_check", _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m edgefuse.tools.llm_qnn_check", description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default="llama-fp16,qwen3-fp16",
+                        help=f"comma-separated, of {', '.join(CASES)} (default: the fp16 ones; the quantized "
+                             "cannot be told apart from a wrong program, see the module doc)")
+    parser.add_argument("--prefill", type=int, default=4, help="prompt tokens, one per call (default 4)")
+    parser.add_argument("--decode", type=int, default=6, help="decode steps (default 6)")
+    args = parser.parse_args(argv)
+    names = args.cases.split(",")
+    unknown = [n for n in names if n not in CASES]
+    if unknown:
+        parser.error(f"unknown cases {', '.join(unknown)}; known: {', '.join(CASES)}")
+    if args.prefill < 1 or args.decode < 0 or args.prefill + args.decode > 127:
+        parser.error("--prefill at least 1, --decode at least 0, together at most 127 (the default context is 128)")
+    from edgefuse.inputs.errors import UNAVAILABLE, Unavailable
+    from edgefuse.compare.qnn_flows import require_libraries
+    from edgefuse.console.tables import format_table
+
+    try:
+        require_libraries()
+    except Unavailable as error:
+        print(f"error: {error}", file=sys.stderr)
+        return UNAVAILABLE
+    torch.set_num_threads(1)
+    ok, table = True, []
+    with tempfile.TemporaryDirectory(prefix="edgefuse-llm-qnn-check-") as directory:
+        for name in names:
+            sub = os.path.join(directory, name)
+            os.makedirs(sub)
+            checks = check_case(CASES[name], sub, args.prefill, args.decode)
+            ok = passed(checks) and ok
+            table += rows(CASES[name], checks)
+            print(format_table(HEADER, rows(CASES[name], checks)), file=sys.stderr, flush=True)
+    print(format_table(HEADER, table))
+    print("all passed" if ok else "FAILED")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

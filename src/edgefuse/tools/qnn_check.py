@@ -1,0 +1,171 @@
+"""The QNN model table: edgefuse beside stock through ExecuTorch's own QNN flow, compiled and run on the emulator.
+
+``python -m edgefuse.tools.qnn_check [--models NAME,...] [--precisions fp16,16a8w] [--soc SM8650] [--markdown]``
+
+For each model (:data:`edgefuse.inputs.qnn_models.QNN_MODEL_NAMES`: ExecuTorch's own Llama whole, with and
+without QK norms, head dims 32 and 64; one decoder layer of tiny Llama, Qwen3, Gemma3, OLMo2 and T5) and
+each precision, the model is lowered for the SoC with edgefuse's recomposition and with the stock one
+(:mod:`edgefuse.compare.qnn_flows`), each ``.pte`` runs on the x86 HTP emulator, and one row per flow says: the
+norms edgefuse found and rebuilt, the QNN RmsNorm ops in the compiled program, whether QNN lowered it
+(or the exception it raised), the max error against the reference (eager for fp16; the fake-quantized
+module for quantized programs, with float eager beside it as information) and the tolerance. Each
+program runs once more after the other flow's program ran on other values; a result marked ``varies``
+came out different (:func:`edgefuse.compare.qnn_flows.check_repeatable`: QNN read memory it did not write).
+
+Exit status: 1 if edgefuse fails to lower a model stock lowers, a norm edgefuse rebuilt is not one
+RmsNorm in QNN, or an edgefuse program is outside its tolerance or its tolerance cannot tell it apart
+from a wrong one (:func:`edgefuse.compare.qnn_flows.told_apart`; stock's rows are information: its
+QK-norm Llama is wrong in float16, which is what this table shows); 2 for bad options; 3 when the QNN
+libraries are not set up (``edgefuse qnn setup``); 0 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+if __name__ == "__main__":  # run as a command: torchao and torch log warnings as they are imported below
+    from edgefuse.runtime.quiet import quiet_libraries
+
+    quiet_libraries()
+
+from edgefuse.inputs.errors import CHECK_FAILED, OK, USAGE
+from edgefuse.console.command import run_command
+from edgefuse.inputs.qnn_models import QNN_MODEL_NAMES
+
+PRECISIONS = ("fp16", "16a8w")
+PROG = "python -m edgefuse.tools.qnn_check"
+HEADER = ("model", "precision", "flow", "norms", "rebuilt", "RmsNorm", "max err", "allowed", "vs float", "result",
+          "lowered")
+
+
+def check(name: str, precision: str, soc: str, say) -> tuple[list[list[str]], list[str]]:
+    """The table rows of one model in one precision (edgefuse's, then stock's), and what failed."""
+    from edgefuse.compare import qnn_flows
+    from edgefuse.inputs.qnn_models import build_qnn_model
+
+    module, inputs = build_qnn_model(name)
+    programs = []
+    for how in (qnn_flows.EDGEFUSE, qnn_flows.STOCK):
+        program = qnn_flows.lower(module, inputs, how, soc=soc, precision=precision, say=say)
+        programs.append(qnn_flows.run_and_check(program, module, inputs, say))
+    say("running each program again after the other")
+    qnn_flows.check_repeatable(programs, inputs)
+    ours, stock = programs
+    failed = []
+    if not ours.lowered_ok:
+        if stock.lowered_ok:
+            failed.append(f"{name} {precision}: edgefuse did not lower what stock lowers: {ours.failure}")
+    else:
+        failed += [f"{name} {precision}: {failure}" for failure in qnn_flows.failures(ours)]
+    return [_row(name, precision, ours, not failed), _row(name, precision, stock, None)], failed
+
+
+def _row(name: str, precision: str, program, passed: bool | None) -> list[str]:
+    if not program.lowered_ok:
+        lowered = f"no: {_short(program.failure)}"
+    elif not program.ran:
+        lowered = f"yes; did not run: {_short(program.failure)}"
+    else:
+        lowered = "yes"
+    if passed is None:  # stock: information
+        result = "-" if not program.ran else (
+            "right" if program.ok else "not told apart" if program.within and not program.told_apart else "WRONG"
+        )
+    else:
+        result = "PASS" if passed else "FAIL"
+    if program.repeatable is False:
+        result += ", varies"
+    return [
+        name, precision, program.how,
+        str(program.found) if program.how == "edgefuse" and program.lowered_ok else "-",
+        str(program.rebuilt) if program.how == "edgefuse" and program.lowered_ok else "-",
+        str(program.rms_norms) if program.lowered_ok else "-",
+        _number(program.error) if program.ran else ("did not run" if program.lowered_ok else "-"),
+        _number(program.allowed) if program.ran else "-",
+        _number(program.float_error),
+        result,
+        lowered,
+    ]
+
+
+def _short(text: str | None, width: int = 90) -> str:
+    text = text or ""
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def markdown(header, rows) -> str:
+    """A Markdown table (for the closing note)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command on ``argv`` (default ``sys.argv[1:]``); its exit code."""
+    return run_command(PROG, _main, argv)
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="The QNN model table: edgefuse beside stock through ExecuTorch's QNN flow, compiled, run on "
+        "the x86 HTP emulator and compared with eager.",
+    )
+    parser.add_argument("--models", default=",".join(QNN_MODEL_NAMES), help="comma-separated (default: all)")
+    parser.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated: fp16, 16a8w, 16a16w, 8a8w")
+    parser.add_argument("--soc", default="SM8650", help="the Qualcomm SoC to compile for (default SM8650)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    args = parser.parse_args(argv)
+    models = args.models.split(",")
+    precisions = args.precisions.split(",")
+    unknown = [m for m in models if m not in QNN_MODEL_NAMES]
+    if unknown:
+        print(f"unknown models {', '.join(unknown)}; known: {', '.join(QNN_MODEL_NAMES)}", file=sys.stderr)
+        return USAGE
+    bad = [p for p in precisions if p not in ("fp16", "16a8w", "16a16w", "8a8w")]
+    if bad:
+        print(f"unknown precisions {', '.join(bad)}; choose from fp16, 16a8w, 16a16w, 8a8w", file=sys.stderr)
+        return USAGE
+    from edgefuse.qnn.socs import qnn_socs
+
+    known = qnn_socs()
+    if known and args.soc not in known:
+        print(f"--soc {args.soc}: ExecuTorch's QNN backend knows {', '.join(known)}", file=sys.stderr)
+        return USAGE
+
+    import torch
+
+    from edgefuse.console.progress import Progress
+    from edgefuse.runtime.quiet import quiet_libraries
+    from edgefuse.console.tables import format_table
+
+    quiet_libraries()
+    torch.set_num_threads(1)
+    say = Progress(enabled=not args.quiet)
+    rows, failed = [], []
+    from edgefuse.compare.qnn_flows import require_libraries
+
+    require_libraries()
+    for name in models:
+        for precision in precisions:
+            say(f"{name} {precision}")
+            more, failures = check(name, precision, args.soc, say)
+            rows += more
+            failed += failures
+    print(f"QNN HTP {args.soc}, x86 emulator; reference: eager (fp16), the fake-quantized module (quantized; "
+          "'vs float': against float eager, information)")
+    print(markdown(HEADER, rows) if args.markdown else format_table(HEADER, rows))
+    for failure in failed:
+        print(f"FAILED: {failure}")
+    print("all passed" if not failed else f"{len(failed)} failed")
+    return CHECK_FAILED if failed else OK
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
