@@ -32,7 +32,7 @@ from edgefuse.fuzz.spec import (
     INVERSES,
     NEAR_MISSES,
     SQUARES,
-    Cast,
+    CastSpec,
     CaseSpec,
     NormSpec,
     Tail,
@@ -323,7 +323,7 @@ def test_near_misses_are_not_the_rms_norm_of_their_input():
 
 LLAMA = CaseSpec(
     seed=0, index=0, shape=(3, 16), dtype="float32",
-    norm=NormSpec("llama", pre=(Cast("to", "float32"),), mid=(Cast("to", "input"),), weight=WeightSpec("float32", seed=3)),
+    norm=NormSpec("llama", pre=(CastSpec("to", "float32"),), mid=(CastSpec("to", "input"),), weight=WeightSpec("float32", seed=3)),
 )
 
 
@@ -402,7 +402,7 @@ def test_the_check_reports_a_change_outside_the_norms_and_does_not_excuse_it(mon
 
 
 def test_the_check_reports_a_dropped_rounding_at_the_output_and_norm_by_norm(monkeypatch):
-    rounding = dataclasses.replace(LLAMA, norm=dataclasses.replace(LLAMA.norm, mid=(Cast("to", "bfloat16"), Cast("to", "input"))))
+    rounding = dataclasses.replace(LLAMA, norm=dataclasses.replace(LLAMA.norm, mid=(CastSpec("to", "bfloat16"), CastSpec("to", "input"))))
     assert not _kinds(run_unit([rounding], CAPTURE[:1]))  # the real rule 7 keeps it right ...
     monkeypatch.setattr(edgefuse.core.match, "at_least", lambda dtype, floor: True)
     [result] = run_unit([rounding], CAPTURE[:1])
@@ -414,7 +414,7 @@ def test_the_norm_by_norm_check_sees_a_dropped_rounding_that_a_later_rounding_hi
     # A float32 norm that rounds to bfloat16 inside, then the output is rounded to bfloat16 anyway: the
     # outputs differ by at most one bfloat16 unit, within their tolerance; the rebuilt norm itself does not.
     hidden = dataclasses.replace(
-        LLAMA, norm=dataclasses.replace(LLAMA.norm, mid=(Cast("to", "bfloat16"), Cast("to", "input")), post=(Cast("to", "bfloat16"),))
+        LLAMA, norm=dataclasses.replace(LLAMA.norm, mid=(CastSpec("to", "bfloat16"), CastSpec("to", "input")), post=(CastSpec("to", "bfloat16"),))
     )
     assert not _kinds(run_unit([hidden], CAPTURE[:1]))
     monkeypatch.setattr(edgefuse.core.match, "at_least", lambda dtype, floor: True)
@@ -457,10 +457,10 @@ def test_the_check_reports_a_norm_rebuilt_with_eps_zero_where_the_model_adds_eps
 def test_eps_zero_is_allowed_only_where_the_model_adds_an_eps_that_is_zero_there():
     from edgefuse.fuzz.tolerance import eps_values
 
-    f32 = NormSpec("llama", pre=(Cast("to", "float32"),), eps=1e-8)
+    f32 = NormSpec("llama", pre=(CastSpec("to", "float32"),), eps=1e-8)
     assert 0.0 not in eps_values(f32, "float16")  # 1e-8 is 0 in float16, but this norm adds it in float32
     assert 1e-8 in eps_values(f32, "float16") and float(torch.tensor(1e-8)) in eps_values(f32, "float16")
-    half = NormSpec("llama", pre=(Cast("to", "input"),), eps=1e-12)
+    half = NormSpec("llama", pre=(CastSpec("to", "input"),), eps=1e-12)
     assert 0.0 in eps_values(half, "float16")  # added in float16, where it is 0
     const = NormSpec("llama", eps=1e-12, eps_how="const", eps_dtype="float64")
     assert 0.0 not in eps_values(const, "float16")  # a float64 [1] tensor promotes the sum to float64
@@ -536,10 +536,10 @@ def test_a_decision_without_a_module_path_is_the_case_s_functional_norm_under_an
 def test_a_cube_after_a_rebuilt_norm_magnifies_its_ulp_and_is_not_a_finding():
     # Seed 1 case 52: a bfloat16 norm (rebuilt, one ulp off the decomposed one) feeds
     # mean(x * x * x) + 1 under rsqrt, which magnifies that ulp far beyond any output tolerance.
-    feed = NormSpec("rsqrt-method", inverse="rsqrt-method", post=(Cast("to", "input"),),
+    feed = NormSpec("rsqrt-method", inverse="rsqrt-method", post=(CastSpec("to", "input"),),
                     weight=WeightSpec("bfloat16", left=False, seed=29065))
-    cube = NormSpec("t5", var_pre=(Cast("to", "float32"), Cast("to", "input")), square="mul3", eps=1.0,
-                    weight=WeightSpec("float32", seed=59613), post=(Cast("to", "float32"),))
+    cube = NormSpec("t5", var_pre=(CastSpec("to", "float32"), CastSpec("to", "input")), square="mul3", eps=1.0,
+                    weight=WeightSpec("float32", seed=59613), post=(CastSpec("to", "float32"),))
     spec = CaseSpec(seed=1, index=52, shape=(4, 16), dtype="bfloat16", norm=cube, feed=feed, scale=3.0,
                     near_miss="cube-mul", input_seed=171074)
     [result] = run_unit([spec], CAPTURE[:1])
@@ -606,7 +606,7 @@ def test_a_reproducer_rebuilds_the_case_without_the_generator(tmp_path, capsys):
 
 def test_a_reproducer_fails_while_the_bug_is_there(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(edgefuse.core.match, "at_least", lambda dtype, floor: True)
-    rounding = dataclasses.replace(LLAMA, norm=dataclasses.replace(LLAMA.norm, mid=(Cast("to", "bfloat16"), Cast("to", "input"))))
+    rounding = dataclasses.replace(LLAMA, norm=dataclasses.replace(LLAMA.norm, mid=(CastSpec("to", "bfloat16"), CastSpec("to", "input"))))
     finding = Finding("norm-mismatch", ("capture", "aten", False), "(a dropped rounding)", rounding)
     assert _run_reproducer(reproducer_text(finding), tmp_path, "repro.py") == 1
     assert "FAIL: the rebuilt" in capsys.readouterr().out

@@ -33,7 +33,7 @@ from edgefuse.fuzz.generate import FLOAT16_SCALES, computes_in_float16, generate
 from edgefuse.fuzz.hostile import apply_damage
 from edgefuse.fuzz.localize import NormCheck, pair, replay
 from edgefuse.fuzz.render import build
-from edgefuse.fuzz.spec import Cast, CaseSpec, NormSpec, Tail, WeightSpec
+from edgefuse.fuzz.spec import CastSpec, CaseSpec, NormSpec, Tail, WeightSpec
 from edgefuse.fuzz.units import run_unit
 from edgefuse.core.verify import Comparison, compare
 from tests.harness import MODES, exported
@@ -44,7 +44,7 @@ from tests.harness import MODES, exported
 EPS_UNDERFLOW = CaseSpec(
     seed=2, index=1189, shape=(3, 1, 17), dtype="float16",
     norm=NormSpec("executorch-llama", square="mul", eps=1e-12, eps_how="left", eps_dtype="float64", dims_style="list-pos",
-                  mid=(Cast("type_as", "input"),), weight=WeightSpec("float16", kind="buffer", left=False, seed=21030)),
+                  mid=(CastSpec("type_as", "input"),), weight=WeightSpec("float16", kind="buffer", left=False, seed=21030)),
     zero_row=True, tails=(Tail("residual", value=3.0, seed=43234),), input_seed=915889,
 )
 #: eps-underflow-float16-capture-s2-c1189-min.py, the same case shrunk.
@@ -93,8 +93,8 @@ def test_the_eps_underflow_cases_pass_every_check():
 GARBAGE_META = CaseSpec(
     seed=1, index=3300, shape=(2, 17), dtype="float16", near_miss="coreml", scale=3.0, zero_row=True, input_seed=676383,
     norm=NormSpec("coreml", weight=WeightSpec("float16", left=False, seed=41248)),
-    feed=NormSpec("executorch-llama", pre=(Cast("method", "float32"),), square="mul", mid=(Cast("type_as", "input"),),
-                  weight=WeightSpec("float16", left=False, seed=62860), post=(Cast("to", "input"),)),
+    feed=NormSpec("executorch-llama", pre=(CastSpec("method", "float32"),), square="mul", mid=(CastSpec("type_as", "input"),),
+                  weight=WeightSpec("float16", left=False, seed=62860), post=(CastSpec("to", "input"),)),
     heads_view="view",
 )
 GARBAGE_DAMAGE = [("garbage", "clamp_min", "other-dtype"), ("garbage", "mul", "extra-dim"), ("garbage", "norm_weight", "list"),
@@ -136,11 +136,11 @@ def test_the_garbage_metadata_case_gets_reasons_not_a_traceback():
 # --- squares that overflow float16: the generator's bug, and the documented behaviour behind it -------------
 
 #: The norm that fed case s1-c3122: a float32 model that normalizes in float16.
-FLOAT16_FEED = NormSpec("scaleless", pre=(Cast("method", "float16"),), post=(Cast("type_as", "input"), Cast("to", "input")))
+FLOAT16_FEED = NormSpec("scaleless", pre=(CastSpec("method", "float16"),), post=(CastSpec("type_as", "input"), CastSpec("to", "input")))
 
 
 def test_cases_that_compute_in_float16_anywhere_draw_inputs_whose_squares_stay_in_range():
-    assert computes_in_float16("float32", NormSpec("llama", pre=(Cast("to", "float64"),)), FLOAT16_FEED)
+    assert computes_in_float16("float32", NormSpec("llama", pre=(CastSpec("to", "float64"),)), FLOAT16_FEED)
     for seed in (1, 2):
         for index in range(2000):
             spec = generate(seed, index)
@@ -170,9 +170,9 @@ def test_a_rebuilt_float16_norm_returns_what_float64_would_where_the_models_squa
 #: norm-mismatch-s1-c1797-*.py: a bfloat16 model whose grouped norm (2 groups of 2) computes in float16.
 GROUPED_HALF = CaseSpec(
     seed=1, index=1797, shape=(2, 4, 3, 4), dtype="bfloat16", scale=0.1, residual=True, input_seed=400223,
-    norm=NormSpec("grouped", pre=(Cast("to", "float16"),), eps_how="left", groups=2, also_return_normalized=True,
-                  mid=(Cast("to", "input"), Cast("to", "float16")),
-                  weight=WeightSpec("bfloat16", kind="param", cast=Cast("type_as", "float32"), left=True, seed=22612)),
+    norm=NormSpec("grouped", pre=(CastSpec("to", "float16"),), eps_how="left", groups=2, also_return_normalized=True,
+                  mid=(CastSpec("to", "input"), CastSpec("to", "float16")),
+                  weight=WeightSpec("bfloat16", kind="param", cast=CastSpec("type_as", "float32"), left=True, seed=22612)),
     heads_view="reshape", tails=(Tail("mul-scalar", value=2.0, seed=46782),),
 )
 
@@ -256,8 +256,8 @@ def test_the_grouped_half_norm_case_passes_every_check():
 #: near-miss-rebuilt-s11-c260-*.py, the norm as generated before the fix: x float16, h = x in float32, the
 #: square reads h.type_as(x) and the norm scales h rounded through float16, the same values.
 ROUNDED_ALIKE = NormSpec(
-    "llama", pre=(Cast("to", "float32"),), var_pre=(Cast("type_as", "input"),), scaled="rounded",
-    rounded_via="float16", mid=(Cast("type_as", "input"),),
+    "llama", pre=(CastSpec("to", "float32"),), var_pre=(CastSpec("type_as", "input"),), scaled="rounded",
+    rounded_via="float16", mid=(CastSpec("type_as", "input"),),
 )
 
 

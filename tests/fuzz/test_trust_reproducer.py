@@ -20,7 +20,7 @@ from edgefuse.fuzz.render import source
 from edgefuse.fuzz.reproducer import MAX_BYTES, read_specs, reproducer_text
 from edgefuse.fuzz.runner import Options, run
 from edgefuse.fuzz.shrink import candidates
-from edgefuse.fuzz.spec import Cast, Tail, WeightSpec, to_dict
+from edgefuse.fuzz.spec import CastSpec, Tail, WeightSpec, to_dict
 from edgefuse.fuzz.validate import SpecError, cases
 
 SEED = 4
@@ -79,7 +79,7 @@ def test_the_same_injection_in_a_spec_built_in_python_is_refused_by_the_renderer
     code = trust.code_that_touches(marker)
     spec = generate(SEED, 0)
     norm = dataclasses.replace(spec.norm, weight=spec.norm.weight or WeightSpec("float32"),
-                               pre=(Cast("to", "float32"),))
+                               pre=(CastSpec("to", "float32"),))
     spec = dataclasses.replace(spec, norm=norm, tails=(Tail("mul-tensor"),), heads=1)
     text = f"view(1)\n{code}\n#"
     hostile = [
@@ -90,8 +90,8 @@ def test_the_same_injection_in_a_spec_built_in_python_is_refused_by_the_renderer
         dataclasses.replace(spec, norm=dataclasses.replace(norm, square=text)),
         dataclasses.replace(spec, norm=dataclasses.replace(norm, inverse=text)),
         dataclasses.replace(spec, norm=dataclasses.replace(norm, eps=text)),
-        dataclasses.replace(spec, norm=dataclasses.replace(norm, pre=(Cast("to", text),))),
-        dataclasses.replace(spec, norm=dataclasses.replace(norm, pre=(Cast("method", text),))),
+        dataclasses.replace(spec, norm=dataclasses.replace(norm, pre=(CastSpec("to", text),))),
+        dataclasses.replace(spec, norm=dataclasses.replace(norm, pre=(CastSpec("method", text),))),
         dataclasses.replace(spec, norm=dataclasses.replace(norm, weight=dataclasses.replace(norm.weight, seed=text))),
         dataclasses.replace(spec, norm=dataclasses.replace(norm, weight=dataclasses.replace(norm.weight, dtype=text))),
         dataclasses.replace(spec, tails=(Tail("mul-tensor", dtype=text),)),
@@ -114,7 +114,7 @@ def test_the_same_injection_in_a_spec_built_in_python_is_refused_by_the_renderer
     ("input_seed", -1, "SPEC[0].input_seed: -1 is outside"),
     ("residual", 1, "SPEC[0].residual: 1 is not True or False"),
     ("tails", ({"__type__": "Tail", "kind": "residual"},) * 9, "SPEC[0].tails: holds 9 items"),
-    ("norm", {"__type__": "Cast", "kind": "to", "dtype": "float32"}, "SPEC[0].norm.__type__: 'Cast'"),
+    ("norm", {"__type__": "CastSpec", "kind": "to", "dtype": "float32"}, "SPEC[0].norm.__type__: 'CastSpec'"),
     ("bogus", 1, "SPEC[0].bogus: CaseSpec has no such field"),
 ])
 def test_numbers_out_of_range_and_wrong_shapes_are_refused_with_the_field_named(field, value, message, tmp_path, capsys):

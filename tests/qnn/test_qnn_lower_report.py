@@ -168,7 +168,7 @@ def test_a_masked_layer_at_16a8w_is_within_its_derived_tolerance(qnn_sdk):
     from edgefuse.inputs.qnn_models import build_qnn_model
 
     module, inputs = build_qnn_model("tiny-olmo2-layer")
-    program = qnn_flows.lower(module, inputs, qnn_flows.EDGEFUSE, soc="SM8650", precision="16a8w")
+    program = qnn_flows.lower_qnn(module, inputs, qnn_flows.EDGEFUSE, soc="SM8650", precision="16a8w")
     qnn_flows.run_and_check(program, module, inputs)
     assert program.ok, program.line()
     assert program.told_apart  # no looser than float16's bound on the same output
@@ -194,7 +194,7 @@ def test_a_program_that_reads_memory_it_did_not_write_is_marked(qnn_sdk):
 
     module, inputs = build_qnn_model("et-llama-qk-hd32")
     programs = [
-        qnn_flows.run_and_check(qnn_flows.lower(module, inputs, how, soc="SM8650", precision="fp16"), module, inputs)
+        qnn_flows.run_and_check(qnn_flows.lower_qnn(module, inputs, how, soc="SM8650", precision="fp16"), module, inputs)
         for how in (qnn_flows.EDGEFUSE, qnn_flows.STOCK)
     ]
     qnn_flows.check_repeatable(programs, inputs)
@@ -219,7 +219,7 @@ def test_a_program_alone_is_run_again_after_itself_on_other_values(qnn_sdk):
 
     module, inputs = Blocks(("gemma",)).eval(), _inputs()
     programs = [
-        qnn_flows.run_and_check(qnn_flows.lower(module, inputs, how, soc="SM8650", precision="fp16"), module, inputs)
+        qnn_flows.run_and_check(qnn_flows.lower_qnn(module, inputs, how, soc="SM8650", precision="fp16"), module, inputs)
         for how in (qnn_flows.EDGEFUSE, qnn_flows.STOCK)
     ]
     qnn_flows.check_repeatable(programs, inputs)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 from torch.export import export
 
-from edgefuse.core.verify import tolerance
+from edgefuse.core.verify import TOLERANCES, tolerance
 from edgefuse.xnnpack.lowering import lower, lower_stock
 from edgefuse.core._fx import ops_outside
 from edgefuse.xnnpack.inspect import lowered_modules, node_type_counts, node_types, run_pte, to_pte
@@ -16,8 +16,8 @@ torch.set_num_threads(1)  # eager OpenMP workers left spinning slow the runtime 
 
 #: Units in the last place of the output's largest value (at least 1) allowed against eager: the
 #: delegate sums in another order than ATen (a fully-connected against 1/W, or pooling), and a float16
-#: program rounds each intermediate once more or less than eager.
-ULPS = {torch.float32: 8, torch.float16: 8, torch.bfloat16: 8}
+#: program rounds each intermediate once more or less than eager (the "lowered program" tolerance).
+ULPS = TOLERANCES["lowered program"].ulps
 
 
 @dataclass
@@ -65,7 +65,7 @@ def assert_matches(result: Result, ulps: float | None = None) -> None:
         for i, (a, e) in enumerate(zip(actual, expected)):
             assert a.shape == e.shape, f"run {run} output {i}: shape {tuple(a.shape)}, eager {tuple(e.shape)}"
             assert a.dtype == e.dtype, f"run {run} output {i}: dtype {a.dtype}, eager {e.dtype}"
-            allowed = tolerance(e.dtype, e, ulps if ulps is not None else ULPS[e.dtype])
+            allowed = tolerance(e.dtype, e, ulps if ulps is not None else ULPS)
             error = float((a.double() - e.double()).abs().max()) if e.numel() else 0.0
             assert error <= allowed, f"run {run} output {i}: max error {error:.3g} above {allowed:.3g}"
 

@@ -7,6 +7,7 @@ the arguments parse, so ``edgefuse --help`` and usage errors do not wait for tor
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 
 from edgefuse.console.command import run_command
@@ -39,8 +40,16 @@ PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w")
 DEFAULT_SOC = "SM8650"
 
 
-#: Commands of :mod:`edgefuse.cli.llm_commands`, and the function that runs each.
-LLM_COMMANDS = {"export-llm": "export_llm", "bench-llm": "bench_llm"}
+#: Each command but ``demo`` and ``qnn``: the module and the function that run it, imported only once the
+#: arguments parse.
+COMMANDS = {
+    "report": ("edgefuse.cli.commands", "report_command"),
+    "lower": ("edgefuse.cli.commands", "lower_command"),
+    "bench": ("edgefuse.cli.commands", "bench_command"),
+    "fuzz": ("edgefuse.cli.commands", "fuzz_command"),
+    "export-llm": ("edgefuse.cli.llm_commands", "export_llm_command"),
+    "bench-llm": ("edgefuse.cli.llm_commands", "bench_llm_command"),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -293,13 +302,8 @@ def _run(args: argparse.Namespace, say) -> int:
         from edgefuse.cli.qnn_setup import run as qnn
 
         return qnn(args, say)
-    if args.command in LLM_COMMANDS:
-        from edgefuse.cli import llm_commands
-
-        return getattr(llm_commands, LLM_COMMANDS[args.command])(args, say)
-    from edgefuse.cli import commands
-
-    return getattr(commands, args.command)(args, say)
+    module, function = COMMANDS[args.command]
+    return getattr(importlib.import_module(module), function)(args, say)
 
 if __name__ == "__main__":
     raise SystemExit(main())

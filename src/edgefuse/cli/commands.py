@@ -148,7 +148,7 @@ def _quantization(spec, say: Say) -> dict:
         ) from error
 
 
-def report(args, say: Say) -> int:
+def report_command(args, say: Say) -> int:
     """``edgefuse report MODEL``: the per-norm table (or JSON) and its summary line."""
     _check_backend(args.backend)
     stage = _stage(args)
@@ -227,7 +227,7 @@ def _output_paths(args) -> tuple[str, str]:
     return output, map_path
 
 
-def lower(args, say: Say) -> int:
+def lower_command(args, say: Say) -> int:
     """``edgefuse lower MODEL -o out.pte``: edgefuse's XNNPACK (or QNN) flow, compared with stock, and the map."""
     qnn = qnn_options(args, "--backend qnn", args.backend == "qnn")
     output, map_path = _output_paths(args)
@@ -268,8 +268,8 @@ def _lower_qnn(args, soc: str, precision: str, *, output: str, map_path: str, sa
     spec = _spec(args)
     module = _module(spec)
     reference = _reference(spec)
-    ours = qnn_flows.lower(module, spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)
-    stock = qnn_flows.lower(module, spec.inputs, STOCK, soc=soc, precision=precision, say=say)
+    ours = qnn_flows.lower_qnn(module, spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)
+    stock = qnn_flows.lower_qnn(module, spec.inputs, STOCK, soc=soc, precision=precision, say=say)
     title = f"{spec.name} ({_dtype(spec)}), QNN HTP {soc} {precision}, edgefuse and stock:"
     if not ours.lowered_ok:
         if not stock.lowered_ok:
@@ -303,7 +303,7 @@ def _add_compiled(result, spec, soc: str, precision: str, say: Say) -> None:
     from edgefuse.compare import qnn_flows
     from edgefuse.compare.qnn_flows import EDGEFUSE
 
-    program = qnn_flows.lower(_module(spec), spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)
+    program = qnn_flows.lower_qnn(_module(spec), spec.inputs, EDGEFUSE, soc=soc, precision=precision, say=say)
     if not program.lowered_ok:
         raise UsageError(f"{spec.name}: {program.failure}")
     result.compiled = f"QNN {soc} {precision}"
@@ -318,7 +318,7 @@ def _module(spec):
     return spec.module if spec.module is not None else spec.program.module()
 
 
-def bench(args, say: Say) -> int:
+def bench_command(args, say: Say) -> int:
     """``edgefuse bench MODEL``: stock against edgefuse in the runtime, alternating, with ratios."""
     if args.runs < 10:
         raise UsageError("--runs must be at least 10")
@@ -372,7 +372,7 @@ def _checked(programs) -> int:
     return CHECK_FAILED
 
 
-def fuzz(args, say: Say) -> int:
+def fuzz_command(args, say: Say) -> int:
     """``edgefuse fuzz ...``: hands its arguments to ``edgefuse.fuzz.main``, which another part provides."""
     try:
         from edgefuse.fuzz import main

@@ -67,7 +67,7 @@ def contents_rows(programs: list[tuple[str, object]]) -> tuple[list[str], list[l
     return header, rows
 
 
-def export_llm(args, say: Say) -> int:
+def export_llm_command(args, say: Say) -> int:
     """``edgefuse export-llm [--config FILE] [--compare] [--hydra-dir DIR] [OVERRIDES...]``."""
     from edgefuse.console.tables import format_table
     from edgefuse.llm.pte import read_pte
@@ -168,7 +168,7 @@ def _run(passed: list[str], lowering: str, single_row: str | None, hydra_dir: st
                          "with export.export_only=True there is nothing to lower") from error
 
 
-def bench_llm(args, say: Say) -> int:
+def bench_llm_command(args, say: Say) -> int:
     """``edgefuse bench-llm STOCK.pte EDGEFUSE.pte``: prefill latency and decode ms per token, alternating, in
     ``--runs`` runs on programs loaded afresh, the one loaded first alternating."""
     from edgefuse.compare.llm_programs import check_bench_numbers

@@ -19,12 +19,11 @@ from torch.export.graph_signature import OutputKind
 
 from edgefuse.inputs.errors import UsageError
 from edgefuse.core.fresh import fresh
-from edgefuse.compare.stock_and_edgefuse import STOCK, DelegateSummary, lower, summarize
+from edgefuse.compare.stock_and_edgefuse import STOCK, DelegateSummary, lower_xnnpack, summarize
 from edgefuse.inputs.modelspec import error_summary
 from edgefuse.runtime import LoadedProgram
-from edgefuse.core.verify import finite_tolerance, max_error
+from edgefuse.core.verify import TOLERANCES, finite_tolerance, max_error
 
-ULPS = 8
 
 
 @dataclass
@@ -72,7 +71,7 @@ def lower_to_pte(
     there is nothing to compare edgefuse's lowering with.
     """
     say(f"lowering for XNNPACK ({how})")
-    manager = _stock_step(lambda: lower(program, how), how, "to_edge_transform_and_lower")
+    manager = _stock_step(lambda: lower_xnnpack(program, how), how, "to_edge_transform_and_lower")
     summary = summarize(manager, how)
     if not serialize:
         return CheckedProgram(how, summary, b"")
@@ -124,7 +123,7 @@ def run_and_check(
         lowered.errors, lowered.allowed = [float("inf")], [0.0]
         return lowered
     lowered.errors = [max_error(e, a) for a, e in zip(actual, expected)]
-    lowered.allowed = [finite_tolerance(e.dtype, e, ULPS) for e in expected]  # 0 for integers
+    lowered.allowed = [finite_tolerance(e.dtype, e, TOLERANCES["lowered program"].ulps) for e in expected]  # 0 for integers
     if stock is not None and stock.errors is not None and len(stock.errors) == len(expected):
         lowered.allowed = [
             max(allowed, theirs + finite_tolerance(e.dtype, e, 1))

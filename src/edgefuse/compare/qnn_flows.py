@@ -55,7 +55,7 @@ from edgefuse.compare.stock_and_edgefuse import DelegateSummary, op_name, summar
 from edgefuse.core.fresh import fresh, kept_state
 from edgefuse.runtime.log import native_output_held
 from edgefuse.quant.facts import is_dequantize, is_quantize
-from edgefuse.core.verify import Comparison, compare
+from edgefuse.core.verify import TOLERANCES, Comparison, compare
 
 EDGEFUSE = "edgefuse"
 STOCK = "stock"
@@ -63,7 +63,7 @@ FP16 = "fp16"
 #: Units in the last place of float16 at the output's largest magnitude (see the module doc): counted
 #: for the roundings of a layer or two, the depth of the models the table and the tests lower; a deeper
 #: model's output carries more, and may exceed it while QNN computes it right.
-FP16_ULPS = 8
+FP16_ULPS = TOLERANCES["qnn float16"].ulps
 QNN_BACKEND = "QnnBackend"
 #: The QNN op type of a rebuilt norm (``qti.aisw::RmsNorm``, built from ``aten.rms_norm``).
 RMS_NORM = "RmsNorm"
@@ -222,7 +222,7 @@ def _delegates(summary: DelegateSummary | None) -> str:
 
 # --- lowering -------------------------------------------------------------------------------------------
 
-def lower(
+def lower_qnn(
     module: torch.nn.Module, inputs: tuple, how: str, *, soc: str, precision: str, say: Say = lambda _: None,
 ) -> QnnProgram:
     """Lower ``module`` through QNN's flow with ``how``'s recomposition (calibrated on ``inputs`` when

@@ -7,7 +7,7 @@ graph a quantizer sees, or the ExecuTorch edge program), runs the rewritten prog
   eager (for a saved ``.pt2``, in the saved program, since there is no eager module);
 - the program's outputs with the unrewritten program's: this is the check (``Report.ok``), since it
   isolates what edgefuse changed from what export and the edge decompositions already change. Each
-  float output is compared at ``ULPS`` units of the coarsest dtype on any path from a rebuilt norm to
+  float output is compared at the "rewritten program" tolerance (:data:`edgefuse.core.verify.TOLERANCES`) in units of the coarsest dtype on any path from a rebuilt norm to
   it (:func:`edgefuse.core.verify.output_tolerance_dtypes`: a float16 norm read by float32 outputs moves a
   float16 rounding), else of its own dtype; other outputs must match exactly.
 
@@ -36,13 +36,10 @@ from edgefuse.core.programs import detached
 from edgefuse.quant.facts import norm_key
 from edgefuse.core.recompose import Decision, recompose_rms_norm
 from edgefuse.console.tables import format_table
-from edgefuse.core.verify import compare, max_error, output_tolerance_dtypes, outputs
+from edgefuse.core.verify import TOLERANCES, compare, max_error, output_tolerance_dtypes, outputs
 
 SCHEMA_VERSION = 1
 STAGES = ("capture", "edge")
-#: Units in the last place of an output's largest value allowed between the rewritten and the
-#: unrewritten program: each rebuilt norm may round once where the model rounded twice.
-ULPS = 4
 
 
 @dataclass
@@ -186,7 +183,7 @@ def compare_decisions(
     report.output_error = max((_max_error(e, a) or 0.0 for e, a in zip(expected, actual)), default=0.0)
     report.unrewritten_error = max((_max_error(e, b) or 0.0 for e, b in zip(expected, before)), default=0.0)
     dtypes = tolerance_dtypes(rewritten, decisions, len(actual))
-    comparisons = [compare(b, a, ulps=ULPS, dtype=dtype) for b, a, dtype in zip(before, actual, dtypes)]
+    comparisons = [compare(b, a, ulps=TOLERANCES["rewritten program"].ulps, dtype=dtype) for b, a, dtype in zip(before, actual, dtypes)]
     if comparisons:
         # show the output that comes closest to (or goes furthest past) its tolerance
         worst = max(comparisons, key=lambda c: (not c.ok, _ratio(c.max_error, c.allowed)))

@@ -69,7 +69,7 @@ def build_xnnpack_patterns() -> None:
             build()
 
 
-def lower(program: ExportedProgram, how: str):
+def lower_xnnpack(program: ExportedProgram, how: str):
     """Lower ``program`` with ``how`` (``"stock"`` or ``"edgefuse"``); returns an ``EdgeProgramManager``."""
     if how == STOCK:
         return stock_lower(program)

@@ -89,7 +89,7 @@ SQUARES = {"pow2": "{v}.pow(2)", "pow2f": "{v}.pow(2.0)", "square": "torch.squar
 
 
 @dataclass(frozen=True)
-class Cast:
+class FormCast:
     """A cast as a form writes it: ``kind`` is ``to`` (``x.to(dt)``), ``method`` (``x.float()``) or
     ``type_as``; ``dtype`` is ``compute`` (the dtype the norm computes in), ``input`` (the input's),
     ``weight`` (the weight's), or ``half-weight`` (the weight's when it is float16 or bfloat16; no cast
@@ -100,14 +100,14 @@ class Cast:
 
 
 @dataclass(frozen=True)
-class Weight:
+class FormWeight:
     """The weight of a form: on the left (``w * h``) or right; ``offset``, Gemma's ``1 + w``; ``cast``,
     a cast of the weight before it (Gemma's ``w.float()``); ``dtype`` is ``weight`` (its own) or
     ``input``; ``optional``, the form is written without one too; ``around``, the value it is near."""
 
     left: bool = True
     offset: bool = False
-    cast: Cast | None = None
+    cast: FormCast | None = None
     dtype: str = "weight"
     optional: bool = False
     around: float = 1.0
@@ -121,15 +121,15 @@ class NormForm:
 
     name: str
     seen_in: str
-    pre: tuple[Cast, ...] = ()
-    var_pre: tuple[Cast, ...] = ()
+    pre: tuple[FormCast, ...] = ()
+    var_pre: tuple[FormCast, ...] = ()
     square: str = "pow2"
     spelling: str = "rsqrt"
     eps_left: bool = False
     scale_left: bool = False
-    mid: tuple[Cast, ...] = ()
-    weight: Weight | None = Weight()
-    post: tuple[Cast, ...] = ()
+    mid: tuple[FormCast, ...] = ()
+    weight: FormWeight | None = FormWeight()
+    post: tuple[FormCast, ...] = ()
     groups: int = 1
     functional: bool = False
 
@@ -148,8 +148,8 @@ class NormForm:
         return not any(c.dtype == "compute" for c in (*self.pre, *self.var_pre))
 
 
-_UP, _BACK = Cast("to", "compute"), Cast("to", "input")
-_FLOAT = Cast("method", "compute")
+_UP, _BACK = FormCast("to", "compute"), FormCast("to", "input")
+_FLOAT = FormCast("method", "compute")
 
 #: The forms of real models (transformers 5.23, ExecuTorch's examples) and hand-written code, by name.
 FORMS = {
@@ -158,45 +158,45 @@ FORMS = {
         NormForm("llama", "Hugging Face Llama, Qwen2/3, Mistral, Phi-3, SmolLM", pre=(_UP,), mid=(_BACK,)),
         NormForm(
             "executorch-llama", "ExecuTorch's Llama example: x * x, .float(), type_as", pre=(_FLOAT,), square="mul",
-            mid=(Cast("type_as", "input"),), weight=Weight(left=False),
+            mid=(FormCast("type_as", "input"),), weight=FormWeight(left=False),
         ),
         NormForm(
             "t5", "T5: the variance of a float32 copy scales the original x", var_pre=(_UP,),
-            mid=(Cast("to", "half-weight"),),
+            mid=(FormCast("to", "half-weight"),),
         ),
         NormForm("olmo2", "OLMo2: the weight applied in float32, one cast after it", pre=(_UP,), post=(_BACK,)),
         NormForm(
             "gemma", "Gemma 1/2/3: * (1 + w.float()), cast at the end", pre=(_FLOAT,),
-            weight=Weight(left=False, offset=True, cast=_FLOAT, around=0.0), post=(Cast("type_as", "input"),),
+            weight=FormWeight(left=False, offset=True, cast=_FLOAT, around=0.0), post=(FormCast("type_as", "input"),),
         ),
         NormForm(
             "gemma3n", "Gemma 3n and 4: the root as pow(m, -0.5)", pre=(_FLOAT,), spelling="pow-neg-half",
-            weight=Weight(left=False, cast=_FLOAT), post=(Cast("type_as", "input"),),
+            weight=FormWeight(left=False, cast=_FLOAT), post=(FormCast("type_as", "input"),),
         ),
         NormForm(
             "scaleless", "ExecuTorch's ScalelessRMSNorm: no weight", pre=(_FLOAT,), weight=None,
-            post=(Cast("type_as", "input"),),
+            post=(FormCast("type_as", "input"),),
         ),
         NormForm(
             "unit-offset", "ExecuTorch's RMSNorm(add_unit_offset=True): * (1 + w) after type_as", pre=(_FLOAT,),
-            mid=(Cast("type_as", "input"),), weight=Weight(left=False, offset=True, dtype="input", around=0.0),
+            mid=(FormCast("type_as", "input"),), weight=FormWeight(left=False, offset=True, dtype="input", around=0.0),
         ),
         NormForm("div-sqrt", "by hand: x / sqrt(mean + eps)", square="pow2f", spelling="div-sqrt"),
         NormForm("div-pow-sqrt", "by hand: x / (mean + eps) ** 0.5", spelling="div-pow-sqrt"),
         NormForm(
             "reciprocal-sqrt", "by hand: x * reciprocal(sqrt(square(x).mean + eps))", square="square",
-            spelling="reciprocal-sqrt", weight=Weight(left=False),
+            spelling="reciprocal-sqrt", weight=FormWeight(left=False),
         ),
         NormForm(
             "reciprocal-pow-sqrt", "by hand: x * reciprocal((mean + eps) ** 0.5)", spelling="reciprocal-pow-sqrt",
-            weight=Weight(left=False),
+            weight=FormWeight(left=False),
         ),
-        NormForm("rsqrt-method", "by hand: x * (mean + eps).rsqrt()", spelling="rsqrt-method", weight=Weight(left=False)),
+        NormForm("rsqrt-method", "by hand: x * (mean + eps).rsqrt()", spelling="rsqrt-method", weight=FormWeight(left=False)),
         NormForm(
-            "rsqrt-left", "by hand: rsqrt(eps + mean) * x", eps_left=True, scale_left=True, weight=Weight(left=False),
+            "rsqrt-left", "by hand: rsqrt(eps + mean) * x", eps_left=True, scale_left=True, weight=FormWeight(left=False),
         ),
         NormForm(
-            "functional", "torch.nn.functional.rms_norm", weight=Weight(dtype="input", optional=True),
+            "functional", "torch.nn.functional.rms_norm", weight=FormWeight(dtype="input", optional=True),
             functional=True,
         ),
         NormForm("grouped", "Mamba2's gated norm: groups normalized, merged back", pre=(_UP,), mid=(_BACK,), groups=2),

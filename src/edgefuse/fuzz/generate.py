@@ -23,7 +23,7 @@ from edgefuse.fuzz.spec import (
     NEAR_MISSES,
     SQUARES,
     TAIL_KINDS,
-    Cast,
+    CastSpec,
     CaseSpec,
     NormSpec,
     Tail,
@@ -79,7 +79,7 @@ def _resolve(dtype: str, input_dtype: str) -> str:
     return input_dtype if dtype == "input" else dtype
 
 
-def _random_cast(rng: random.Random, rank: int) -> Cast:
+def _random_cast(rng: random.Random, rank: int) -> CastSpec:
     kinds = {"to": 40, "method": 20, "type_as": 20}
     if rank in (4, 5):
         kinds.update({"to-contiguous": 12, "to-channels-last": 8})
@@ -87,7 +87,7 @@ def _random_cast(rng: random.Random, rank: int) -> Cast:
     dtype = rng.choice((*DTYPES[:3], "input", "input"))
     if kind == "method" and dtype == "input":
         kind = "to"
-    return Cast(kind, dtype)
+    return CastSpec(kind, dtype)
 
 
 def _weight(rng: random.Random, dtype: str, **overrides) -> WeightSpec:
@@ -105,11 +105,11 @@ def instance(
     entry = registry.FORMS[form]
     wdtype = weight_dtype or dtype
 
-    def cast(c: registry.Cast) -> Cast:
+    def cast(c: registry.FormCast) -> CastSpec:
         target = {"compute": compute, "input": "input", "weight": wdtype, "half-weight": wdtype}[c.dtype]
-        return Cast("to" if c.kind == "method" and target == "input" else c.kind, target)
+        return CastSpec("to" if c.kind == "method" and target == "input" else c.kind, target)
 
-    def casts(chain: tuple[registry.Cast, ...]) -> tuple[Cast, ...]:
+    def casts(chain: tuple[registry.FormCast, ...]) -> tuple[CastSpec, ...]:
         return tuple(cast(c) for c in chain if c.dtype != "half-weight" or wdtype in HALF)
 
     weight = None
@@ -140,13 +140,13 @@ def template(form: str, rng: random.Random, dtype: str) -> NormSpec:
     return instance(form, dtype, up, wdtype, seed, weighted)
 
 
-def _perturb_casts(rng: random.Random, casts: tuple[Cast, ...], rank: int) -> tuple[Cast, ...]:
+def _perturb_casts(rng: random.Random, casts: tuple[CastSpec, ...], rank: int) -> tuple[CastSpec, ...]:
     casts = list(casts)
     if casts and rng.random() < 0.3:
         i = rng.randrange(len(casts))
         casts[i] = dataclasses.replace(casts[i], kind=_random_cast(rng, rank).kind)
         if casts[i].kind == "method" and casts[i].dtype == "input":
-            casts[i] = Cast("to", "input")
+            casts[i] = CastSpec("to", "input")
     if casts and rng.random() < 0.12:
         del casts[rng.randrange(len(casts))]
     if rng.random() < 0.25:
@@ -217,7 +217,7 @@ def _compute_dtype(norm: NormSpec, dtype: str) -> str:
     return dtype
 
 
-def _widening_prefix(casts: Sequence[Cast], start: str, input_dtype: str) -> tuple[Cast, ...]:
+def _widening_prefix(casts: Sequence[CastSpec], start: str, input_dtype: str) -> tuple[CastSpec, ...]:
     """The leading ``casts`` that keep every value of a ``start`` tensor (each to the same or a wider dtype)."""
     kept, current = [], start
     for cast in casts:
@@ -351,7 +351,7 @@ def generate(seed: int, index: int, near_miss_rate: float = 0.3) -> CaseSpec:
             feed = dataclasses.replace(feed, weight=dataclasses.replace(feed.weight, dtype=dtype))
         if feed.functional and feed.weight is not None:
             feed = dataclasses.replace(feed, weight=dataclasses.replace(feed.weight, dtype=_compute_dtype(feed, dtype)))
-        feed = dataclasses.replace(feed, post=(*feed.post, Cast("to", "input")))
+        feed = dataclasses.replace(feed, post=(*feed.post, CastSpec("to", "input")))
 
     tails = []
     for _ in range(_weighted(rng, TAIL_COUNTS)):

@@ -23,7 +23,7 @@ from edgefuse.fuzz.spec import (
     DTYPES,
     HEADS_VIEWS,
     SCALED,
-    Cast,
+    CastSpec,
     CaseSpec,
     NormSpec,
     WeightSpec,
@@ -126,7 +126,7 @@ class _Init:
         return f"self.probe_{dtype}"
 
 
-def _cast(var: str, cast: Cast, rank: int, init: _Init, source: str = "x") -> str:
+def _cast(var: str, cast: CastSpec, rank: int, init: _Init, source: str = "x") -> str:
     """The expression that applies ``cast`` to ``var``; "input" is ``source``'s dtype."""
     dtype = f"{source}.dtype" if cast.dtype == "input" else _dt(cast.dtype)
     if cast.kind == "method":
@@ -140,7 +140,7 @@ def _cast(var: str, cast: Cast, rank: int, init: _Init, source: str = "x") -> st
     return f"{var}.to({dtype})"
 
 
-def _casts(lines: list[str], var: str, casts: Sequence[Cast], rank: int, init: _Init, source: str = "x") -> None:
+def _casts(lines: list[str], var: str, casts: Sequence[CastSpec], rank: int, init: _Init, source: str = "x") -> None:
     for cast in casts:
         lines.append(f"{var} = {_cast(var, cast, rank, init, source)}")
 

@@ -133,7 +133,8 @@ _XNNPACK_CHECK = '''
 import copy
 import sys
 
-from edgefuse.compare.pte_checks import ULPS, lower_to_pte
+from edgefuse.compare.pte_checks import lower_to_pte
+from edgefuse.core.verify import TOLERANCES
 from edgefuse.fuzz.tolerance import compare_at
 from edgefuse.runtime import LoadedProgram
 from torch.export import export
@@ -157,7 +158,8 @@ def main():
         if got.dtype != expected.dtype or got.shape != expected.shape:
             failures.append(f"output {i} is {got.dtype} {list(got.shape)}, eager {expected.dtype} {list(expected.shape)}")
             continue
-        ours, reference = compare_at(expected, got, expected.dtype, ULPS), compare_at(expected, theirs, expected.dtype, ULPS)
+        ulps = TOLERANCES["lowered program"].ulps
+        ours, reference = compare_at(expected, got, expected.dtype, ulps), compare_at(expected, theirs, expected.dtype, ulps)
         one_more = compare_at(expected, expected, expected.dtype, 1.0).allowed
         print(f"output {i}: edgefuse off by {ours.max_error:.6g}, stock by {reference.max_error:.6g}, {ours.allowed:.6g} allowed")
         if not ours.ok and ours.max_error > reference.max_error + one_more:

@@ -14,7 +14,7 @@ from edgefuse.fuzz.check import CHECKS, CaseResult, Finding, check_name
 from edgefuse.fuzz.generate import features, generate
 from edgefuse.fuzz.edge_programs import cached_cia_ops
 from edgefuse.fuzz.summary import FAILING, Summary, duration
-from edgefuse.fuzz.units import Timing, run_unit
+from edgefuse.fuzz.units import UnitTimes, run_unit
 
 CAPTURE_CHECKS = tuple(c for c in CHECKS if c[0] == "capture")
 #: Where reproducer files go unless ``--out`` says otherwise; created only when a case fails.
@@ -81,14 +81,14 @@ class UnitOutcome:
     results: list[CaseResult]
     hostile: list
     xnnpack: list[CaseResult]
-    timing: Timing
+    timing: UnitTimes
 
 
 def _work(seed: int, indices: Sequence[int], checks: tuple, hostile_every: int, xnnpack_every: int) -> UnitOutcome:
     """Everything the run does for one unit (in a worker process when ``--jobs`` > 1)."""
     _quiet_pytree_deprecation()
     specs = [generate(seed, j) for j in indices]
-    timing = Timing()
+    timing = UnitTimes()
     hostile, xnnpack = [], []
     with cached_cia_ops():
         results = run_unit(specs, checks, timing)

@@ -73,7 +73,7 @@ HEADS_VIEWS = ("view", "reshape")
 
 
 @dataclass(frozen=True)
-class Cast:
+class CastSpec:
     """One cast: how it is spelled and the dtype it casts to ("input" is the norm's input dtype)."""
 
     kind: str
@@ -94,7 +94,7 @@ class WeightSpec:
     kind: str = "param"
     shape: str = "normalized"
     offset: bool = False
-    cast: Cast | None = None
+    cast: CastSpec | None = None
     left: bool = True
     around: float = 1.0
     seed: int = 0
@@ -112,8 +112,8 @@ class NormSpec:
     """
 
     form: str
-    pre: tuple[Cast, ...] = ()
-    var_pre: tuple[Cast, ...] = ()
+    pre: tuple[CastSpec, ...] = ()
+    var_pre: tuple[CastSpec, ...] = ()
     square: str = "pow2"  # SQUARES | near misses: NEAR_MISS_SQUARES
     dims: int = 1  # the number of trailing dims normalized
     mean_dims: tuple[int, ...] | None = None  # near miss "wrong-dim": the dims actually averaged
@@ -126,9 +126,9 @@ class NormSpec:
     scaled: str = "same"  # SCALED
     rounded_via: str = "float16"  # the dtype a "rounded" scaled tensor is rounded through
     scale_left: bool = False  # inverse * h instead of h * inverse
-    mid: tuple[Cast, ...] = ()
+    mid: tuple[CastSpec, ...] = ()
     weight: WeightSpec | None = None
-    post: tuple[Cast, ...] = ()
+    post: tuple[CastSpec, ...] = ()
     groups: int = 1  # a grouped form's: the last dim is split into this many groups
     also_return_normalized: bool = False  # the normalized tensor is a second output (two users)
 
@@ -230,7 +230,7 @@ def normalized_shape(norm: NormSpec, input_shape: tuple[int, ...]) -> tuple[int,
 def to_dict(spec: Any) -> Any:
     """A spec as nested dicts, tuples and scalars, with a "__type__" key naming each dataclass."""
     if dataclasses.is_dataclass(spec):
-        out = {"__type__": type(spec).__name__}
+        out = {"__type__": SPEC_NAMES[type(spec)]}
         for f in dataclasses.fields(spec):
             out[f.name] = to_dict(getattr(spec, f.name))
         return out
@@ -239,7 +239,9 @@ def to_dict(spec: Any) -> Any:
     return spec
 
 
-_TYPES = {cls.__name__: cls for cls in (Cast, WeightSpec, NormSpec, Tail, CaseSpec)}
+#: The name each dataclass has in a SPEC: a cast is "Cast", as reproducers have always written it.
+SPEC_NAMES = {CastSpec: "Cast", WeightSpec: "WeightSpec", NormSpec: "NormSpec", Tail: "Tail", CaseSpec: "CaseSpec"}
+_TYPES = {name: cls for cls, name in SPEC_NAMES.items()}
 
 
 def from_dict(data: Any) -> Any:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from edgefuse.fuzz.check import CHECKS, CaseResult, Finding, check_name
-from edgefuse.fuzz.units import Timing
+from edgefuse.fuzz.units import UnitTimes
 
 #: The kinds of finding that make a run fail, and how the summary names them.
 FAILING = {
@@ -44,7 +44,7 @@ class Summary:
     malformed_failures: list[str] = field(default_factory=list)
     coverage: Counter = field(default_factory=Counter)
     elapsed: float = 0.0
-    timing: Timing = field(default_factory=Timing)
+    timing: UnitTimes = field(default_factory=UnitTimes)
     written: list[Path] = field(default_factory=list)
 
     @property

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from edgefuse.core.verify import FLOATS, Comparison, compare, output_tolerance_dtypes  # noqa: F401  (the fuzzer's names)
+from edgefuse.core.verify import FLOATS, TOLERANCES, Comparison, compare, output_tolerance_dtypes  # noqa: F401  (the fuzzer's names)
 
-ULPS = 2.0
+#: :data:`edgefuse.core.verify.TOLERANCES`' "rebuilt norm": the check's units in the last place.
+ULPS = TOLERANCES["rebuilt norm"].ulps
 
 
 def compare_at(expected: torch.Tensor, actual: torch.Tensor, dtype: torch.dtype | None, ulps: float = ULPS) -> Comparison:

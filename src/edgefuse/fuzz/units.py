@@ -24,7 +24,7 @@ from edgefuse.core.verify import outputs
 
 
 @dataclass
-class Timing:
+class UnitTimes:
     """Seconds spent in each step, each counted once (a re-run of a failing unit's cases included)."""
 
     build: float = 0.0
@@ -34,16 +34,16 @@ class Timing:
     xnnpack: float = 0.0
     hostile: float = 0.0
 
-    def add(self, other: "Timing") -> None:
+    def add(self, other: "UnitTimes") -> None:
         for name in self.__dataclass_fields__:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def run_unit(
-    specs: Sequence[CaseSpec], checks: Sequence[tuple[str, str, bool]], timing: Timing | None = None
+    specs: Sequence[CaseSpec], checks: Sequence[tuple[str, str, bool]], timing: UnitTimes | None = None
 ) -> list[CaseResult]:
     """Run ``checks`` on the cases side by side; cases of a failing unit are re-run alone."""
-    timing = timing if timing is not None else Timing()
+    timing = timing if timing is not None else UnitTimes()
     results = [CaseResult(spec) for spec in specs]
     alone = len(specs) == 1
 

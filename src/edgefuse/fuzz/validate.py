@@ -145,7 +145,7 @@ def nested(cls: type) -> Check:
 
 
 _FIELDS: dict[type, dict[str, Check]] = {
-    sp.Cast: {
+    sp.CastSpec: {
         "kind": one_of(lambda: sp.CAST_KINDS),
         "dtype": one_of(_cast_dtypes),
     },
@@ -154,15 +154,15 @@ _FIELDS: dict[type, dict[str, Check]] = {
         "kind": one_of(lambda: sp.WEIGHT_KINDS),
         "shape": one_of(lambda: sp.WEIGHT_SHAPES),
         "offset": boolean,
-        "cast": optional(nested(sp.Cast)),
+        "cast": optional(nested(sp.CastSpec)),
         "left": boolean,
         "around": number_in(lambda: gen.AROUNDS),
         "seed": integer(lambda: 0, _seeds),
     },
     sp.NormSpec: {
         "form": one_of(lambda: sp.FORMS),
-        "pre": sequence(nested(sp.Cast), 0, lambda: MAX_CASTS),
-        "var_pre": sequence(nested(sp.Cast), 0, lambda: MAX_CASTS),
+        "pre": sequence(nested(sp.CastSpec), 0, lambda: MAX_CASTS),
+        "var_pre": sequence(nested(sp.CastSpec), 0, lambda: MAX_CASTS),
         "square": one_of(lambda: sp.SQUARES + sp.NEAR_MISS_SQUARES),
         "dims": integer(lambda: 1, lambda: gen.MAX_NORMALIZED_DIMS),
         "mean_dims": optional(sequence(integer(lambda: -max(gen.RANKS) - 1, lambda: max(gen.RANKS)), 1,
@@ -176,9 +176,9 @@ _FIELDS: dict[type, dict[str, Check]] = {
         "scaled": one_of(lambda: sp.SCALED),
         "rounded_via": one_of(_dtypes),
         "scale_left": boolean,
-        "mid": sequence(nested(sp.Cast), 0, lambda: MAX_CASTS),
+        "mid": sequence(nested(sp.CastSpec), 0, lambda: MAX_CASTS),
         "weight": optional(nested(sp.WeightSpec)),
-        "post": sequence(nested(sp.Cast), 0, lambda: MAX_CASTS),
+        "post": sequence(nested(sp.CastSpec), 0, lambda: MAX_CASTS),
         "groups": integer(lambda: 1, lambda: max(gen.DIVISORS)),
         "also_return_normalized": boolean,
     },
@@ -212,21 +212,21 @@ _FIELDS: dict[type, dict[str, Check]] = {
 def _build(cls: type, field: str, value: Any) -> Any:
     """``cls`` from the dict ``to_dict`` wrote for it, every field checked; a missing field takes its default."""
     if not isinstance(value, dict):
-        raise SpecError(field, f"{_show(value)} is not a {cls.__name__}")
-    if value.get("__type__") != cls.__name__:
-        raise SpecError(f"{field}.__type__", f"{_show(value.get('__type__'))} where the fuzzer writes {cls.__name__!r}")
+        raise SpecError(field, f"{_show(value)} is not a {sp.SPEC_NAMES[cls]}")
+    if value.get("__type__") != sp.SPEC_NAMES[cls]:
+        raise SpecError(f"{field}.__type__", f"{_show(value.get('__type__'))} where the fuzzer writes {sp.SPEC_NAMES[cls]!r}")
     checks = _FIELDS[cls]
     names = {f.name for f in dataclasses.fields(cls)}
     for name in value:
         if name != "__type__" and name not in names:
             raise SpecError(f"{field}.{_show(name) if not isinstance(name, str) else name}",
-                            f"{cls.__name__} has no such field")
+                            f"{sp.SPEC_NAMES[cls]} has no such field")
     missing = names - set(checks)
     if missing:  # a field added to the spec without a check here: refuse rather than render it unchecked
         raise SpecError(f"{field}.{sorted(missing)[0]}", "a field this version cannot check")
     for f in dataclasses.fields(cls):
         if f.name not in value and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise SpecError(f"{field}.{f.name}", f"missing: a {cls.__name__} always has it")
+            raise SpecError(f"{field}.{f.name}", f"missing: a {sp.SPEC_NAMES[cls]} always has it")
     kwargs = {name: checks[name](f"{field}.{name}", item) for name, item in value.items() if name != "__type__"}
     return cls(**kwargs)
 

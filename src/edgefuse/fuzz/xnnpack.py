@@ -2,7 +2,7 @@
 
 A sample of cases (``--xnnpack-every K``) is exported, lowered with :func:`edgefuse.xnnpack.lower`,
 serialized to ``.pte`` bytes, loaded in ``executorch.runtime`` and run with the real XNNPACK kernels; each
-output must keep eager's dtype and shape and match eager within ``edgefuse.compare.pte_checks.ULPS`` (8) units in the
+output must keep eager's dtype and shape and match eager within the "lowered program" tolerance (8) units in the
 last place of its dtype at its largest magnitude (the delegate sums in another order than ATen, and a
 half-precision program rounds each intermediate once more or less). An output that misses that still
 passes when stock ExecuTorch's lowering of the same program misses it by as much, within one more unit:
@@ -26,7 +26,7 @@ from edgefuse.fuzz.check import CaseResult, Finding, merge
 from edgefuse.fuzz.render import Built, build
 from edgefuse.fuzz.spec import CaseSpec
 from edgefuse.fuzz.tolerance import compare_at
-from edgefuse.fuzz.units import Timing
+from edgefuse.fuzz.units import UnitTimes
 from edgefuse.core.verify import outputs
 
 XNNPACK_CHECK = ("xnnpack", "edgefuse", False)
@@ -85,7 +85,9 @@ def _check(specs: Sequence[CaseSpec], built: Built, eager, program, results: lis
         return
     if len(actual) != len(eager):
         raise _Failure("xnnpack-broken", f"the .pte returns {len(actual)} tensors, eager {len(eager)}")
-    from edgefuse.compare.pte_checks import ULPS
+    from edgefuse.core.verify import TOLERANCES
+
+    ulps = TOLERANCES["lowered program"].ulps
 
     stock: list = []
     for k, (spec, res) in enumerate(zip(specs, results)):
@@ -98,14 +100,14 @@ def _check(specs: Sequence[CaseSpec], built: Built, eager, program, results: lis
                     f"output {i} is {got.dtype} {list(got.shape)}, eager {expected.dtype} {list(expected.shape)}", spec,
                 ))
                 continue
-            ours = compare_at(expected, got, expected.dtype, ULPS)
+            ours = compare_at(expected, got, expected.dtype, ulps)
             if ours.ok:
                 continue
             if not stock:
                 stock.append(_stock(program, built.inputs))
             theirs = stock[0][sl.start + i] if not isinstance(stock[0], str) else None
             if theirs is not None and theirs.shape == expected.shape and theirs.dtype == expected.dtype:
-                reference = compare_at(expected, theirs, expected.dtype, ULPS)
+                reference = compare_at(expected, theirs, expected.dtype, ulps)
                 one_more = compare_at(expected, expected, expected.dtype, 1.0).allowed
                 if ours.max_error <= reference.max_error + one_more:
                     continue
@@ -115,13 +117,13 @@ def _check(specs: Sequence[CaseSpec], built: Built, eager, program, results: lis
             res.findings.append(Finding(
                 "xnnpack-mismatch", XNNPACK_CHECK,
                 f"output {i} ({expected.dtype}): edgefuse's .pte is off eager by {ours.max_error:.6g} > "
-                f"{ours.allowed:.6g} allowed ({ULPS} ulps){against}", spec,
+                f"{ours.allowed:.6g} allowed ({ulps:g} ulps){against}", spec,
             ))
 
 
-def run_xnnpack(specs: Sequence[CaseSpec], timing: Timing | None = None) -> list[CaseResult]:
+def run_xnnpack(specs: Sequence[CaseSpec], timing: UnitTimes | None = None) -> list[CaseResult]:
     """Lower the cases side by side for XNNPACK, run the ``.pte`` and compare; re-run alone on a failure."""
-    timing = timing if timing is not None else Timing()
+    timing = timing if timing is not None else UnitTimes()
     results = [CaseResult(spec) for spec in specs]
     start = time.perf_counter()
     try:
@@ -146,8 +148,8 @@ def run_xnnpack(specs: Sequence[CaseSpec], timing: Timing | None = None) -> list
         timing.xnnpack += time.perf_counter() - start
 
 
-def _split(specs: Sequence[CaseSpec], results: list[CaseResult], timing: Timing) -> list[CaseResult]:
+def _split(specs: Sequence[CaseSpec], results: list[CaseResult], timing: UnitTimes) -> list[CaseResult]:
     for spec, res in zip(specs, results):
-        inner = Timing()
+        inner = UnitTimes()
         merge(res, run_xnnpack([spec], inner)[0])
     return results

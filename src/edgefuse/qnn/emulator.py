@@ -134,23 +134,22 @@ def _rounding_quantizes(converted, leaves: list) -> tuple[dict[Any, bool], list[
     the graph's flat outputs on them."""
     from torch.utils import _pytree as pytree
 
+    from edgefuse.core._fx import Recorder
     from edgefuse.quant.facts import is_quantize
 
+    quantizes = [node for node in converted.graph.nodes if is_quantize(node) and node.args
+                 and getattr(node.args[0], "op", None) not in ("get_attr", None)]
+    recorder = Recorder(converted, record={node.args[0].name for node in quantizes},
+                        keep=lambda value: value.detach().clone())
+    outputs = recorder.run(*leaves)
     rounds: dict[Any, bool] = {}
-
-    class Recorder(torch.fx.Interpreter):
-        def run_node(self, node):
-            if is_quantize(node) and node.args and getattr(node.args[0], "op", None) not in ("get_attr", None):
-                value = self.env[node.args[0]]
-                scale, zero_point, low, high = (float(a) for a in node.args[1:5])
-                levels = value.double() / scale + zero_point
-                rounds[node] = bool(
-                    (levels - levels.round()).abs().max() > _ON_GRID
-                    or levels.min() < low - _ON_GRID or levels.max() > high + _ON_GRID
-                )
-            return super().run_node(node)
-
-    outputs = Recorder(converted).run(*leaves)
+    for node in quantizes:
+        scale, zero_point, low, high = (float(a) for a in node.args[1:5])
+        levels = recorder.values[node.args[0].name].double() / scale + zero_point
+        rounds[node] = bool(
+            (levels - levels.round()).abs().max() > _ON_GRID
+            or levels.min() < low - _ON_GRID or levels.max() > high + _ON_GRID
+        )
     return rounds, [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in pytree.tree_leaves(outputs)]
 
 

@@ -19,10 +19,6 @@ from edgefuse.qnn.sdk import SelfCheck
 #: The norm checked: ``[1, 8, 64]`` float32, lowered at fp16 for SM8650 (a shape QNN computes right).
 SHAPE = (1, 8, 64)
 SOC = "SM8650"
-#: Units in the last place of float16 allowed at the output's largest value: the input and the weight
-#: are each rounded to float16 (half a unit each), the HTP computes the mean of squares and its root in
-#: float16 (a unit each), and the output is rounded (half a unit).
-ULPS = 4.0
 
 
 class RmsNormBlock(torch.nn.Module):
@@ -62,7 +58,7 @@ def check() -> SelfCheck:
     already be reachable: by the environment, or :func:`edgefuse.qnn.sdk.ensure_in_process`)."""
     from edgefuse.qnn.emulator import to_pte
     from edgefuse.runtime import LoadedProgram
-    from edgefuse.core.verify import compare
+    from edgefuse.core.verify import TOLERANCES, compare
 
     module, (x,) = example()
     try:
@@ -78,7 +74,7 @@ def check() -> SelfCheck:
         return SelfCheck(False, f"running on the HTP emulator failed: {type(error).__name__}: {error}")
     with torch.no_grad():
         expected = module(x)
-    got = compare(expected, out.to(expected.dtype), ulps=ULPS, dtype=torch.float16)
+    got = compare(expected, out.to(expected.dtype), ulps=TOLERANCES["qnn set-up"].ulps, dtype=torch.float16)
     detail = f"RmsNorm {list(SHAPE)} fp16 on the HTP emulator: max error {got.max_error:.2e}, allowed {got.allowed:.2e}"
     return SelfCheck(got.shape_ok and got.max_error <= got.allowed, detail, got.max_error, got.allowed)
 

@@ -28,13 +28,13 @@ import torch
 from torch.export import export
 
 from edgefuse.core._fx import dtype_name, module_class_name
-from edgefuse.core.verify import finite_tolerance, max_error
+from edgefuse.core.verify import TOLERANCES, finite_tolerance, max_error
 from edgefuse.core._fx import call_name, nodes_outside
 from edgefuse.xnnpack.inspect import lowered_modules, run_pte, to_pte
 from edgefuse.xnnpack.lowering import lower, lower_stock
 
 DEFAULT_MODELS = ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2")
-ULPS = 64
+ULPS = TOLERANCES["model logits"].ulps
 
 
 def _norm_module(node) -> str | None:

@@ -35,10 +35,11 @@ if __name__ == "__main__":
 
 import torch
 
+from edgefuse.core.verify import TOLERANCES
 from edgefuse.llm.eager import SMALL_LLAMA, SMALL_QWEN3
 
 #: Units in the last place of the dtype at the largest logit of a step.
-ULPS = 64
+ULPS = TOLERANCES["model logits"].ulps
 
 #: The overrides of every case: ExecuTorch's Llama with a KV cache and custom SDPA, lowered for XNNPACK.
 BASE_OVERRIDES = (

@@ -34,7 +34,7 @@ EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
 
 
 @dataclass
-class Timing:
+class PassTime:
     """The fastest of the runs of one side on one graph, and what that side produced."""
 
     cpu_ms: float
@@ -70,7 +70,7 @@ def _stock(gm: GraphModule) -> tuple[int, None]:
     return sum(n.op == "call_function" and n.target is rms_norm for n in gm.graph.nodes), None
 
 
-def _once(run: Callable[[GraphModule], tuple[int, int | None]], gm: GraphModule) -> Timing:
+def _once(run: Callable[[GraphModule], tuple[int, int | None]], gm: GraphModule) -> PassTime:
     gc.collect()
     gc.disable()
     try:
@@ -79,12 +79,12 @@ def _once(run: Callable[[GraphModule], tuple[int, int | None]], gm: GraphModule)
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
     finally:
         gc.enable()
-    return Timing(cpu * 1e3, wall * 1e3, rebuilt, candidates)
+    return PassTime(cpu * 1e3, wall * 1e3, rebuilt, candidates)
 
 
-def measure(program, runs: int) -> dict[str, Timing]:
+def measure(program, runs: int) -> dict[str, PassTime]:
     """The minimum CPU and wall time of each side over ``runs`` runs, alternating which side goes first."""
-    best: dict[str, Timing] = {}
+    best: dict[str, PassTime] = {}
     sides = [("stock", _stock), ("edgefuse", _edgefuse)]
     for i in range(runs):
         for name, run in sides if i % 2 == 0 else reversed(sides):

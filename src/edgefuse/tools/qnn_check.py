@@ -47,7 +47,7 @@ def check(name: str, precision: str, soc: str, say) -> tuple[list[list[str]], li
     module, inputs = build_qnn_model(name)
     programs = []
     for how in (qnn_flows.EDGEFUSE, qnn_flows.STOCK):
-        program = qnn_flows.lower(module, inputs, how, soc=soc, precision=precision, say=say)
+        program = qnn_flows.lower_qnn(module, inputs, how, soc=soc, precision=precision, say=say)
         programs.append(qnn_flows.run_and_check(program, module, inputs, say))
     say("running each program again after the other")
     qnn_flows.check_repeatable(programs, inputs)
