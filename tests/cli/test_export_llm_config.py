@@ -14,6 +14,7 @@ import pytest
 
 from edgefuse import cli
 from edgefuse.inputs.errors import USAGE
+from edgefuse.fuzz.refusal_times import largest_config
 from edgefuse.llm import config_check
 from edgefuse.llm.config_check import ConfigRefused, check_overrides, read_config, run_folder_override
 
@@ -101,15 +102,13 @@ def imported():
 
 
 def refused(place, capsys, *arguments: str) -> str:
-    """Run ``export-llm ARGUMENTS`` in the working folder: exit 2 within 10 s, no traceback, no file under
-    the test's folder changed, no marker; the message."""
+    """Run ``export-llm ARGUMENTS`` in the working folder: exit 2, no traceback, no file under the test's
+    folder changed, no marker; the message. (How long a refusal takes is measured by
+    ``python -m edgefuse.fuzz.refusal_times``, not asserted here.)"""
     before = snapshot(place["root"])
-    start = time.monotonic()
     code = cli.main(["-q", "export-llm", *arguments, f"export.output_name={place['out'] / 'model.pte'}"])
-    elapsed = time.monotonic() - start
     err = capsys.readouterr().err
     assert code == USAGE, err
-    assert elapsed < 10, elapsed
     assert "Traceback" not in err and "refused: " in err, err
     assert snapshot(place["root"]) == before
     assert not place["marker"].exists()
@@ -158,6 +157,9 @@ def test_a_log_handler_aimed_at_a_new_file_does_not_make_it(place, capsys):
     ("model:\n  _target_: builtins.print\n", "model._target_"),
     ("multimethod:\n  methods:\n    - method_name: forward\n      lora_config:\n        _target_: os.getcwd\n",
      "multimethod.methods[0].lora_config._target_"),
+    # where the schema has a string: named as a _target_, not as a mapping out of place
+    ("base:\n  model_class:\n    _target_: os.system\n", "base.model_class._target_"),
+    ("quantization:\n  calibration_tasks:\n    - {_target_: os.getcwd}\n", "quantization.calibration_tasks[0]._target_"),
 ])
 def test_a_target_anywhere_exits_2_naming_it(place, capsys, text, key):
     err = refused(place, capsys, "--config", write_config(place, text))
@@ -214,7 +216,7 @@ def test_a_setting_whose_file_executorch_runs_or_writes_exits_2_in_a_config_and_
 @pytest.mark.parametrize("text, message", [
     ("- base\n", "a list where a config is a mapping of LlmConfig's sections"),
     ("base:\n  metadata: {get_bos_id: 1}\n", "base.metadata: a mapping where LlmConfig has str"),
-    ("model:\n  local_global_attention: [[1, {_target_: x}]]\n",
+    ("model:\n  local_global_attention: [[1, {window: x}]]\n",
      "model.local_global_attention[0]: a list where LlmConfig has int"),
     ("base:\n  checkpoint: !!binary aGk=\n", "base.checkpoint: a bytes (a YAML tag)"),
     ("base:\n  checkpoint: a\n  checkpoint: b\n", "found duplicate key checkpoint"),
@@ -239,15 +241,14 @@ def test_a_config_or_override_nested_or_long_past_the_parsers_exits_2(place, cap
     assert message in refused(place, capsys, *(placed(place, a) for a in arguments))
 
 
-def test_a_config_of_the_largest_size_is_checked_within_the_time(place):
+def test_a_config_of_the_largest_size_is_read_and_checked(place):
     """A file at the size bound, of the values omegaconf's parser is slowest on (long resolver arguments,
-    each string distinct): the bound is what keeps the check within 10 s."""
-    values = [f'    - "${{oc.env:{"a," * 1500}b}}{i}"\n' for i in range(config_check.MAX_CONFIG_BYTES // 3030)]
-    path = write_config(place, "quantization:\n  calibration_tasks:\n" + "".join(values))
+    each string distinct), passes the check: the bound refuses only what is past it. The time it takes is
+    measured by ``python -m edgefuse.fuzz.refusal_times``."""
+    path = write_config(place, largest_config())
     assert config_check.MAX_CONFIG_BYTES - 3100 < os.path.getsize(path) <= config_check.MAX_CONFIG_BYTES
-    start = time.monotonic()
-    read_config(path)
-    assert time.monotonic() - start < 10
+    _, settings = read_config(path)
+    assert len(settings["quantization"]["calibration_tasks"]) == config_check.MAX_CONFIG_BYTES // 3030
 
 
 def test_yaml_aliases_that_multiply_exit_2_at_the_bound(place, capsys):

@@ -142,13 +142,11 @@ def test_an_operator_allowed_only_with_an_argument_runs_only_with_it(key):
     assert (pt2._node_refusal(_node(target)) is None) == (default == value)  # left out: the schema's default
 
 
-def _cli(path: str, capsys, *flags: str) -> tuple[int, str, float]:
-    start = time.monotonic()
+def _cli(path: str, capsys, *flags: str) -> tuple[int, str]:
     code = cli.main(["-q", "report", path, "--stage", "capture", *flags])
-    seconds = time.monotonic() - start
     out, err = capsys.readouterr()
     assert out == "" or code == 0
-    return code, err, seconds
+    return code, err
 
 
 def _files(folder) -> dict[str, tuple[int, int]]:
@@ -161,8 +159,8 @@ def test_a_program_that_maps_a_file_and_writes_it_is_refused_and_the_file_is_unt
     path = tmp_path / "writes.pt2"
     path.write_bytes(trust.file_writing_archive(str(victim)))
     before = _files(tmp_path)
-    code, err, seconds = _cli(str(path), capsys)
-    assert code == USAGE and seconds < 10, err
+    code, err = _cli(str(path), capsys)
+    assert code == USAGE, err
     assert "node 'ones' calls 'torch.ops.aten.from_file.default'" in err
     assert pt2_ops.EXCEPTIONS["aten::from_file"] in err and "Traceback" not in err
     assert victim.read_bytes() == b"A" * 64 and _files(tmp_path) == before
@@ -181,8 +179,8 @@ def test_an_endless_while_loop_is_refused_before_it_runs(tmp_path, capsys):
     path = tmp_path / "loop.pt2"
     path.write_bytes(trust.endless_loop_archive())
     before = _files(tmp_path)
-    code, err, seconds = _cli(str(path), capsys)
-    assert code == USAGE and seconds < 10, err
+    code, err = _cli(str(path), capsys)
+    assert code == USAGE, err
     assert "node 'while_loop' calls 'torch.ops.higher_order.while_loop'" in err
     assert pt2_ops.HIGHER_ORDER["while_loop"] in err and _files(tmp_path) == before
 
@@ -270,8 +268,8 @@ def _refused(tmp_path, capsys, data: bytes, *flags: str) -> str:
     path = tmp_path / "model.pt2"
     path.write_bytes(data)
     before = _files(tmp_path)
-    code, err, seconds = _cli(str(path), capsys, *flags)
-    assert code == USAGE and seconds < 10, (seconds, err)
+    code, err = _cli(str(path), capsys, *flags)
+    assert code == USAGE, err
     assert "Traceback" not in err and _files(tmp_path) == before
     return err
 
@@ -419,17 +417,17 @@ def test_a_fifo_as_model_is_refused_without_waiting_for_a_writer(tmp_path, capsy
     guard = threading.Timer(20, writer)
     guard.start()
     try:
-        code, err, seconds = _cli(str(fifo), capsys)
+        code, err = _cli(str(fifo), capsys)
     finally:
         guard.cancel()
-    assert code == USAGE and seconds < 10, (seconds, err)
+    assert code == USAGE, err
     assert f"{fifo} is a FIFO, not a regular file: a saved program is read from a regular file only" in err
 
 
 def test_a_device_as_model_is_refused_without_reading_it(tmp_path, capsys):
     (tmp_path / "zero.pt2").symlink_to("/dev/zero")
-    code, err, seconds = _cli(str(tmp_path / "zero.pt2"), capsys)
-    assert code == USAGE and seconds < 10, (seconds, err)
+    code, err = _cli(str(tmp_path / "zero.pt2"), capsys)
+    assert code == USAGE, err
     assert "zero.pt2 is a character device, not a regular file" in err
 
 

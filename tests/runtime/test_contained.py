@@ -127,7 +127,7 @@ def test_a_child_still_running_at_its_time_is_killed_and_timed_out():
     start = time.monotonic()
     with pytest.raises(TimedOut, match=r"^the step did not finish in time \(running model.pte\)$"):
         contained(step, until=time.monotonic() + 1.0)
-    assert time.monotonic() - start < 10
+    assert time.monotonic() - start < 60  # killed at its time, not left to finish its minute
 
 
 def test_the_child_runs_torch_on_one_thread_whatever_this_process_uses():

@@ -139,8 +139,7 @@ class _Walk:
         """The type of the field ``key`` of ``cls``; a key ``cls`` does not have is refused."""
         fields = _fields(cls)
         if key == "_target_":
-            raise self.refuse(_join(path, key), "hydra instantiates what a _target_ names (it calls it); a "
-                                                "config holds settings only")
+            raise self.refuse(_join(path, key), TARGET_REASON)
         if not isinstance(key, str) or key not in fields:
             where = f"{cls.__name__} ({path})" if path else "LlmConfig"
             raise self.refuse(_join(path, key), f"not a setting of ExecuTorch's {where}, which has: "
@@ -158,6 +157,28 @@ class _Walk:
             allowed = ", ".join(f"${{{r}:...}}" for r in RESOLVERS)
             raise self.refuse(path, f"{text!r} {resolver}: a value may interpolate other settings (${{a.b}}) "
                                     f"and call {allowed} only")
+
+
+#: Why a ``_target_`` key is refused, wherever it is.
+TARGET_REASON = "hydra instantiates what a _target_ names (it calls it); a config holds settings only"
+
+
+def _first_target(value: Any, path: str, seen: set[int]) -> str | None:
+    """The path of the first ``_target_`` key anywhere in ``value``, or None: found before ExecuTorch's
+    schema is imported, and wherever it sits (a mapping where the schema has a string included). Each
+    mapping or list is visited once, so YAML aliases cannot multiply the walk."""
+    if not isinstance(value, (dict, list)) or id(value) in seen:
+        return None
+    seen.add(id(value))
+    items = value.items() if isinstance(value, dict) else ((f"[{i}]", item) for i, item in enumerate(value))
+    for key, item in items:
+        here = f"{path}{key}" if isinstance(value, list) else _join(path, key)
+        if key == "_target_" and isinstance(value, dict):
+            return here
+        found = _first_target(item, here, seen)
+        if found is not None:
+            return found
+    return None
 
 
 def _join(path: str, key: Any) -> str:
@@ -259,10 +280,13 @@ def check_config(data: Any, where: str = "the config") -> dict:
     walk = _Walk(where)
     if not isinstance(data, dict):
         raise walk.refuse("", f"a {type(data).__name__} where a config is a mapping of LlmConfig's sections")
+    if "hydra" in data:
+        raise walk.refuse(_hydra_keys(data["hydra"]), HYDRA_REASON)
+    target = _first_target(data, "", set())
+    if target is not None:
+        raise walk.refuse(target, TARGET_REASON)
     settings = {}
     for key, value in data.items():
-        if key == "hydra":
-            raise walk.refuse(_hydra_keys(value), HYDRA_REASON)
         if key == "defaults":
             _check_defaults(value, walk)
             continue
