@@ -31,6 +31,7 @@ from edgefuse.inputs.errors import USAGE
 from edgefuse.inputs.modelspec import resolve
 from edgefuse.inputs.pt2_bounds import DEFAULT_MAX_BYTES, MAX_DEPTH, MAX_RANK, MAX_SUBGRAPH_DEPTH
 from edgefuse.fuzz import trust
+from edgefuse.fuzz.refusal_times import program_edited
 from edgefuse.runtime.files import TooLarge
 
 
@@ -274,15 +275,6 @@ def _refused(tmp_path, capsys, data: bytes, *flags: str) -> str:
     return err
 
 
-def _program_edited(data: bytes, edit) -> bytes:
-    entries = trust.records(data)
-    name = next(n for n in entries if n.endswith("models/model.json"))
-    program = json.loads(entries[name])
-    edit(program)
-    entries[name] = json.dumps(program).encode()
-    return trust.zipped(entries)
-
-
 _TERABYTE = f"{1 << 40:,} bytes, past the bound of {DEFAULT_MAX_BYTES:,} bytes; raise it with --max-bytes"
 
 
@@ -312,7 +304,7 @@ def test_a_graph_value_declared_at_a_terabyte_is_refused(tmp_path, capsys, saved
     def edit(program):
         program["graph_module"]["graph"]["tensor_values"]["x"]["sizes"] = [{"as_int": 1 << 35}, {"as_int": 8}]
 
-    err = _refused(tmp_path, capsys, _program_edited(saved_constant, edit))
+    err = _refused(tmp_path, capsys, program_edited(saved_constant, edit))
     assert f"the graph's value 'x', of shape [{1 << 35}, 8], holds {_TERABYTE}" in err
 
 
@@ -347,7 +339,7 @@ def test_symbolic_sizes_that_would_never_finish_are_refused_in_time(case, tmp_pa
             value = program["graph_module"]["graph"]["tensor_values"]["x"]
             value["sizes"][0] = {"as_expr": {"expr_str": "Pow(Integer(9), Integer(999999999))", "hint": None}}
 
-    err = _refused(tmp_path, capsys, _program_edited(saved_constant, edit))
+    err = _refused(tmp_path, capsys, program_edited(saved_constant, edit))
     assert ("range_constraints names 'u1000000000000'" if case == "unbacked-symbol"
             else "is not a plain sympy expression") in err
 
@@ -440,7 +432,7 @@ def test_json_nested_past_its_bound_is_refused_before_it_is_parsed(saved_constan
     nested: list = []
     for _ in range(MAX_DEPTH):
         nested = [nested]
-    data = _program_edited(saved_constant, lambda program: program.__setitem__("nested", nested))
+    data = program_edited(saved_constant, lambda program: program.__setitem__("nested", nested))
     with pytest.raises(TooLarge, match=f"models/model.json has JSON nested {MAX_DEPTH + 2}, past edgefuse's fixed bound"):
         pt2.check(data)
 
@@ -454,7 +446,7 @@ def test_subgraphs_nested_past_their_bound_are_refused(saved_constant):
         program["graph_module"]["graph"]["nodes"] += graph["nodes"]
 
     with pytest.raises(TooLarge, match=f"a subgraph has nesting depth {MAX_SUBGRAPH_DEPTH + 1}, past"):
-        pt2.check(_program_edited(saved_constant, edit))
+        pt2.check(program_edited(saved_constant, edit))
 
 
 def test_a_tensor_of_a_rank_past_the_bound_is_refused(saved_constant):
@@ -462,7 +454,7 @@ def test_a_tensor_of_a_rank_past_the_bound_is_refused(saved_constant):
         program["graph_module"]["graph"]["tensor_values"]["x"]["sizes"] = [{"as_int": 1}] * (MAX_RANK + 1)
 
     with pytest.raises(TooLarge, match=f"the graph's value 'x' has rank {MAX_RANK + 1}, past"):
-        pt2.check(_program_edited(saved_constant, edit))
+        pt2.check(program_edited(saved_constant, edit))
 
 
 def test_the_bounds_are_options_of_every_command_that_takes_a_model():

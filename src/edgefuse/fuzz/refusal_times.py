@@ -52,7 +52,8 @@ def _symbolic_size(program: dict) -> None:
     meta["sizes"][0] = {"as_expr": {"expr_str": "9**9**9**9", "hint": {"as_int": 2}}}
 
 
-def _program_edited(data: bytes, edit) -> bytes:
+def program_edited(data: bytes, edit) -> bytes:
+    """A copy of the archive ``data`` whose program JSON ``edit(program)`` changed in place."""
     from edgefuse.fuzz import trust
 
     entries = trust.records(data)
@@ -82,7 +83,7 @@ def hostile_inputs(root: Path, victim: Path, marker: Path) -> list[Hostile]:
     programs = {
         "op outside the allowlist (aten.from_file)": trust.file_writing_archive(str(victim)),
         "a terabyte of declared tensors": trust.huge_weight_archive(base, 1 << 38),
-        "symbolic sizes that never finish": _program_edited(base, _symbolic_size),
+        "symbolic sizes that never finish": program_edited(base, _symbolic_size),
     }
     found = [Hostile(what, f"program{i}.pt2", data, ("report", str(root / f"program{i}.pt2")))
              for i, (what, data) in enumerate(programs.items())]
