@@ -39,6 +39,9 @@ README_LINES = 200
 #: ``edgefuse`` entry point is :func:`edgefuse.cli.main`, a ``python -m`` module its ``main``.
 EDGEFUSE, PYTHON_M = "edgefuse", "python -m "
 
+#: A fenced code block: its indent (a list item's), its language, its text.
+FENCED = re.compile(r"^( *)```(\w*)\n(.*?)^\1```", re.S | re.M)
+
 #: Code-block commands the test runs only with ``--help``, and why not whole.
 NOT_RUN_WHOLE = {
     "edgefuse demo": "run whole by tests/cli/test_cli_outputs.py::test_demo_prints_both_tables_fewer_delegates_"
@@ -56,7 +59,7 @@ def python_examples(path: Path) -> list[str]:
 
 def fenced_blocks(text: str) -> list[tuple[str, str]]:
     """Each fenced block of ``text`` as its language and its lines, also where a list item indents it."""
-    return [(language, block) for _, language, block in re.findall(r"^( *)```(\w*)\n(.*?)^\1```", text, re.S | re.M)]
+    return [(language, block) for _, language, block in FENCED.findall(text)]
 
 
 def code_block_lines(path: Path) -> list[str]:
@@ -66,7 +69,7 @@ def code_block_lines(path: Path) -> list[str]:
     lines = []
     for language, block in fenced_blocks(text):
         lines += textwrap.dedent(block).splitlines() if language != "python" else []
-    outside_fences = re.sub(r"^( *)```.*?^\1```", "", text, flags=re.S | re.M)
+    outside_fences = FENCED.sub("", text)
     lines += [line[4:] for line in outside_fences.splitlines() if line.startswith("    ")]
     joined, pending = [], ""
     for line in lines:
@@ -182,6 +185,12 @@ def _slug(heading: str) -> str:
     return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
 
 
+def headings(path: Path) -> set[str]:
+    """The anchors of ``path``'s headings (lines starting with ``#`` outside its code blocks)."""
+    text = FENCED.sub("", path.read_text())
+    return {_slug(heading) for heading in re.findall(r"^#+ (.*)$", text, re.M)}
+
+
 @pytest.mark.parametrize("document", DOCUMENTS, ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_relative_link_leads_to_a_file_and_heading_that_exist(document):
     broken = []
@@ -192,7 +201,7 @@ def test_every_relative_link_leads_to_a_file_and_heading_that_exist(document):
         linked = (document.parent / name).resolve() if name else document
         if not linked.exists():
             broken.append(f"{target}: no such file")
-        elif anchor and anchor not in {_slug(h) for h in re.findall(r"^#+ (.*)$", linked.read_text(), re.M)}:
+        elif anchor and anchor not in headings(linked):
             broken.append(f"{target}: no such heading in {linked.relative_to(ROOT)}")
     assert not broken, f"{document.relative_to(ROOT)}: {broken}"
 
