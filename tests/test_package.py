@@ -1,5 +1,5 @@
 """The package's shape: its layers hold (import-linter's contracts), only the application and the fuzzer
-print, the README names every module, and the names people type after ``import edgefuse`` work."""
+print, docs/architecture.md names every module, and the names people type after ``import edgefuse`` work."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ PACKAGE = Path(edgefuse.__file__).parent
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Where printing is the job: the application (its command line, its tools, and what it writes: progress
-#: lines and tables), and the fuzzer beside it. The README's layout section says the same.
+#: lines and tables), and the fuzzer beside it. docs/architecture.md says the same.
 PRINTS = ("cli", "tools", "console", "fuzz")
 #: The modules at the package root: its public face, above every layer.
 PUBLIC_FACE = {"__init__.py", "__main__.py", "passes.py", "programs.py"}

@@ -164,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run ExecuTorch's export_llm (hydra config, overrides, output files) with edgefuse's XNNPACK "
         "lowering in place of stock's (for a config with backend.qnn.enabled=True, edgefuse's QNN passes in "
         "place of the stock ones), and print the delegates and the kernels left outside them, by op. "
-        "Example: edgefuse export-llm --config llama_xnnpack.yaml base.checkpoint=ckpt.pth base.params=params.json",
+        "Example, with ExecuTorch's llama_xnnpack.yaml, which holds no base.params or base.checkpoint (a key a "
+        "config lacks takes a +): edgefuse export-llm --config llama_xnnpack.yaml +base.checkpoint=ckpt.pth "
+        "+base.params=params.json",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     export_llm.add_argument("--config", metavar="FILE", help="an export_llm config (LlmConfig YAML)")

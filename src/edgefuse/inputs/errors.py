@@ -9,7 +9,7 @@ installed (:class:`Unavailable`); the application prints the message and exits w
 from __future__ import annotations
 
 
-#: Exit codes of the ``edgefuse`` command; the README's "Command line" section lists them too.
+#: Exit codes of the ``edgefuse`` command; docs/commands.md lists them too, with each case.
 OK = 0
 CHECK_FAILED = 1  # a check failed: a rewritten or lowered program does not match its reference
 USAGE = 2  # bad usage or input: unknown model, a file that does not load or export or that ExecuTorch
