@@ -6,7 +6,7 @@ import torch
 
 from edgefuse.qnn.emulator import compare_at_steps, output_steps, run_on_emulator
 from edgefuse.core._fx import ops_outside
-from edgefuse.qnn.selfcheck import ULPS
+from edgefuse.core.verify import TOLERANCES
 from edgefuse.core.verify import compare
 
 
@@ -18,13 +18,13 @@ def test_qnn_takes_the_whole_norm(lowered_rms_norm):
 
 
 def test_an_rms_norm_on_the_emulator_matches_eager(lowered_rms_norm):
-    """fp16 on the HTP against float32 eager, at ULPS units of float16 at the output's largest value
+    """fp16 on the HTP against float32 eager, at the "qnn set-up" tolerance's units of float16 at the output's largest value
     (the input and weight rounded to float16, the mean of squares and its root computed in it, the
     output rounded); the output tensor is the norm's."""
     (out,) = run_on_emulator(lowered_rms_norm.pte, lowered_rms_norm.inputs)
     with torch.no_grad():
         expected = lowered_rms_norm.module(*lowered_rms_norm.inputs)
-    got = compare(expected, out.to(expected.dtype), ulps=ULPS, dtype=torch.float16)
+    got = compare(expected, out.to(expected.dtype), ulps=TOLERANCES["qnn set-up"].ulps, dtype=torch.float16)
     assert got.shape_ok and got.max_error <= got.allowed, got
     assert got.max_error > 0  # it ran in float16, not in float32 on the CPU
 
@@ -45,7 +45,7 @@ def test_a_16a8w_rms_norm_on_the_emulator_matches_the_fake_quantized_module(lowe
 def test_a_permuted_input_is_read_in_its_logical_order(qnn_sdk):
     """An input laid out in another dim order (T5's position bias is a permuted view) reaches QNN's
     delegate as the values eager sees: the runtime copies an input's bytes as they lie and QNN reads
-    them contiguous, so the emulator's helper hands it contiguous. fp16 against eager at ULPS units."""
+    them contiguous, so the emulator's helper hands it contiguous. fp16 against eager at the "qnn set-up" tolerance's units."""
     import edgefuse.qnn as qnn
 
     class AddBias(torch.nn.Module):
@@ -58,7 +58,7 @@ def test_a_permuted_input_is_read_in_its_logical_order(qnn_sdk):
     assert not bias.is_contiguous()
     lowered = qnn.lower(AddBias(), (x, bias), precision="fp16", recompose="stock")
     (out,) = run_on_emulator(lowered.to_pte(), (x, bias))
-    got = compare(x + bias, out.to(torch.float32), ulps=ULPS, dtype=torch.float16)
+    got = compare(x + bias, out.to(torch.float32), ulps=TOLERANCES["qnn set-up"].ulps, dtype=torch.float16)
     assert got.shape_ok and got.max_error <= got.allowed, got
 
 
