@@ -59,12 +59,6 @@ class Samples:
         """The median microseconds of ``part``, on the wall clock or (``cpu``) in CPU time."""
         return statistics.median((self.cpu_us if cpu else self.wall_us)[part])
 
-    def extend(self, other: Samples) -> None:
-        """Add ``other``'s rounds to these (the runs of one program, pooled)."""
-        for mine, theirs in ((self.wall_us, other.wall_us), (self.cpu_us, other.cpu_us)):
-            for part, values in theirs.items():
-                mine.setdefault(part, []).extend(values)
-
 
 def round_orders(programs: Sequence[Hashable], rounds: int, seed: int = 0) -> list[list[int]]:
     """The order of the tasks (by index) in each round: every task once, no program twice in a row,
