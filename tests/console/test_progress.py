@@ -74,6 +74,16 @@ def test_a_loading_is_slow_while_it_runs_and_not_once_it_has_ended(libraries, tm
     assert said == ["bench m.py:f; loading torch and ExecuTorch"]
 
 
+def test_a_loading_that_has_ended_when_the_seconds_are_up_is_said_nothing_about(libraries):
+    said, say = libraries
+    before = set(threading.enumerate())
+    with FirstHeavyImport(say, "bench m.py:f", after=2.0, libraries=("heavy_fast",)):
+        import heavy_fast  # noqa: F401  (an empty module: loaded long before two seconds are up)
+    (timer,) = set(threading.enumerate()) - before
+    timer.join()  # the check has run
+    assert said == ["bench m.py:f; loading torch and ExecuTorch"]
+
+
 def test_the_finder_is_gone_after_the_block_even_when_nothing_heavy_was_imported(libraries):
     said, say = libraries
     with FirstHeavyImport(say, "lower m.py:f", libraries=("heavy_fast",)) as notice:

@@ -67,7 +67,7 @@ def asks_for_help(argv: Sequence[str]) -> bool:
 class FirstHeavyImport(importlib.abc.MetaPathFinder):
     """Says what a command is about to do when it first imports torch or ExecuTorch (:data:`LIBRARIES`),
     before the import starts, and that a first run takes a while if that loading still runs ``after``
-    seconds later.
+    seconds later (a loading that has ended by then is said nothing about).
 
     Importing those libraries takes seconds warm and a minute or two on a cold first run, before any of
     the command's own progress: without this line a person sees nothing and cannot tell a slow start from
@@ -78,7 +78,6 @@ class FirstHeavyImport(importlib.abc.MetaPathFinder):
     def __init__(self, say: Callable[[str], None], what: str, after: float = SLOW_LOADING_SECONDS,
                  libraries: Sequence[str] = LIBRARIES) -> None:
         self.say, self.what, self.after, self.libraries = say, what, after, tuple(libraries)
-        self.slow: threading.Timer | None = None
         self.first: str | None = None  # the library whose import set it off
 
     def install(self) -> FirstHeavyImport:
@@ -93,9 +92,9 @@ class FirstHeavyImport(importlib.abc.MetaPathFinder):
             self._remove()
             self.first = name.partition(".")[0]
             self.say(f"{self.what}; loading torch and ExecuTorch")
-            self.slow = threading.Timer(self.after, self._say_if_still_loading)
-            self.slow.daemon = True
-            self.slow.start()
+            slow = threading.Timer(self.after, self._say_if_still_loading)
+            slow.daemon = True
+            slow.start()
         return None  # the import itself is the usual finders' work
 
     def still_loading(self) -> bool:
@@ -117,9 +116,6 @@ class FirstHeavyImport(importlib.abc.MetaPathFinder):
 
     def __exit__(self, *exc) -> None:
         self._remove()
-        if self.slow is not None:
-            self.slow.cancel()
-            self.slow.join()  # a line it is saying lands before the command's last ones
 
 
 def _initializing(module: ModuleType | None) -> bool:
