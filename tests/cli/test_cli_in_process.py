@@ -127,6 +127,7 @@ def test_bench_alternates_and_prints_ratios(workdir, capsys):
     out = capsys.readouterr().out
     assert code == OK, out
     assert "10 runs each alternating after 1 warm-up" in out
+    assert "\n1 thread(s); CPU: " in out and "float16" in out  # the features the timing ran with
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("stock ", "edgefuse "))}
     assert set(rows) == {"stock", "edgefuse"}
     assert rows["stock"][-3] == rows["edgefuse"][-3] == "yes"

@@ -32,6 +32,7 @@ def test_the_table_has_a_row_per_shape_and_policy_with_the_thread_count_and_the_
     assert done.stderr == "", done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].startswith("threads: 1 (reset with _unsafe_reset_threadpool(1) before loading)"), lines[0]
+    assert lines[1].startswith("1 thread(s); CPU: ") and "float16" in lines[1], lines[1]
     assert next(line for line in lines if line.startswith("workload")).rstrip().endswith(
         "runs  stock us edgefuse us  ratio  wall  call floor fwall  load")
     rows = [line.split() for line in lines if line.startswith(("mean ", "blocks-512 "))]

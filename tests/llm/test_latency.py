@@ -12,16 +12,19 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from edgefuse.llm import latency
 from edgefuse.llm.latency import StepFailed, load_orders, pooled, time_runs
+from edgefuse.runtime.timer import Clock
 
 
 @pytest.fixture
-def clock(monkeypatch):
+def clock():
     """A clock that only the stand-in programs move: each step adds its program's cost in ns."""
-    now = SimpleNamespace(ns=0)
-    monkeypatch.setattr(latency, "time", SimpleNamespace(perf_counter_ns=lambda: now.ns))
-    return now
+    return SimpleNamespace(ns=0)
+
+
+def _timer_clock(now) -> Clock:
+    """The one timer's clock read from ``now``."""
+    return Clock(wall_ns=lambda: now.ns, cpu_ns=lambda: now.ns)
 
 
 class _Program:
@@ -55,7 +58,7 @@ def test_each_run_loads_afresh_in_its_order_and_times_each_program_under_its_own
         programs.append(dict(zip(order, fresh)))
         return fresh
 
-    runs = time_runs(load, 2, prefill=3, decode=2, runs=4, rounds=2, warmup=1)
+    runs = time_runs(load, 2, prefill=3, decode=2, runs=4, rounds=2, warmup=1, clock=_timer_clock(clock))
     assert loads == [(0, 1), (1, 0), (0, 1), (1, 0)]
     assert [run.order for run in runs] == loads
     # each run its own programs: a probe step of program 0 for the prompt in the first, then 1 + 2 rounds of 3 steps
@@ -76,7 +79,7 @@ def test_a_run_releases_the_last_runs_programs_before_it_loads(clock):
         previous[:] = [weakref.ref(p) for p in fresh]
         return fresh
 
-    time_runs(load, 2, prefill=2, decode=1, runs=3, rounds=1, warmup=0)
+    time_runs(load, 2, prefill=2, decode=1, runs=3, rounds=1, warmup=0, clock=_timer_clock(clock))
     assert alive_at_load == [0, 0, 0]
 
 
@@ -85,7 +88,7 @@ def test_a_failing_step_names_the_program_by_its_index_when_it_was_loaded_first(
         return [_Program(clock, ns=1, fail_at=2 if k == 1 and order[0] == 1 else None) for k in order]
 
     with pytest.raises(StepFailed) as failed:
-        time_runs(load, 2, prefill=2, decode=1, runs=2, rounds=1, warmup=0)
+        time_runs(load, 2, prefill=2, decode=1, runs=2, rounds=1, warmup=0, clock=_timer_clock(clock))
     assert failed.value.index == 1 and failed.value.position == 2
 
 
@@ -96,7 +99,7 @@ def test_pooled_holds_every_round_of_every_run_by_program(clock):
         ns = {0: next(costs), 1: next(costs)}
         return [_Program(clock, ns=ns[k]) for k in order]
 
-    runs = time_runs(load, 2, prefill=2, decode=1, runs=3, rounds=4, warmup=0)
+    runs = time_runs(load, 2, prefill=2, decode=1, runs=3, rounds=4, warmup=0, clock=_timer_clock(clock))
     whole = pooled(runs)
     assert [len(ms) for ms in whole.prefill_ms] == [12, 12] and [len(ms) for ms in whole.decode_ms] == [12, 12]
     assert whole.prefill_ms[1] == [ms for run in runs for ms in run.timing.prefill_ms[1]]

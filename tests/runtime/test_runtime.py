@@ -227,13 +227,3 @@ def test_the_real_runtime_says_why_a_run_failed_in_the_error(capsys):
         run_pte(pte, [torch.randn(3, 8, dtype=torch.float16)])
     assert capsys.readouterr().err == ""
     assert program.run([torch.ones(3, 8)])[0].flatten().tolist() == [1.0, 1.0, 1.0]
-
-
-def test_the_cpu_features_say_which_float16_bfloat16_and_int8_features_are_there_and_which_not():
-    from edgefuse.runtime import cpu_features
-
-    x86 = cpu_features("processor: 0\nmodel name\t: Some Xeon\nflags\t\t: fpu avx2 f16c avx512_bf16 avx512_vnni\n")
-    assert x86.startswith("Some Xeon; has F16C (float16 conversions), AVX512-BF16")
-    assert "lacks AVX512-FP16 (float16 arithmetic), AMX-BF16" in x86
-    arm = cpu_features("Features\t: fp asimd asimdhp asimddp\nCPU part\t: 0xd0c\n")
-    assert "has Arm FP16 arithmetic, Arm int8 dot products; lacks Arm BF16, Arm int8 matrix multiply" in arm

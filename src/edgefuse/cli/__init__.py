@@ -1,7 +1,9 @@
 """The ``edgefuse`` command (also ``python -m edgefuse``): argument parsing and dispatch only.
 
-The work is done in :mod:`edgefuse.cli.demo` and :mod:`edgefuse.cli.commands`; they are imported only once
-the arguments parse, so ``edgefuse --help`` and usage errors do not wait for torch and ExecuTorch.
+The work is done in the modules :data:`COMMANDS` names; they are imported only once the arguments parse,
+so ``edgefuse --help`` and usage errors do not wait for torch and ExecuTorch. When a command first
+imports those it says what it is about to do (:class:`edgefuse.console.progress.FirstHeavyImport`): the
+loading takes seconds, and a minute or two on a cold first run. Help loads neither and says nothing.
 """
 
 from __future__ import annotations
@@ -40,15 +42,22 @@ PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w")
 DEFAULT_SOC = "SM8650"
 
 
-#: Each command but ``demo`` and ``qnn``: the module and the function that run it, imported only once the
-#: arguments parse.
+#: Every command: the module and the function that run it, imported only once the arguments parse, and
+#: the line it says as it first imports torch or ExecuTorch (filled in from the arguments; None: a command
+#: that loads neither up front).
 COMMANDS = {
-    "report": ("edgefuse.cli.commands", "report_command"),
-    "lower": ("edgefuse.cli.commands", "lower_command"),
-    "bench": ("edgefuse.cli.commands", "bench_command"),
-    "fuzz": ("edgefuse.cli.commands", "fuzz_command"),
-    "export-llm": ("edgefuse.cli.llm_commands", "export_llm_command"),
-    "bench-llm": ("edgefuse.cli.llm_commands", "bench_llm_command"),
+    "demo": ("edgefuse.cli.demo", "demo_command",
+             "demo: building tiny-qwen3, rebuilding its norms for QNN and lowering it for XNNPACK both ways"),
+    "report": ("edgefuse.cli.commands", "report_command", "report {model}: finding its norms and rebuilding them"),
+    "lower": ("edgefuse.cli.commands", "lower_command", "lower {model}: lowering it for {backend} stock and with edgefuse"),
+    "bench": ("edgefuse.cli.commands", "bench_command",
+              "bench {model}: lowering it for XNNPACK both ways and timing the two programs"),
+    "fuzz": ("edgefuse.cli.commands", "fuzz_command", "fuzz: fuzzing edgefuse's rewrites against eager"),
+    "export-llm": ("edgefuse.cli.llm_commands", "export_llm_command",
+                   "export-llm: running ExecuTorch's export_llm with edgefuse inside"),
+    "bench-llm": ("edgefuse.cli.llm_commands", "bench_llm_command", "bench-llm: timing {stock} against {edgefuse}"),
+    "qnn setup": ("edgefuse.cli.qnn_setup", "run", None),  # downloads first; its self-check says when it loads torch
+    "qnn env": ("edgefuse.cli.qnn_setup", "run", None),
 }
 
 
@@ -185,10 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
         "bench-llm", parents=[common],
         help="prefill and decode latency of two export_llm programs (stock, edgefuse) in executorch.runtime",
         description="Load two .pte written by export_llm (KV cache: inputs tokens [1, n] and input_pos [1]) with "
-        "ExecuTorch's LLM custom ops, and time a prefill of N tokens then K decode steps of each, alternating "
-        "round by round, in runs that load both afresh with the one loaded first alternating (the program "
-        "loaded second runs up to a percent or two faster); prints the medians over every round, the thread "
-        "count, the ratios edgefuse / stock and each run's ratios.",
+        "ExecuTorch's LLM custom ops, and time a prefill of N tokens then K decode steps of each, alternating, "
+        "in runs that load both afresh with the one loaded first alternating (the program "
+        "loaded second runs up to a percent or two faster); prints the thread count and the CPU's float16, "
+        "bfloat16 and int8 features, the medians over every round, the ratios edgefuse / stock and each run's "
+        "ratios.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench_llm.add_argument("stock", metavar="STOCK.pte", help="the program of stock export_llm")
@@ -289,23 +299,17 @@ def main(argv: list[str] | None = None) -> int:
     quiet_libraries()
     say = Progress(enabled=not args.quiet)
     command = " ".join(filter(None, (args.command, getattr(args, "qnn_command", None))))
-    return run_command(f"edgefuse {command}", _run, args, say)
+    return run_command(f"edgefuse {command}", _run, command, args, say)
 
 
-def _run(args: argparse.Namespace, say) -> int:
-    """Run the parsed command; :func:`main` turns what it raises into an exit code."""
-    if args.command == "demo":
-        from edgefuse.cli.demo import run
+def _run(command: str, args: argparse.Namespace, say) -> int:
+    """Say what ``command`` is about to do, load what it needs and run it; :func:`main` turns what it raises
+    into an exit code."""
+    from edgefuse.console.progress import FirstHeavyImport, asks_for_help
 
-        code = run(say)
-        say(f"demo done in {say.elapsed():.1f}s")
-        return code
-    if args.command == "qnn":
-        from edgefuse.cli.qnn_setup import run as qnn
+    module, function, notice = COMMANDS[command]
+    if notice is None or asks_for_help(getattr(args, "fuzz_args", [])):
+        return getattr(importlib.import_module(module), function)(args, say)
+    with FirstHeavyImport(say, notice.format(**vars(args))):
+        return getattr(importlib.import_module(module), function)(args, say)
 
-        return qnn(args, say)
-    module, function = COMMANDS[args.command]
-    return getattr(importlib.import_module(module), function)(args, say)
-
-if __name__ == "__main__":
-    raise SystemExit(main())

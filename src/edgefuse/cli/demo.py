@@ -67,6 +67,13 @@ def run(say: Progress | None = None) -> int:
             os.rmdir(os.path.dirname(destination))
 
 
+def demo_command(args, say: Progress) -> int:
+    """``edgefuse demo``: the demo, and how long it took."""
+    code = run(say)
+    say(f"demo done in {say.elapsed():.1f}s")
+    return code
+
+
 def _run(destination: str, say: Progress) -> int:
     # One intra-op thread: no OpenMP pool is started for the forked worker to inherit, and the worker and
     # this process have a core each.

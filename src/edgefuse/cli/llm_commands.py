@@ -185,7 +185,8 @@ def bench_llm_command(args, say: Say) -> int:
         try_llm_programs,
     )
     from edgefuse.llm.latency import pooled, time_runs
-    from edgefuse.runtime import cpu_features, set_threads
+    from edgefuse.runtime import set_threads
+    from edgefuse.runtime.timer import conditions
 
     threads = set_threads(args.threads)
     labels = ("stock", "edgefuse")
@@ -207,9 +208,9 @@ def bench_llm_command(args, say: Say) -> int:
     rows = []
     for label, path, (p, d) in zip(labels, paths, medians):
         rows.append([label, path, f"{p:.3f}", f"{d:.4f}", f"{p / medians[0][0]:.3f}", f"{d / medians[0][1]:.3f}"])
-    print(f"executorch.runtime with the LLM custom ops, {threads} thread(s); prefill of {args.prefill} tokens at "
+    print(f"executorch.runtime with the LLM custom ops, {conditions(threads)}; prefill of {args.prefill} tokens at "
           f"position 0, then {args.decode} decode steps of one token; {args.runs} runs of {args.rounds} rounds "
-          f"alternating (order swapped every round) after {args.warmup} warm-up rounds, both programs loaded "
+          f"alternating after {args.warmup} warm-up rounds, both programs loaded "
           "afresh each run, stock first in runs 1, 3, ... and edgefuse in runs 2, 4, ...; medians over every "
           "round of every run; ratio = edgefuse / stock (below 1 is faster)")
     print(format_table(("program", "file", "prefill ms", "decode ms/token", "prefill ratio", "decode ratio"), rows))
@@ -218,5 +219,4 @@ def bench_llm_command(args, say: Say) -> int:
         print(f"run {k}, {labels[run.order[0]]} loaded first: prefill ratio {prefill:.3f}, decode ratio {decode:.3f}")
     difference = float((timing.last_logits[0].float() - timing.last_logits[1].float()).abs().max())
     print(f"last decode step's logits, largest difference between the programs: {difference:.3g}")
-    print(f"CPU: {cpu_features()}")
     return OK

@@ -7,10 +7,23 @@ the command started) shows that the command is alive and where the time goes. Re
 
 from __future__ import annotations
 
+import importlib.abc
 import os
 import sys
+import threading
 import time
-from typing import TextIO
+from types import ModuleType
+from typing import Callable, Sequence, TextIO
+
+#: The libraries a command waits for: importing them takes seconds warm, a minute or two cold.
+LIBRARIES = ("torch", "executorch.exir", "executorch.runtime")
+
+#: After this many seconds still loading :data:`LIBRARIES`, a command says that a first run takes a while.
+SLOW_LOADING_SECONDS = 5.0
+
+#: What a person waits for, said when the loading is slow.
+SLOW_LOADING = ("still loading torch and ExecuTorch: the first run after installing them (or after the machine "
+                "started) reads and compiles them, a minute or two; later runs take seconds")
 
 
 class Progress:
@@ -44,3 +57,67 @@ def process_start() -> float:
         return time.monotonic() - max(age, 0.0)
     except (OSError, ValueError, IndexError, AttributeError):
         return time.monotonic()
+
+
+def asks_for_help(argv: Sequence[str]) -> bool:
+    """Whether a command line asks for help (``-h``, ``--help``): help is text, no work to announce."""
+    return any(arg in ("-h", "--help") for arg in argv)
+
+
+class FirstHeavyImport(importlib.abc.MetaPathFinder):
+    """Says what a command is about to do when it first imports torch or ExecuTorch (:data:`LIBRARIES`),
+    before the import starts, and that a first run takes a while if that loading still runs ``after``
+    seconds later (a loading that has ended by then is said nothing about).
+
+    Importing those libraries takes seconds warm and a minute or two on a cold first run, before any of
+    the command's own progress: without this line a person sees nothing and cannot tell a slow start from
+    a hang. Said at the import itself, it costs nothing to a command that stops before it (help, a usage
+    error). Use it as a context manager, or :meth:`install` it for the rest of the process.
+    """
+
+    def __init__(self, say: Callable[[str], None], what: str, after: float = SLOW_LOADING_SECONDS,
+                 libraries: Sequence[str] = LIBRARIES) -> None:
+        self.say, self.what, self.after, self.libraries = say, what, after, tuple(libraries)
+        self.first: str | None = None  # the library whose import set it off
+
+    def install(self) -> FirstHeavyImport:
+        """Watch this process's imports; a process that has imported the first library (torch) already
+        waits for nothing, so then this says nothing."""
+        if self.libraries[0] not in sys.modules:
+            sys.meta_path.insert(0, self)
+        return self
+
+    def find_spec(self, name: str, path=None, target=None):
+        if name.partition(".")[0] in {library.partition(".")[0] for library in self.libraries}:
+            self._remove()
+            self.first = name.partition(".")[0]
+            self.say(f"{self.what}; loading torch and ExecuTorch")
+            slow = threading.Timer(self.after, self._say_if_still_loading)
+            slow.daemon = True
+            slow.start()
+        return None  # the import itself is the usual finders' work
+
+    def still_loading(self) -> bool:
+        """Whether the import that set this off has not ended, or one of the libraries is being imported."""
+        first = sys.modules.get(self.first) if self.first else None
+        return (self.first is not None and (first is None or _initializing(first))) or any(
+            _initializing(sys.modules.get(name)) for name in self.libraries)
+
+    def _say_if_still_loading(self) -> None:
+        if self.still_loading():
+            self.say(SLOW_LOADING)
+
+    def _remove(self) -> None:
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+
+    def __enter__(self) -> FirstHeavyImport:
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self._remove()
+
+
+def _initializing(module: ModuleType | None) -> bool:
+    """Whether ``module`` is still being imported: importlib marks its spec so while the module's code runs."""
+    return module is not None and bool(getattr(getattr(module, "__spec__", None), "_initializing", False))

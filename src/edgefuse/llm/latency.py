@@ -1,9 +1,9 @@
 """Prefill latency and decode time per token of ``export_llm`` programs, timed side by side.
 
 A program with a KV cache takes tokens ``[1, n]`` and the start position ``[1]``. :func:`time_prefill_decode`
-runs each program through the same prompt at position 0 and then single-token decode steps, one round of
-each program in turn with the order swapped every round (so a change of machine load hits all alike),
-and keeps every round's times; the medians are what a table shows.
+runs each program through the same prompt at position 0 and then single-token decode steps with the one
+timer (:mod:`edgefuse.runtime.timer`: the programs alternating, so a change of machine load hits all
+alike) and keeps every round's times; the medians are what a table shows.
 
 Which program is loaded first into a process moves its time a little (likely through where its memory
 lands: the first does not run quite as the second one does). On the 2-core x86
@@ -19,11 +19,12 @@ loads the programs afresh for each run, alternating which is loaded first (:func
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
+
+from edgefuse.runtime.timer import Clock, Task, alternate
 
 
 def llm_inputs(tokens: torch.Tensor, position: int) -> list[torch.Tensor]:
@@ -76,26 +77,28 @@ class PrefillDecode:
 
 
 def time_prefill_decode(methods: Sequence, prompt: torch.Tensor, steps: torch.Tensor, rounds: int,
-                        warmup: int) -> PrefillDecode:
-    """Time a prefill of ``prompt`` and the decode ``steps`` of each loaded method, alternating round by
-    round (the order swapped every round), ``rounds`` timed rounds after ``warmup`` untimed ones."""
+                        warmup: int, clock: Clock = Clock()) -> PrefillDecode:
+    """Time a prefill of ``prompt`` and the decode ``steps`` of each loaded method with the one timer
+    (:func:`edgefuse.runtime.timer.alternate`: the methods alternating, ``rounds`` kept rounds after
+    ``warmup`` others)."""
     decode = steps.shape[0]
-    result = PrefillDecode([[] for _ in methods], [[] for _ in methods], [None for _ in methods])
-    for round_ in range(warmup + rounds):
-        order = range(len(methods)) if round_ % 2 == 0 else reversed(range(len(methods)))
-        for k in order:
-            method = methods[k]
-            start = time.perf_counter_ns()
-            logits = run_step(method, prompt, 0, k)
-            prefilled = time.perf_counter_ns()
+    last_logits: list[torch.Tensor | None] = [None for _ in methods]
+
+    def task(k: int) -> Task:
+        def prefill_then_decode(mark) -> None:
+            logits = run_step(methods[k], prompt, 0, k)
+            mark("prefill")
             for i in range(decode):
-                logits = run_step(method, steps[i], prompt.shape[1] + i, k)
-            done = time.perf_counter_ns()
-            result.last_logits[k] = logits
-            if round_ >= warmup:
-                result.prefill_ms[k].append((prefilled - start) / 1e6)
-                result.decode_ms[k].append((done - prefilled) / 1e6 / max(decode, 1))
-    return result
+                logits = run_step(methods[k], steps[i], prompt.shape[1] + i, k)
+            mark("decode")
+            last_logits[k] = logits
+
+        return Task(k, prefill_then_decode)
+
+    samples = alternate([task(k) for k in range(len(methods))], rounds, warmup, clock)
+    return PrefillDecode([[us / 1e3 for us in s.wall_us.get("prefill", [])] for s in samples],
+                         [[us / 1e3 / max(decode, 1) for us in s.wall_us.get("decode", [])] for s in samples],
+                         last_logits)
 
 
 def load_orders(count: int, runs: int) -> list[tuple[int, ...]]:
@@ -113,7 +116,7 @@ class TimedRun:
 
 
 def time_runs(load: Callable[[tuple[int, ...]], Sequence], count: int, prefill: int, decode: int, runs: int,
-              rounds: int, warmup: int, seed: int = 0) -> list[TimedRun]:
+              rounds: int, warmup: int, seed: int = 0, clock: Clock = Clock()) -> list[TimedRun]:
     """Time ``count`` programs in ``runs`` runs of :func:`time_prefill_decode`, each on programs loaded
     afresh in the run's :func:`load_orders` order.
 
@@ -129,7 +132,7 @@ def time_runs(load: Callable[[tuple[int, ...]], Sequence], count: int, prefill: 
         methods = [loaded[order.index(k)].method for k in range(count)]
         if prompt is None:
             prompt, steps = prompt_for(methods[0], prefill, decode, seed)
-        timed.append(TimedRun(order, time_prefill_decode(methods, prompt, steps, rounds, warmup)))
+        timed.append(TimedRun(order, time_prefill_decode(methods, prompt, steps, rounds, warmup, clock)))
         del loaded, methods
     return timed
 

@@ -143,16 +143,13 @@ def profile_prefill_decode(pte: bytes, prompt: torch.Tensor, steps: torch.Tensor
     rounds."""
     from executorch.devtools.etdump.serialize import deserialize_from_etdump_flatcc
 
-    from edgefuse.llm.latency import run_step
+    from edgefuse.llm.latency import time_prefill_decode
     from edgefuse.llm.pte import instruction_labels
     from edgefuse.runtime import LoadedProgram
 
     program = LoadedProgram(pte, etdump=True)
     decode = steps.shape[0]
-    for _ in range(warmup + rounds):
-        run_step(program.method, prompt, 0)
-        for i in range(decode):
-            run_step(program.method, steps[i], prompt.shape[1] + i)
+    time_prefill_decode([program.method], prompt, steps, rounds, warmup)  # the rounds a timing runs, recorded
     dump = deserialize_from_etdump_flatcc(program.etdump())
     executed = [run for run in dump.run_data if any(
         e.profile_event is not None and e.profile_event.name == "Method::execute" for e in run.events or [])]

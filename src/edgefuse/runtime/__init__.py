@@ -1,18 +1,14 @@
-"""Run ``.pte`` programs in the released ``executorch.runtime`` and time them against each other.
+"""The one runner: ``.pte`` programs loaded and run in the released ``executorch.runtime``.
 
 Every claim the command line makes about a lowered program (it loads, it matches eager, it is faster or
-slower) is checked here, on the bytes that would ship, with the real XNNPACK kernels. The timing is the
-benchmark machinery: the programs run alternately (one run of each, repeated) after a warm-up, so a
-change of machine load hits all of them alike; the result is each program's median. It takes any
-number of programs and inputs, so ``edgefuse.tools.xnnpack_bench`` can share it.
+slower) is checked here, on the bytes that would ship, with the real XNNPACK kernels. Every command and
+tool loads and runs a program through :class:`LoadedProgram`, and times it with
+:mod:`edgefuse.runtime.timer`.
 """
 
 from __future__ import annotations
 
 import functools
-import statistics
-import time
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 from edgefuse.runtime.log import with_its_log, without_set_up_noise
@@ -63,9 +59,24 @@ class LoadedProgram:
         """The tensor outputs of one run."""
         import torch
 
-        flat = _leaves(inputs)
+        flat = flat_inputs(inputs)
         result = with_its_log(lambda: self.method.execute(flat))
         return [t for t in result if isinstance(t, torch.Tensor)]
+
+    def execute(self, flat: list) -> Sequence[Any]:
+        """One full call as a Python user makes it, with nothing around it (what a timing times): copy the
+        :func:`flat_inputs` in, run, and copy every output out."""
+        return self.method.execute(flat)
+
+    def run_again(self) -> None:
+        """Run the method again on the inputs of the last :meth:`execute`, copying nothing in or out.
+
+        This is the program's own time, as a C++ runner measures ``Method::execute``; the full call adds
+        the binding's input copy and output clone, which cost the same for any two programs with the same
+        inputs and outputs. ``executorch.runtime.Method`` only offers the full call, so this uses the
+        pybindings method it wraps.
+        """
+        self.method._method.execute()
 
 
 def set_threads(threads: int) -> int:
@@ -84,76 +95,7 @@ def set_threads(threads: int) -> int:
     return portable_lib._threadpool_get_thread_count()
 
 
-#: The CPU features that decide how XNNPACK runs float16, bfloat16 and int8 work: (flag in /proc/cpuinfo,
-#: what a reader of a timing needs to know about it), on x86 and on Arm.
-_X86_FEATURES = (
-    ("f16c", "F16C (float16 conversions)"),
-    ("avx512fp16", "AVX512-FP16 (float16 arithmetic)"),
-    ("avx512_bf16", "AVX512-BF16 (bfloat16 dot products)"),
-    ("amx_bf16", "AMX-BF16"),
-    ("amx_fp16", "AMX-FP16"),
-    ("avx512_vnni", "AVX512-VNNI (int8 dot products)"),
-    ("avx_vnni", "AVX-VNNI (int8 dot products)"),
-)
-_ARM_FEATURES = (
-    ("asimdhp", "Arm FP16 arithmetic"),
-    ("bf16", "Arm BF16"),
-    ("asimddp", "Arm int8 dot products"),
-    ("i8mm", "Arm int8 matrix multiply"),
-)
-
-
-def cpu_features(cpuinfo: str | None = None) -> str:
-    """The CPU's model and which of its float16, bfloat16 and int8 features are present or absent, from
-    ``/proc/cpuinfo`` (or the text given): a timing of float16 or bfloat16 programs means little without it."""
-    import platform
-
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return f"{platform.machine()}; features unknown (no /proc/cpuinfo)"
-    model, flags = platform.machine(), set()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        key = key.strip().lower()
-        if key in ("model name", "cpu model") and model == platform.machine():
-            model = value.strip()
-        elif key in ("flags", "features") and not flags:
-            flags = set(value.split())
-    relevant = _ARM_FEATURES if "asimd" in flags else _X86_FEATURES
-    present = [name for flag, name in relevant if flag in flags]
-    absent = [name for flag, name in relevant if flag not in flags]
-    return f"{model}; has {', '.join(present) or 'none of the float16/bfloat16/int8 features'}; lacks {', '.join(absent) or 'none'}"
-
-
-@dataclass
-class Timing:
-    """Microsecond samples of one program; ``median`` is what a table shows."""
-
-    samples: list[float]
-
-    @property
-    def median(self) -> float:
-        return statistics.median(self.samples)
-
-
-def alternate(programs: Sequence[LoadedProgram], inputs: Sequence[Any], runs: int, warmup: int) -> list[Timing]:
-    """Time each program ``runs`` times, alternating between them, after ``warmup`` untimed rounds."""
-    flat = _leaves(inputs)
-    samples: list[list[float]] = [[] for _ in programs]
-    for i in range(warmup + runs):
-        for k, program in enumerate(programs):
-            start = time.perf_counter_ns()
-            program.method.execute(flat)
-            elapsed = time.perf_counter_ns() - start
-            if i >= warmup:
-                samples[k].append(elapsed / 1e3)
-    return [Timing(s) for s in samples]
-
-
-def _leaves(inputs: Sequence[Any]) -> list:
+def flat_inputs(inputs: Sequence[Any]) -> list:
     """The tensors and values of ``inputs`` in the flat order a method takes them. torch is imported here,
     where a program runs, so that :mod:`edgefuse.runtime.files` imports without it."""
     from torch.utils import _pytree as pytree

@@ -521,10 +521,11 @@ def run(args, say) -> int:
 
 
 def _time_or_profile(folder: str, pairs: list[Pair], args, profile, say) -> int:
-    from edgefuse.runtime import cpu_features, set_threads
+    from edgefuse.runtime import set_threads
+    from edgefuse.runtime.timer import conditions as timing_conditions
 
     threads = set_threads(args.threads)
-    conditions = (f"executorch.runtime with the LLM custom ops, {threads} thread(s); CPU: {cpu_features()}")
+    conditions = f"executorch.runtime with the LLM custom ops, {timing_conditions(threads)}"
     if profile is not None:
         pair = pairs[0]
         print(f"where the time goes, {pair.size} {pair.dtype}: prefill of {args.prefill} tokens, then {args.decode} "
@@ -535,8 +536,7 @@ def _time_or_profile(folder: str, pairs: list[Pair], args, profile, say) -> int:
         return OK
     rows = [row for pair in pairs for row in time_pair(folder, pair, args, say)]
     print(f"{conditions}; prefill of {args.prefill} tokens at position 0, then {args.decode} decode steps of one "
-          f"token; each run loads both programs afresh and times {args.rounds} rounds alternating (order swapped "
-          f"every round) after {args.warmup} warm-up rounds; two runs a pair, stock loaded first in one and edgefuse "
+          f"token; each run loads both programs afresh and times {args.rounds} rounds alternating after {args.warmup} warm-up rounds; two runs a pair, stock loaded first in one and edgefuse "
           "in the other" + (f", and {2 * args.repeats} more for a pair whose ratio over both is {REPEAT_AT} or above"
                             if args.repeats else "") +
           "; medians over rounds, and over every round of a pair's runs on its 'all' line, which the verdict "

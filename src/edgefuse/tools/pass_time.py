@@ -4,14 +4,15 @@
 
 For each layer count, a Qwen3 built from a ``Qwen3Config`` with random weights (hidden 64, 4 heads, 2 KV
 heads, head dim 16, vocabulary 256; nothing is downloaded) is exported once with ``torch.export``; each
-run then rewrites a fresh ``ExportedProgram.module()`` both ways, alternating which goes first:
+run then rewrites a fresh ``ExportedProgram.module()`` both ways, the two sides alternating after a
+warm-up run of each (the one timer, :mod:`edgefuse.runtime.timer`):
 
 - stock: ``RemoveRedundancy(quantization_capture=True)`` then ``RecomposeRmsNorm(quantization_capture=True)``
   from ``executorch.backends.qualcomm._passes``, as QNN's annotation pipeline instantiates them;
 - edgefuse: ``RemoveRedundantCasts()`` then ``RecomposeRmsNorm(backend="qnn", quantization_capture=True)``.
 
 It prints, per layer count, the graph's nodes, the norms each side rebuilt (and edgefuse's candidates),
-the minimum over the runs of each side's process CPU time and wall time in milliseconds, their ratio
+the median over the runs of each side's process CPU time and wall time in milliseconds, their ratio
 (edgefuse over stock; below 1 is faster), and the growth from the smallest layer count to the largest.
 CPU time is the headline: it does not count the time a shared machine runs other work. Garbage
 collection is off while timing. This is a measurement, not a test: it asserts nothing.
@@ -20,9 +21,7 @@ collection is off while timing. This is a measurement, not a test: it asserts no
 from __future__ import annotations
 
 import argparse
-import gc
 import sys
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,7 +34,7 @@ EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
 
 @dataclass
 class PassTime:
-    """The fastest of the runs of one side on one graph, and what that side produced."""
+    """The median of the runs of one side on one graph, and what that side produced."""
 
     cpu_ms: float
     wall_ms: float
@@ -70,31 +69,27 @@ def _stock(gm: GraphModule) -> tuple[int, None]:
     return sum(n.op == "call_function" and n.target is rms_norm for n in gm.graph.nodes), None
 
 
-def _once(run: Callable[[GraphModule], tuple[int, int | None]], gm: GraphModule) -> PassTime:
-    gc.collect()
-    gc.disable()
-    try:
-        cpu, wall = time.process_time(), time.perf_counter()
-        rebuilt, candidates = run(gm)
-        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-    finally:
-        gc.enable()
-    return PassTime(cpu * 1e3, wall * 1e3, rebuilt, candidates)
+def measure(program, runs: int, warmup: int = 1) -> dict[str, PassTime]:
+    """The median CPU and wall time of each side over ``runs`` runs after ``warmup`` others, with the one
+    timer (:func:`edgefuse.runtime.timer.alternate`: the sides alternating), each run on a fresh module
+    whose making is not timed."""
+    from edgefuse.runtime.timer import Task, alternate
 
+    produced: dict[str, tuple[int, int | None]] = {}
 
-def measure(program, runs: int) -> dict[str, PassTime]:
-    """The minimum CPU and wall time of each side over ``runs`` runs, alternating which side goes first."""
-    best: dict[str, PassTime] = {}
-    sides = [("stock", _stock), ("edgefuse", _edgefuse)]
-    for i in range(runs):
-        for name, run in sides if i % 2 == 0 else reversed(sides):
-            t = _once(run, program.module())
-            if name not in best:
-                best[name] = t
-            else:
-                best[name].cpu_ms = min(best[name].cpu_ms, t.cpu_ms)
-                best[name].wall_ms = min(best[name].wall_ms, t.wall_ms)
-    return best
+    def side(name: str, run: Callable[[GraphModule], tuple[int, int | None]]) -> Task:
+        def rewrite(mark) -> None:
+            gm = program.module()
+            mark("module")
+            produced[name] = run(gm)
+            mark("passes")
+
+        return Task(name, rewrite)
+
+    sides = {"stock": _stock, "edgefuse": _edgefuse}
+    samples = alternate([side(name, run) for name, run in sides.items()], runs, warmup)
+    return {name: PassTime(s.median("passes", cpu=True) / 1e3, s.median("passes") / 1e3, *produced[name])
+            for name, s in zip(sides, samples)}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -103,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--layers", type=int, nargs="+", default=[28, 56], help="layer counts (default 28 56)")
-    parser.add_argument("--runs", type=int, default=3, help="runs per side and graph; the minimum counts (default 3)")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs per side and graph; the median counts (default 3)")
     parser.add_argument("--tokens", type=int, default=12, help="token ids the model reads (default 12)")
     return parser
 
@@ -123,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pass_time: needs executorch's QNN passes and transformers: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
 
+    from edgefuse.runtime.timer import cpu_features
+
     header = (f"{'layers':>6} {'nodes':>6} {'norms':>13} {'stock cpu':>9} {'edgefuse cpu':>12} {'ratio':>6}"
               f" {'stock wall':>10} {'edgefuse wall':>13} {'ratio':>6}")
     print(header)
@@ -137,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{layers:>6} {nodes:>6} {norms:>13} {stock.cpu_ms:>9.1f} {ours.cpu_ms:>12.1f} "
               f"{ours.cpu_ms / stock.cpu_ms:>6.2f} {stock.wall_ms:>10.1f} {ours.wall_ms:>13.1f} "
               f"{ours.wall_ms / stock.wall_ms:>6.2f}", flush=True)
-    print("norms: rebuilt by edgefuse / its candidates (rebuilt by stock); times: ms, minimum of "
-          f"{args.runs} runs; ratio: edgefuse / stock")
+    print("norms: rebuilt by edgefuse / its candidates (rebuilt by stock); times: ms, median of "
+          f"{args.runs} runs after a warm-up run; ratio: edgefuse / stock")
+    print(f"CPU: {cpu_features()}")
     if len(rows) > 1:
         low, high = min(rows), max(rows)
         for side in ("edgefuse", "stock"):

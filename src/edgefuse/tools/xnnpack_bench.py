@@ -41,10 +41,7 @@ a test: nothing here asserts a time.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
-import random
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -59,13 +56,13 @@ import torch
 from torch import nn
 from torch.export import export
 
-from edgefuse.core._fx import dtype_name
-from edgefuse.runtime import set_threads
+from edgefuse.core._fx import dtype_name, ops_outside
 from edgefuse.core.verify import max_error
-from edgefuse.core._fx import ops_outside
-from edgefuse.xnnpack.inspect import load_method, lowered_modules, to_pte
-from edgefuse.xnnpack.lowering import lower, lower_stock
+from edgefuse.runtime import LoadedProgram, set_threads
 from edgefuse.runtime.threads import threads_problem
+from edgefuse.runtime.timer import Task, alternate, conditions
+from edgefuse.xnnpack.inspect import lowered_modules, to_pte
+from edgefuse.xnnpack.lowering import lower, lower_stock
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY
 
 EPS = 1e-6
@@ -150,23 +147,22 @@ WORKLOADS: tuple[Workload, ...] = (
 
 @dataclass
 class TimedProgram:
-    """One workload lowered one way and loaded: its delegates, the ops left outside, the loaded method to
+    """One workload lowered one way and loaded: its delegates, the ops left outside, the loaded program to
     time, and its error against eager."""
 
     label: str
     delegates: int
     outside: list[str]
-    method: object
+    loaded: LoadedProgram
     error: float
 
 
 def _lower(label: str, module: nn.Module, x: torch.Tensor, expected: torch.Tensor, how) -> TimedProgram:
     manager = how(export(module, (x,)))
     delegates, outside = len(lowered_modules(manager)), ops_outside(manager)
-    method = load_method(to_pte(manager))
-    out = method.execute([x])[0]
-    error = max_error(expected, out)
-    return TimedProgram(label, delegates, outside, method, error)
+    loaded = LoadedProgram(to_pte(manager))
+    error = max_error(expected, loaded.run([x])[0])
+    return TimedProgram(label, delegates, outside, loaded, error)
 
 
 @dataclass
@@ -179,65 +175,30 @@ class Medians:
     call_wall: float
 
 
-def _round_order(count: int, previous: int, rng: random.Random) -> list[tuple[int, str]]:
-    """Every program once as a full call and once alone, shuffled so that no program runs twice in a row
-    (also across the boundary with the previous round, whose last program is ``previous``)."""
-    items = [(k, mode) for k in range(count) for mode in ("call", "run")]
-    if count < 2:
-        return items
-    while True:
-        rng.shuffle(items)
-        programs = [previous] + [k for k, _ in items]
-        if all(a != b for a, b in zip(programs, programs[1:])):
-            return items
-
-
-def _time(methods: list[TimedProgram], x: torch.Tensor, runs: int, budget: float) -> tuple[list[Medians], int]:
-    """Medians of each method's program-alone and full-call times, rounds in random order.
+def _time(programs: list[TimedProgram], x: torch.Tensor, runs: int, budget: float) -> tuple[list[Medians], int]:
+    """Medians of each program's program-alone and full-call times, with the one timer
+    (:func:`edgefuse.runtime.timer.alternate`: no program twice in a row, the order shuffled each round).
 
     At most ``runs`` timed rounds, fewer (never under 100, or ``runs`` if less) when a round is so slow
     that ``runs`` of them would take more than ``budget`` seconds; the count used is returned. CPU time
     is the process's (all threads), so it stays right with a threadpool of several threads.
     """
-    start = time.perf_counter()
-    for lowered in methods:
-        lowered.method.execute([x])
-        lowered.method.run()
-    round_time = time.perf_counter() - start
-    runs = max(min(runs, 100), min(runs, int(budget / max(round_time, 1e-9))))
-    warmup = max(3, runs // 10)
-    rng = random.Random(0)
-    samples = {(k, mode): ([], []) for k in range(len(methods)) for mode in ("call", "run")}
-    previous = -1
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        for i in range(warmup + runs):
-            order = _round_order(len(methods), previous, rng)
-            previous = order[-1][0]
-            for k, mode in order:
-                method = methods[k].method
-                start, start_cpu = time.perf_counter_ns(), time.process_time_ns()
-                if mode == "call":
-                    method.execute([x])
-                else:
-                    method.run()
-                elapsed, elapsed_cpu = time.perf_counter_ns() - start, time.process_time_ns() - start_cpu
-                if i >= warmup:
-                    samples[k, mode][0].append(elapsed_cpu / 1e3)
-                    samples[k, mode][1].append(elapsed / 1e3)
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    median = statistics.median
+    tasks = []
+    for k, timed in enumerate(programs):
+        tasks.append(Task(k, lambda mark, loaded=timed.loaded: loaded.execute([x])))
+        tasks.append(Task(k, lambda mark, loaded=timed.loaded: loaded.run_again()))
+    probe = alternate(tasks, rounds=1, warmup=0)
+    round_seconds = sum(samples.median() for samples in probe) / 1e6
+    runs = max(min(runs, 100), min(runs, int(budget / max(round_seconds, 1e-9))))
+    samples = alternate(tasks, rounds=runs, warmup=max(3, runs // 10))
     result = [
         Medians(
-            run_cpu=median(samples[k, "run"][0]),
-            run_wall=median(samples[k, "run"][1]),
-            call_cpu=median(samples[k, "call"][0]),
-            call_wall=median(samples[k, "call"][1]),
+            run_cpu=samples[2 * k + 1].median(cpu=True),
+            run_wall=samples[2 * k + 1].median(),
+            call_cpu=samples[2 * k].median(cpu=True),
+            call_wall=samples[2 * k].median(),
         )
-        for k in range(len(methods))
+        for k in range(len(programs))
     ]
     return result, runs
 
@@ -267,6 +228,7 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
         f"{DEFAULT_SINGLE_ROW_POLICY!r}; load average at start {_load()}",
         file=out,
     )
+    print(conditions(actual), file=out)
     print(
         "stock/edgefuse us: median CPU time of the program alone; ratio = edgefuse / stock of that (below 1 "
         "is faster); wall: the same on the wall clock; call: CPU-time ratio of the full call with its input "

@@ -13,7 +13,7 @@ import json
 import os
 import tempfile
 from collections import Counter
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch.fx import Node
@@ -69,36 +69,6 @@ def node_type_counts(program) -> Counter:
 def to_pte(program: EdgeProgramManager) -> bytes:
     """The ``.pte`` bytes of a lowered program."""
     return program.to_executorch().buffer
-
-
-class LoadedMethod:
-    """A method of a loaded ``.pte``, holding its program: a method outlived by its program is invalid."""
-
-    def __init__(self, program, method) -> None:
-        self.program = program
-        self.method = method
-
-    def execute(self, inputs: Sequence[torch.Tensor]) -> Sequence[Any]:
-        """One full call: copy ``inputs`` into the program's input buffers, run, and copy the outputs out."""
-        return self.method.execute(list(inputs))
-
-    def run(self) -> None:
-        """Run the method again on the inputs of the last :meth:`execute`, copying nothing in or out.
-
-        This is the program's own time, as a C++ runner measures ``Method::execute``; the full call adds
-        the binding's input copy and output clone, which cost the same for any two programs with the same
-        inputs and outputs. ``executorch.runtime.Method`` only offers the full call, so this uses the
-        pybindings method it wraps.
-        """
-        self.method._method.execute()
-
-
-def load_method(pte: bytes, name: str = "forward") -> LoadedMethod:
-    """The method ``name`` of a ``.pte`` loaded in the released ``executorch.runtime.Runtime``."""
-    from edgefuse.runtime import LoadedProgram
-
-    loaded = LoadedProgram(pte, name)
-    return LoadedMethod(loaded.program, loaded.method)
 
 
 def run_pte(pte: bytes, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
