@@ -35,7 +35,6 @@ HOSTILE = (
     "export:\n  output_dir: ${{python:\"{code}\"}}\n",
     "export:\n  output_name: ${{oc.create:{{a: 1}}}}\n",
     "export:\n  output_name: ${{oc.decode:\"${{oc.env:HOME}}\"}}\n",
-    "base:\n  checkpoint: ${{oc.env:HOME}}/x\n",
     "base:\n  model_class: !!python/object/apply:os.system [\"{code}\"]\n",
     "base:\n  params: &a [*a]\n",
     "a: &a [1, 1]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b]\n"
@@ -91,7 +90,7 @@ def mutate(rng: random.Random, base: bytes, targets) -> bytes:
 def _merged(base: bytes, text: str, rng: random.Random) -> bytes:
     """``base`` with the YAML ``text`` in it: its settings merged into the config's own sections (a text
     of plain YAML, most times), else the text before or after the file (a header only counts before)."""
-    plain = not any(sign in text for sign in ("#", "!!", "&"))
+    plain = not any(sign in text for sign in ("#", "!!", "&", "{"))
     if plain and rng.random() < 0.7:
         data, extra = yaml.safe_load(base) or {}, yaml.safe_load(text)
         for key, value in extra.items():

@@ -12,6 +12,7 @@ timing itself is not run.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import struct
 
@@ -22,8 +23,8 @@ PREFILL, DECODE = 4, 2
 
 #: Backend ids a hostile program names for its delegate: those bench-llm does not time, and no backend.
 DELEGATE_IDS = ("QnnBackend", "CoreMLBackend", "VulkanBackend", "", "Xnnpack", "XnnpackBackend\x00", "x" * 300)
-#: Memory a hostile program plans: past the bound, at the edges of the integer types, and none.
-PLANNED = (3 << 30, 1 << 40, (1 << 63) - 1, MAX_BYTES, 0, 1)
+#: Memory a hostile program plans: past the bound (the first four), at the bound's edge, and next to none.
+PLANNED = (3 << 30, 1 << 40, (1 << 63) - 1, MAX_BYTES, MAX_BYTES - (1 << 20), 0, 1)
 
 
 def tiny_decoder():
@@ -49,20 +50,27 @@ def tiny_decoder():
 def bases(targets) -> list[bytes]:
     """The tiny decoder lowered by edgefuse for XNNPACK, by ExecuTorch for XNNPACK, and not delegated;
     the runtime's LLM kernels registered and its threads set to one here, once, for the children."""
-    import torch
-    from executorch.exir import to_edge
-
     from edgefuse.compare.llm_programs import load_llm_kernels
     from edgefuse.runtime import set_threads
-    from edgefuse.xnnpack.inspect import to_pte
-    from edgefuse.xnnpack.lowering import lower, lower_stock
 
     load_llm_kernels()
     set_threads(1)
+    return list(_tiny_programs())
+
+
+@functools.cache
+def _tiny_programs() -> tuple[bytes, ...]:
+    """:func:`tiny_decoder` lowered three ways, once a process (three lowerings take half a minute)."""
+    import torch
+    from executorch.exir import to_edge
+
+    from edgefuse.xnnpack.inspect import to_pte
+    from edgefuse.xnnpack.lowering import lower, lower_stock
+
     tokens = torch.export.Dim("tokens", min=1, max=32)
     program = torch.export.export(tiny_decoder(), (torch.zeros(1, 4, dtype=torch.long), torch.tensor([0])),
                                   dynamic_shapes=({1: tokens}, None))
-    return [to_pte(lower(program)), to_pte(lower_stock(program)), to_pte(to_edge(program))]
+    return to_pte(lower(program)), to_pte(lower_stock(program)), to_pte(to_edge(program))
 
 
 # --- where the numbers lie --------------------------------------------------------------------------------
@@ -129,7 +137,10 @@ def mutate(rng: random.Random, base: bytes, targets) -> bytes:
         at = rng.randrange(0, max(4, min(end, len(base)) - 4)) & ~3
         return _written(base, at, "<I", rng)
     if how == "hostile":
-        changed = _rebuilt(base, rng)
+        if rng.random() < 0.5:
+            changed = hostile_program(base, delegate_id=rng.choice(DELEGATE_IDS))
+        else:
+            changed = hostile_program(base, planned=rng.choice(PLANNED))
         if changed is not None:
             return changed
     return mutate_bytes(rng, base)
@@ -148,20 +159,19 @@ def _written(data: bytes, at: int, layout: str, rng: random.Random) -> bytes:
     return bytes(edited)
 
 
-def _rebuilt(data: bytes, rng: random.Random) -> bytes | None:
-    """``data`` read with ExecuTorch's deserializer, given a hostile plan or delegate id, written again;
-    None when the serializer refuses the change."""
+def hostile_program(data: bytes, delegate_id: str | None = None, planned: int | None = None) -> bytes | None:
+    """``data`` read with ExecuTorch's deserializer, its first delegate named ``delegate_id`` or its last
+    planned buffer declared ``planned`` bytes, and written again; None when the serializer refuses it."""
     from executorch.exir._serialize._program import deserialize_pte_binary, serialize_pte_binary
 
     pte = deserialize_pte_binary(data)
     plan = pte.program.execution_plan[0]
-    if plan.delegates and rng.random() < 0.5:
-        rng.choice(plan.delegates).id = rng.choice(DELEGATE_IDS)
-    else:
-        sizes = plan.non_const_buffer_sizes
-        if len(sizes) < 2:
-            sizes.append(0)
-        sizes[rng.randrange(1, len(sizes))] = rng.choice(PLANNED)
+    if delegate_id is not None and plan.delegates:
+        plan.delegates[0].id = delegate_id
+    if planned is not None:
+        if len(plan.non_const_buffer_sizes) < 2:
+            plan.non_const_buffer_sizes.append(0)
+        plan.non_const_buffer_sizes[-1] = planned
     try:
         return bytes(serialize_pte_binary(pte, extract_delegate_segments=True))
     except (ValueError, OverflowError, struct.error):
