@@ -65,7 +65,8 @@ def _sleeps(path, folder):
 
 
 def _allocates(path, folder):
-    return str(len(bytearray(trust.CHILD_MEMORY + (1 << 30))))
+    bytearray(trust.CHILD_MEMORY + (1 << 30))
+    return "accepted"
 
 
 @pytest.mark.parametrize("read", [_raises, _refuses_without_a_reason, _crashes, _allocates])
@@ -159,3 +160,23 @@ def test_hostile_plans_and_delegate_ids_are_refused(tmp_path):
         path.write_bytes(program)
         trust.feed(result, reader, str(path), str(tmp_path), targets, f"hostile {i}")
     assert result.refused == len(hostile) and result.bad == 0, result
+
+
+def test_a_config_hydra_reads_otherwise_than_the_check_is_an_escape(tmp_path, monkeypatch):
+    # As if hydra were handed other bytes than those checked: the config export_llama gets is not the one
+    # the checked settings make.
+    import contextlib
+
+    from edgefuse.llm import export
+
+    targets = _targets(tmp_path)
+    base = trust_configs.bases(targets)[0]
+    other = tmp_path / "other.yaml"
+    other.write_bytes(base + b"\nexport:\n  max_seq_length: 7\n" if b"export:" not in base else
+                      base.replace(b"export:", b"export:\n  max_seq_length: 7", 1))
+    monkeypatch.setattr(export, "_config_for_hydra", lambda config: contextlib.nullcontext(["--config", str(other)]))
+    path = tmp_path / "config.yaml"
+    path.write_bytes(base)
+    result = trust.Counts()
+    trust.feed(result, trust.readers()["configs"], str(path), str(tmp_path), targets, "config")
+    assert len(result.escapes) == 1 and "another config than the checked settings make" in result.escapes[0]
