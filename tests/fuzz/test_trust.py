@@ -24,17 +24,62 @@ def test_a_seeded_subset_of_each_reader_is_accepted_or_refused_and_nothing_else(
     assert result.files == SUBSET[name] == result.accepted + result.refused and result.refused > 0
 
 
-@pytest.mark.parametrize("name", list(SUBSET))
-def test_the_valid_files_each_reader_starts_from_are_accepted(name, tmp_path):
-    # No false refusal: each base unchanged (ExecuTorch's own configs among them) is read as valid.
+def _read_bases(name: str, tmp_path) -> tuple[list[str], trust.Counts, list[str]]:
+    """Each file reader ``name`` starts from, unchanged, fed as the measure feeds a mutant: the paths,
+    the counts, and the paths refused."""
     targets = _targets(tmp_path)
     reader = trust.readers()[name]
-    result = trust.Counts()
+    result, paths, refused = trust.Counts(), [], []
     for k, base in enumerate(reader.bases(targets)):
         path = tmp_path / f"base-{k}{reader.suffix}"
         path.write_bytes(base)
+        before = result.refused
         trust.feed(result, reader, str(path), str(tmp_path), targets, f"base {k}")
-    assert result.accepted == result.files > 0 and result.bad == 0, result
+        paths.append(str(path))
+        if result.refused > before:
+            refused.append(str(path))
+    return paths, result, refused
+
+
+@pytest.mark.parametrize("name", ["archives", "reproducers", "ptes"])
+def test_the_valid_files_each_reader_starts_from_are_accepted(name, tmp_path):
+    paths, result, _ = _read_bases(name, tmp_path)
+    assert result.accepted == result.files == len(paths) > 0 and result.bad == 0, result
+
+
+def _stock_export_llm_reaches_export_llama(path: str, folder) -> bool:
+    """Whether ExecuTorch's own export_llm command line, without edgefuse's check, gets as far as
+    ``export_llama`` on the config ``path`` (hydra's record in ``folder``)."""
+    import sys
+    from unittest import mock
+
+    import executorch.extension.llm.export.export_llm as entry
+
+    class Reached(BaseException):
+        pass
+
+    def export_llama(config):
+        raise Reached
+
+    argv = [entry.__file__, "--config", path, f"hydra.run.dir={folder}"]
+    with mock.patch.object(entry, "export_llama", export_llama), mock.patch.object(sys, "argv", argv):
+        try:
+            entry.main()
+        except Reached:
+            return True
+        except (Exception, SystemExit):
+            return False
+    return False
+
+
+def test_executorchs_own_configs_are_accepted_unless_export_llm_itself_rejects_them(tmp_path):
+    # No false refusal: ExecuTorch 1.5.1 ships configs its own export_llm rejects as they are (a section
+    # left empty, `metadata='...'` written for `metadata: '...'`, LoRA configs without their environment
+    # variable); each of those may be refused, every other one is accepted.
+    paths, result, refused = _read_bases("configs", tmp_path)
+    assert result.bad == 0 and result.accepted > len(paths) // 2, result
+    wrongly = [path for path in refused if _stock_export_llm_reaches_export_llama(path, tmp_path / "stock")]
+    assert wrongly == []
 
 
 # --- each bad outcome is seen --------------------------------------------------------------------------
