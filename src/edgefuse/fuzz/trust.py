@@ -835,19 +835,20 @@ def read_reproducer(path: str, folder: str) -> str:
 
 
 class _Archives:
-    """The archive reader's files: saved programs to mutate, and :func:`hostile_programs`, built once a run
-    (each is an export), fed now and then as they are."""
+    """The archive reader's files: saved programs to mutate, and :func:`hostile_programs`, fed now and then
+    as they are, built the first time one is drawn (each is an export)."""
 
     def __init__(self) -> None:
         self.hostile: list[bytes] = []
 
     def bases(self, targets: Targets) -> list[bytes]:
-        self.hostile = hostile_programs(targets)
+        self.hostile = []
         return list(saved_programs().values())
 
     def mutate(self, rng: random.Random, base: bytes, targets: Targets) -> bytes:
         draw = rng.random()
         if draw < 0.03:
+            self.hostile = self.hostile or hostile_programs(targets)
             return rng.choice(self.hostile)
         if draw < 0.18:
             return zipped(_hostile_edit(rng, records(base), targets))
