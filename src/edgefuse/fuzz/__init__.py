@@ -16,8 +16,9 @@ The parts, one job each: :mod:`.spec` (a case as data), :mod:`.generate` (the se
 :mod:`.tolerance`, :mod:`.localize` (norm-by-norm comparison), :mod:`.check` (the properties of one
 check), :mod:`.units` (cases side by side), :mod:`.xnnpack`, :mod:`.hostile`, :mod:`.malformed`,
 :mod:`.runner`, :mod:`.summary`, :mod:`.reproducer`, :mod:`.validate` (a replayed SPEC checked against
-what the generator writes), :mod:`.shrink`, :mod:`.cli`, and :mod:`.trust` (hostile and mutated
-``.pt2`` archives and reproducers for edgefuse's readers of other people's files).
+what the generator writes), :mod:`.shrink`, :mod:`.cli`, and :mod:`.trust` with :mod:`.trust_configs`
+and :mod:`.trust_ptes` (hostile and mutated ``.pt2`` archives, reproducers, ``export-llm`` configs and
+``.pte`` programs for edgefuse's readers of other people's files).
 
 Why a seeded generator of our own, not hypothesis strategies
 ------------------------------------------------------------

@@ -795,6 +795,10 @@ def refusal(error: BaseException) -> str:
     return "refused"
 
 
+#: The ``--max-seconds`` an archive is read within here: the command's default is 60.
+ARCHIVE_SECONDS = 10.0
+
+
 def read_archive(path: str, folder: str) -> str:
     """What ``edgefuse report PATH --max-seconds 10 --max-bytes 1GiB`` does before its work: resolve the
     MODEL (the archive checked, loaded, its program run once on its saved inputs in a child)."""
@@ -807,10 +811,6 @@ def read_archive(path: str, folder: str) -> str:
     except UsageError as error:
         return refusal(error)
     return "accepted"
-
-
-#: The ``--max-seconds`` an archive is read within here: the command's default is 60.
-ARCHIVE_SECONDS = 10.0
 
 
 def read_reproducer(path: str, folder: str) -> str:
