@@ -636,7 +636,7 @@ def test_a_hostile_reproducer_replays_the_damage_by_node_name(tmp_path, capsys):
 def test_an_xnnpack_reproducer_is_python_that_lowers_with_edgefuse():
     text = reproducer_text(Finding("xnnpack-mismatch", ("xnnpack", "edgefuse", False), "(format)", LLAMA))
     compile(text, "xnnpack.py", "exec")
-    assert 'lower_to_pte(program, "edgefuse")' in text and "LoadedProgram" in text
+    assert "lower(detached(program))" in text and "Runtime.get().load_program" in text
 
 
 # --- malformed and hostile input ----------------------------------------------------------------------

@@ -16,8 +16,9 @@ The parts, one job each: :mod:`.spec` (a case as data), :mod:`.generate` (the se
 :mod:`.tolerance`, :mod:`.localize` (norm-by-norm comparison), :mod:`.check` (the properties of one
 check), :mod:`.units` (cases side by side), :mod:`.xnnpack`, :mod:`.hostile`, :mod:`.malformed`,
 :mod:`.runner`, :mod:`.summary`, :mod:`.reproducer`, :mod:`.validate` (a replayed SPEC checked against
-what the generator writes), :mod:`.shrink`, :mod:`.cli`, and :mod:`.trust` (hostile and mutated
-``.pt2`` archives and reproducers for edgefuse's readers of other people's files).
+what the generator writes), :mod:`.shrink`, :mod:`.cli`, and :mod:`.trust` with :mod:`.trust_configs`
+and :mod:`.trust_ptes` (hostile and mutated ``.pt2`` archives, reproducers, ``export-llm`` configs and
+``.pte`` programs for edgefuse's readers of other people's files).
 
 Why a seeded generator of our own, not hypothesis strategies
 ------------------------------------------------------------
@@ -47,17 +48,22 @@ from edgefuse.core.lazy import lazy_names
 #: Each public name and the module that defines it, imported on first use (PEP 562): ``python -m
 #: edgefuse.fuzz`` imports this package before it can silence the warnings torch and torchao log as they
 #: are imported. The generator itself is ``edgefuse.fuzz.generate.generate``: a package name may not
-#: also be a submodule's.
+#: also be a submodule's. A reproducer file imports edgefuse through these names (and the root's) alone.
 _PUBLIC: dict[str, str] = {
     "CHECKS": "edgefuse.fuzz.check",
     "CaseResult": "edgefuse.fuzz.check",
     "Finding": "edgefuse.fuzz.check",
     "features": "edgefuse.fuzz.generate",
+    "norm_by_norm": "edgefuse.fuzz.localize",
     "build": "edgefuse.fuzz.render",
     "source": "edgefuse.fuzz.render",
     "FORMS": "edgefuse.fuzz.spec",
     "NEAR_MISSES": "edgefuse.fuzz.spec",
     "CaseSpec": "edgefuse.fuzz.spec",
+    "TOLERANCES": "edgefuse.fuzz.tolerance",
+    "ULPS": "edgefuse.fuzz.tolerance",
+    "compare_at": "edgefuse.fuzz.tolerance",
+    "output_tolerance_dtypes": "edgefuse.fuzz.tolerance",
     "run_unit": "edgefuse.fuzz.units",
 }
 
@@ -66,8 +72,10 @@ __all__ = sorted([*_PUBLIC, "main"])
 if TYPE_CHECKING:
     from edgefuse.fuzz.check import CHECKS, CaseResult, Finding
     from edgefuse.fuzz.generate import features
+    from edgefuse.fuzz.localize import norm_by_norm
     from edgefuse.fuzz.render import build, source
     from edgefuse.fuzz.spec import FORMS, NEAR_MISSES, CaseSpec
+    from edgefuse.fuzz.tolerance import TOLERANCES, ULPS, compare_at, output_tolerance_dtypes
     from edgefuse.fuzz.units import run_unit
 
 __getattr__, __dir__ = lazy_names(__name__, _PUBLIC)

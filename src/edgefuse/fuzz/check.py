@@ -34,7 +34,7 @@ import torch
 from torch.fx import GraphModule
 
 import edgefuse
-from edgefuse.fuzz.localize import Replay, pair, replay
+from edgefuse.fuzz.localize import Replay, norm_by_norm
 from edgefuse.fuzz.render import Built
 from edgefuse.fuzz.spec import CaseSpec, normalized_shape
 from edgefuse.fuzz.tolerance import compare_at, eps_values, output_tolerance_dtypes
@@ -194,7 +194,7 @@ def run_check(
             per_case[k].append(decision)
 
     new = {d.node: d.mean for d in result.rebuilt if d.node}
-    local = _replay(original, rewritten, new, built.inputs)
+    local = norm_by_norm(original, rewritten, new, built.inputs)
     tolerance = output_tolerance_dtypes(result.graph_module, set(new))
     baseline: list = []  # the unrewritten program's outputs, computed on the first mismatch
 
@@ -218,16 +218,6 @@ def run_check(
         )
         for finding in res.findings[first:]:
             finding.tolerance = tuple(tolerance[sl])
-
-
-def _replay(original: GraphModule, rewritten: GraphModule, new: dict[str, str], inputs) -> Replay | None:
-    """The norm-by-norm replay, or None when nothing was rebuilt or the graphs cannot be interpreted."""
-    if not new:
-        return None
-    try:
-        return replay(original, rewritten, pair(original, rewritten, new), inputs)
-    except Exception:  # noqa: BLE001  (every rebuilt norm counts as unpaired: judged at the outputs)
-        return None
 
 
 def _check_decisions(spec: CaseSpec, res: CaseResult, decisions: list, owner_of: Callable, check) -> None:

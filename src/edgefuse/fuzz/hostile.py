@@ -36,7 +36,7 @@ from torch.fx import GraphModule
 
 import edgefuse
 from edgefuse.fuzz.check import Finding
-from edgefuse.fuzz.localize import Replay, pair, replay
+from edgefuse.fuzz.localize import norm_by_norm
 from edgefuse.fuzz.render import build
 from edgefuse.fuzz.spec import CaseSpec
 from edgefuse.fuzz.tolerance import ULPS, compare_at, output_tolerance_dtypes
@@ -207,7 +207,7 @@ def _check_variant(target, backend: str, capture: bool, must_match: bool, inputs
     norms = {n.name for n in gm.graph.nodes if table.is_a(n, Role.RMS_NORM)}
     tolerance = tuple(_tolerance(gm, norms, clean, rewritten))
     new = {d.node: d.mean for d in rewritten.rebuilt if d.node}
-    local = _local(_program_module(original), _program_module(target), new, inputs) if original is not None else None
+    local = norm_by_norm(_program_module(original), _program_module(target), new, inputs) if original is not None else None
     for norm in (local.norms.values() if local is not None else ()):
         if norm.twin is not None and not norm.ok:
             yield "hostile-mismatch", f"the rebuilt {norm.node} differs from {norm.twin}, the norm it replaced: {norm}", tolerance
@@ -218,16 +218,6 @@ def _check_variant(target, backend: str, capture: bool, must_match: bool, inputs
             continue
         rebuilt = "; ".join(f"{d.module_path} in {d.dtype} on {d.input}" for d in rewritten.rebuilt)
         yield "hostile-mismatch", f"output {i}: {comparison}; rebuilt: {rebuilt}", tolerance
-
-
-def _local(original: GraphModule, rewritten: GraphModule, new: dict[str, str], inputs) -> Replay | None:
-    """The rebuilt norms compared one by one (see :mod:`edgefuse.fuzz.localize`); None when not possible."""
-    if not new:
-        return None
-    try:
-        return replay(original, rewritten, pair(original, rewritten, new), inputs)
-    except Exception:  # noqa: BLE001  (a graph the interpreter cannot run: judged at the outputs alone)
-        return None
 
 
 def _dtypes_by_name(target) -> dict[str, torch.dtype]:

@@ -277,3 +277,15 @@ def replay(
     same_count = len(final) == len(replayed)
     result.exact = [same_count and _identical(a, b) for a, b in zip(final, replayed)] if same_count else [False] * len(final)
     return result
+
+
+def norm_by_norm(original: GraphModule, rewritten: GraphModule, rebuilt: Mapping[str, str], inputs: Sequence) -> Replay | None:
+    """Each rebuilt node (name -> name of the mean it was rebuilt from) compared with the decomposed norm it
+    replaced (:func:`pair`, then :func:`replay`); None when nothing was rebuilt or the graphs cannot be
+    interpreted, and every rebuilt norm is then judged at the outputs alone."""
+    if not rebuilt:
+        return None
+    try:
+        return replay(original, rewritten, pair(original, rewritten, rebuilt), inputs)
+    except Exception:  # noqa: BLE001  (a graph the interpreter cannot run)
+        return None

@@ -2,8 +2,9 @@
 
 The module and its inputs are written out as plain Python (see :mod:`edgefuse.fuzz.render`), so a
 reproducer rebuilds them with torch alone, without the generator; the check is spelled out below them and
-uses edgefuse (the pass, and the fuzzer's tolerance and norm-by-norm helpers, so that the file's verdict is
-the fuzzer's). Running it prints what the pass decided and exits 1 while the bug is there, 0 once it is
+uses edgefuse through its public names alone (the pass, :mod:`edgefuse.xnnpack`'s ``lower``, and the
+fuzzer's tolerance and norm-by-norm helpers from :mod:`edgefuse.fuzz`, so that the file's verdict is the
+fuzzer's). Running it prints what the pass decided and exits 1 while the bug is there, 0 once it is
 fixed. ``SPEC`` at the bottom is the generator's description of the case, for
 ``python -m edgefuse.fuzz --replay FILE``.
 """
@@ -32,8 +33,7 @@ import sys
 import traceback
 
 import edgefuse
-from edgefuse.fuzz.localize import pair, replay
-from edgefuse.fuzz.tolerance import ULPS, compare_at, output_tolerance_dtypes
+from edgefuse.fuzz import ULPS, compare_at, norm_by_norm, output_tolerance_dtypes
 from executorch.exir import to_edge
 from torch.export import export
 
@@ -88,7 +88,7 @@ def main():
 
     # Norm by norm: each rebuilt norm against the decomposed norm it replaced, computed from the same values.
     new = {d.node: d.mean for d in result.rebuilt if d.node}
-    local = replay(base.module(), rewritten, pair(base.module(), rewritten, new), inputs) if new else None
+    local = norm_by_norm(base.module(), rewritten, new, inputs)
     for norm in (local.norms.values() if local else ()):
         print(norm)
         if norm.twin is not None and not norm.ok:
@@ -133,10 +133,12 @@ _XNNPACK_CHECK = '''
 import copy
 import sys
 
-from edgefuse.compare.pte_checks import lower_to_pte
-from edgefuse.core.verify import TOLERANCES
-from edgefuse.fuzz.tolerance import compare_at
-from edgefuse.runtime import LoadedProgram
+from edgefuse.fuzz import TOLERANCES, compare_at
+from edgefuse.programs import detached
+from edgefuse.xnnpack import lower
+from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+from executorch.exir import to_edge_transform_and_lower
+from executorch.runtime import Runtime
 from torch.export import export
 
 
@@ -146,13 +148,19 @@ def _outputs(program, inputs):
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
 
+def _run_pte(manager, inputs):
+    """The tensor outputs of the lowered program ``manager``, serialized and run in executorch.runtime."""
+    method = Runtime.get().load_program(manager.to_executorch().buffer).load_method("forward")
+    return [t for t in method.execute(list(copy.deepcopy(inputs))) if isinstance(t, torch.Tensor)]
+
+
 def main():
     module = MODULE().eval()
     inputs = INPUTS()
     eager = _outputs(module, inputs)
     program = export(module, inputs)
-    actual = LoadedProgram(lower_to_pte(program, "edgefuse").pte).run(inputs)
-    stock = LoadedProgram(lower_to_pte(program, "stock").pte).run(inputs)
+    actual = _run_pte(lower(detached(program)), inputs)
+    stock = _run_pte(to_edge_transform_and_lower(detached(program), partitioner=[XnnpackPartitioner()]), inputs)
     failures = []
     for i, (expected, got, theirs) in enumerate(zip(eager, actual, stock)):
         if got.dtype != expected.dtype or got.shape != expected.shape:
@@ -187,7 +195,7 @@ import sys
 import traceback
 
 import edgefuse
-from edgefuse.fuzz.tolerance import ULPS, compare_at
+from edgefuse.fuzz import ULPS, compare_at
 from torch.export import Dim, export
 {damage_source}
 

@@ -1,13 +1,15 @@
-"""Hostile and mutated files for the two readers of files other people send: ``.pt2`` archives and reproducers.
+"""Hostile and mutated files for edgefuse's four readers of files other people send: ``.pt2`` archives,
+reproducers, ``export-llm`` configs (:mod:`edgefuse.fuzz.trust_configs`) and ``.pte`` programs handed to
+``bench-llm`` (:mod:`edgefuse.fuzz.trust_ptes`).
 
 Each hostile builder writes a file the way an attacker would: a payload that creates a marker file when
-it runs, placed where ``torch.export.load`` or the fuzzer's renderer would run it. :func:`measure` also
-mutates real files (random byte flips, edits of their JSON or of their ``SPEC``, hostile edits among
-them) and feeds each to the reader edgefuse uses (:func:`edgefuse.inputs.modelspec.resolve` and the saved
-program's one run; :func:`edgefuse.fuzz.reproducer.read_specs` and, when it accepts, the module rendered
-from the spec, built and run), counting refusals (exit 2), files accepted as valid, tracebacks and
-markers. ``python -m edgefuse.fuzz.trust`` prints the counts and exits 1 unless there are no tracebacks
-and no markers.
+it runs, placed where ``torch.export.load``, the fuzzer's renderer, hydra or the runtime would run it, or a
+write aimed at a decoy file outside the output folder. :func:`measure` mutates valid files (bytes,
+structure, hostile edits) and feeds each to the reader edgefuse uses, up to the command's expensive part,
+in a child process forked for that file and killed at a deadline (:func:`feed`). It counts files
+accepted and refused (exit 2 with a reason), escapes (any other exception, a refusal without a reason,
+a crash of the child), hangs, markers that appeared and changes in the folder outside. ``python -m
+edgefuse.fuzz.trust`` prints the counts and the time per reader and exits 1 unless the last four are 0.
 """
 
 from __future__ import annotations
@@ -25,8 +27,7 @@ import re
 import shutil
 import struct
 import sys
-import tempfile
-import traceback
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -527,8 +528,21 @@ def injected(text: str, path: tuple, injection: str, marker: str) -> str:
 # --- mutations ----------------------------------------------------------------------------------------
 
 
-def _flip(rng: random.Random, data: bytes, start: int = 0) -> bytes:
+#: Bytes a mutation inserts now and then: the starts of what a reader must not take for data.
+INSERTED = (b"\x00", b"\xff" * 8, b"PK\x03\x04", b"${", b"!!python/object:", b"&a [*a, *a]", b"\n_target_: ", b"ET12",
+            b"\xef\xbf\xbd", b'"""', b"\\", b"\n# @package _global_\n")
+
+
+def mutate_bytes(rng: random.Random, data: bytes, start: int = 0) -> bytes:
+    """``data`` with bytes from ``start`` on flipped (1 to 16 of them), cut short, or with bytes inserted."""
     data = bytearray(data)
+    how = rng.choice(("flip", "flip", "flip", "truncate", "insert"))
+    if how == "truncate":
+        return bytes(data[: rng.randrange(start, len(data))])
+    if how == "insert":
+        at = rng.randrange(start, len(data) + 1)
+        data[at:at] = rng.choice(INSERTED) if rng.random() < 0.5 else rng.randbytes(rng.randrange(1, 64))
+        return bytes(data)
     for _ in range(rng.choice((1, 1, 2, 4, 16))):
         i = rng.randrange(start, len(data))
         data[i] ^= rng.randrange(1, 256)
@@ -587,7 +601,7 @@ def mutate_archive(rng: random.Random, base: bytes, marker: str) -> bytes:
     entries = records(base)
     how = rng.choice(("flip", "flip", "json", "json", "json", "record", "hostile", "zip"))
     if how == "flip":
-        return _flip(rng, base)
+        return mutate_bytes(rng, base)
     if how == "zip":
         return _mutate_zip(rng, base, marker)
     if how == "hostile":
@@ -646,7 +660,7 @@ def mutate_reproducer(rng: random.Random, text: str, marker: str) -> str:
     literal, (first, _) = spec_literal(text)
     if rng.random() < 0.25:
         start = len("\n".join(text.splitlines()[: first - 1]))
-        return _flip(rng, text.encode(), start).decode("utf-8", errors="replace")
+        return mutate_bytes(rng, text.encode(), start).decode("utf-8", errors="replace")
     for _ in range(rng.choice((1, 1, 1, 2, 3))):
         paths = _paths(literal)[1:]
         path = rng.choice(paths)
@@ -666,49 +680,149 @@ def _get(value, path: tuple):
     return value
 
 
+# --- hostile edits of an archive's program ------------------------------------------------------------
+
+#: Targets outside the operator allowlist (:mod:`edgefuse.inputs.pt2_ops`): operators it refuses with a
+#: reason, operators it never lists, and names that are no operator at all.
+FOREIGN_TARGETS = (
+    "torch.ops.aten.from_file.default", "torch.ops.aten._print.default", "torch.ops.aten.set_.source_Storage",
+    "torch.ops.aten._copy_from.default", "torch.ops.aten.normal_.default", "torch.ops.aten.nonzero.default",
+    "torch.ops.aten.empty.memory_format", "torch.ops.profiler._record_function_enter.default",
+    "torch.ops.aten.save.default", "builtins.exec", "torch.os.system", "torch.ops.higher_order.cond",
+)
+#: Sizes past every bound, and sizes at the edges of the integer types.
+HUGE_SIZES = (1 << 40, 1 << 62, (1 << 63) - 1, 1 << 64, -1, 0, 1 << 31, 10 ** 30)
+
+
+def _hostile_edit(rng: random.Random, entries: dict[str, bytes], targets) -> dict[str, bytes]:
+    """A node's target swapped for one outside the allowlist, a huge size declared for a tensor the
+    program holds or makes, or a weight of a huge shape and zero stride."""
+    how = rng.choice(("target", "size", "weight"))
+    if how == "weight":
+        def grow(config, _):
+            entry = rng.choice(list(config["config"].values()))
+            entry["tensor_meta"]["sizes"] = [{"as_int": rng.choice(HUGE_SIZES)}]
+            entry["tensor_meta"]["strides"] = [{"as_int": 0}]
+
+        return _edit_json(entries, "_weights_config.json", grow)
+
+    def edit(program, _):
+        graph = program["graph_module"]["graph"]
+        if how == "target":
+            calls = [node for node in graph["nodes"] if node["target"].startswith("torch.ops.")]
+            node = rng.choice(calls)
+            node["target"] = rng.choice(FOREIGN_TARGETS)
+            if node["target"] == "torch.ops.aten.from_file.default":
+                node["inputs"] = [{"name": "filename", "arg": {"as_string": targets.decoy}, "kind": 1},
+                                  {"name": "shared", "arg": {"as_bool": True}, "kind": 1},
+                                  {"name": "size", "arg": {"as_int": 16}, "kind": 1}]
+        else:
+            meta = rng.choice(list(graph["tensor_values"].values()))
+            if meta["sizes"]:
+                meta["sizes"][rng.randrange(len(meta["sizes"]))] = {"as_int": rng.choice(HUGE_SIZES)}
+            else:
+                meta["sizes"].append({"as_int": rng.choice(HUGE_SIZES)})
+
+    return _edit_json(entries, "models/model.json", edit)
+
+
+def hostile_programs(targets) -> list[bytes]:
+    """Archives built to do harm when their program runs: one writes ``targets.decoy`` through a mapped
+    file, one makes a tensor far larger than its graph says, one loops for ever, one computes for minutes."""
+    return [file_writing_archive(targets.decoy), huge_ones_archive(1 << 40), endless_loop_archive(),
+            slow_archive(12288)]
+
+
 # --- the measure --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Where a run looks for harm: ``marker``, the file every payload creates when it runs (in the output
+    folder); ``outside``, a folder the reader may not write, its working folder while it reads; ``decoy``, a
+    file in ``outside`` that the hostile files aim their writes at."""
+
+    marker: str
+    outside: str
+    decoy: str
+
+
+@dataclass(frozen=True)
+class Reader:
+    """One reader of files other people send, as the measure feeds it: ``bases(targets)`` gives the valid
+    (and hostile) files to start from, ``mutate(rng, base, targets)`` one mutant, ``read(path, folder)``
+    what the command does with it up to its expensive part, in a child: "refused" (exit 2 with a reason),
+    "accepted", or "not-run" (a reproducer whose module torch cannot build: the replay exits 2), raising
+    for anything else. ``seconds`` bounds one file's read, well above the reader's own bound."""
+
+    name: str
+    suffix: str
+    bases: Callable[[Targets], list[bytes]]
+    mutate: Callable[[random.Random, bytes, Targets], bytes]
+    read: Callable[[str, str], str]
+    seconds: float
 
 
 @dataclass
 class Counts:
-    """What became of the files fed to one reader."""
+    """What became of the files fed to one reader, and how long it took."""
 
     files: int = 0
-    refused: int = 0  # exit 2
     accepted: int = 0
+    refused: int = 0  # exit 2 with a reason
     not_run: int = 0  # reproducers accepted whose module torch cannot build: the replay says no check ran, exit 2
-    tracebacks: list[str] = field(default_factory=list)
-    markers: list[str] = field(default_factory=list)
+    escapes: list[str] = field(default_factory=list)  # another exception, a refusal without a reason, a crash
+    hangs: list[str] = field(default_factory=list)  # still reading at the file's deadline
+    code_run: list[str] = field(default_factory=list)  # the marker file appeared
+    writes_outside: list[str] = field(default_factory=list)  # the outside folder changed
+    seconds: float = 0.0
+
+    @property
+    def bad(self) -> int:
+        return len(self.escapes) + len(self.hangs) + len(self.code_run) + len(self.writes_outside)
 
     def line(self, what: str) -> str:
         extra = f" (of which the replay runs no check, exit 2: {self.not_run})" if self.not_run else ""
-        return (f"{what:<12} {self.files} files: refused (exit 2) {self.refused}, accepted as valid "
-                f"{self.accepted}{extra}, tracebacks {len(self.tracebacks)}, markers {len(self.markers)}")
+        return (f"{what:<12} files {self.files}: accepted {self.accepted}{extra}, refused {self.refused}, escapes "
+                f"{len(self.escapes)}, hangs {len(self.hangs)}, code run {len(self.code_run)}, writes outside "
+                f"{len(self.writes_outside)}; {self.seconds:.1f} s")
 
 
-def read_archive(path: str) -> str:
-    """What ``edgefuse report PATH`` does before its work: resolve the MODEL (the archive checked, loaded,
-    its program run once on its saved inputs). "refused" on exit 2, "accepted" when it loads."""
+def refusal(error: BaseException) -> str:
+    """"refused" for an error the command turns into exit 2 with a reason; an error without one raises."""
+    if not str(error).strip():
+        raise RuntimeError(f"a refusal without a reason: {type(error).__name__}()") from error
+    return "refused"
+
+
+#: The ``--max-seconds`` an archive is read within here: the command's default is 60.
+ARCHIVE_SECONDS = 10.0
+
+
+def read_archive(path: str, folder: str) -> str:
+    """What ``edgefuse report PATH --max-seconds 10 --max-bytes 1GiB`` does before its work: resolve the
+    MODEL (the archive checked, loaded, its program run once on its saved inputs in a child)."""
     from edgefuse.inputs.errors import UsageError
     from edgefuse.inputs.modelspec import resolve
+    from edgefuse.inputs.pt2_bounds import Limits
 
     try:
-        resolve(path)
-    except UsageError:
-        return "refused"
+        resolve(path, limits=Limits(max_bytes=1 << 30, max_seconds=ARCHIVE_SECONDS))
+    except UsageError as error:
+        return refusal(error)
     return "accepted"
 
 
-def read_reproducer(path: str) -> str:
-    """What ``edgefuse fuzz --replay PATH`` does before its checks: read and check the SPEC ("refused" on
+def read_reproducer(path: str, folder: str) -> str:
+    """What ``edgefuse fuzz --replay PATH`` does before its checks: read and check the SPEC (refused on
     exit 2), then build the module rendered from it and run it once ("not-run" when torch cannot)."""
     from edgefuse.fuzz.render import build
     from edgefuse.fuzz.reproducer import read_specs
 
     try:
         specs = read_specs(Path(path))
-    except (OSError, ValueError):
-        return "refused"
+    except (OSError, ValueError) as error:
+        return refusal(error)
     try:
         built = build(specs)
         import torch
@@ -720,87 +834,204 @@ def read_reproducer(path: str) -> str:
     return "accepted"
 
 
-def _feed(counts: Counts, read: Callable[[str], str], path: str, marker: str, label: str) -> None:
+class _Archives:
+    """The archive reader's files: saved programs to mutate, and :func:`hostile_programs`, fed now and then
+    as they are, built the first time one is drawn (each is an export)."""
+
+    def __init__(self) -> None:
+        self.hostile: list[bytes] = []
+
+    def bases(self, targets: Targets) -> list[bytes]:
+        self.hostile = []
+        return list(saved_programs().values())
+
+    def mutate(self, rng: random.Random, base: bytes, targets: Targets) -> bytes:
+        draw = rng.random()
+        if draw < 0.03:
+            self.hostile = self.hostile or hostile_programs(targets)
+            return rng.choice(self.hostile)
+        if draw < 0.18:
+            return zipped(_hostile_edit(rng, records(base), targets))
+        return mutate_archive(rng, base, targets.marker)
+
+
+def _reproducer_bases(targets: Targets) -> list[bytes]:
+    return [text.encode() for text in reproducer_texts(0)]
+
+
+def _mutate_reproducer(rng: random.Random, base: bytes, targets: Targets) -> bytes:
+    return mutate_reproducer(rng, base.decode(), targets.marker).encode("utf-8", "replace")
+
+
+def readers() -> dict[str, Reader]:
+    """The four readers of files other people send, by the option that sets their count."""
+    from edgefuse.fuzz import trust_configs, trust_ptes
+
+    archives = _Archives()
+    return {
+        "archives": Reader("archives", ".pt2", archives.bases, archives.mutate, read_archive, 60.0),
+        "reproducers": Reader("reproducers", ".py", _reproducer_bases, _mutate_reproducer, read_reproducer, 60.0),
+        "configs": Reader("configs", ".yaml", trust_configs.bases, trust_configs.mutate, trust_configs.read, 60.0),
+        "ptes": Reader("ptes", ".pte", trust_ptes.bases, trust_ptes.mutate, trust_ptes.read, 60.0),
+    }
+
+
+def snapshot(folder: str) -> dict[str, tuple]:
+    """Every entry under ``folder`` (symlinks not followed): its type, size, time and bytes' digest."""
+    import hashlib
+    import stat
+
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            info = os.lstat(path)
+            digest = ""
+            if stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+            elif stat.S_ISLNK(info.st_mode):
+                digest = os.readlink(path)
+            out[os.path.relpath(path, folder)] = (stat.S_IFMT(info.st_mode), info.st_size, info.st_mtime_ns, digest)
+    return out
+
+
+#: The decoy's bytes: what a write through a hostile file would change.
+DECOY = b"the user's own file: a write outside the output folder changes it\n"
+#: How far past this process's address space a reading child may reach: a file that asks for more fails
+#: there, not on the machine.
+CHILD_MEMORY = 4 << 30
+
+
+def _in_child(outside: str) -> None:
+    """The reading child's surroundings: its working folder the outside one, its standard output
+    dropped (hydra and the runtime write there), its address space bounded."""
+    import resource
+
+    os.chdir(outside)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    os.close(null)
+    with open("/proc/self/status") as status:
+        size = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (size + CHILD_MEMORY, size + CHILD_MEMORY))
+
+
+def feed(counts: Counts, reader: Reader, path: str, folder: str, targets: Targets, label: str) -> None:
+    """Read ``path`` with ``reader`` in a child forked for it, killed at the reader's deadline, and count
+    what became of it: its outcome, an escape, a hang, the marker, a change outside."""
+    from edgefuse.runtime.contained import Crashed, TimedOut, contained
+
+    before = snapshot(targets.outside)
     counts.files += 1
+
+    def step(note):
+        _in_child(targets.outside)
+        note(f"reading {path}")
+        return reader.read(path, folder)
+
     try:
-        outcome = read(path)
-    except BaseException:  # noqa: BLE001  (what is measured: any escape is a traceback the user would see)
-        counts.tracebacks.append(f"{label}: {traceback.format_exc(limit=-3)}")
+        outcome = contained(step, until=time.monotonic() + reader.seconds)
+    except TimedOut:
+        counts.hangs.append(label)
+        outcome = None
+    except Crashed as error:
+        counts.escapes.append(f"{label}: {error}")
+        outcome = None
+    except RuntimeError as error:  # the read raised: the child's traceback
+        counts.escapes.append(f"{label}: {error}")
         outcome = None
     if outcome == "refused":
         counts.refused += 1
-    elif outcome == "accepted":
+    elif outcome in ("accepted", "not-run"):
         counts.accepted += 1
-    elif outcome == "not-run":
-        counts.accepted += 1
-        counts.not_run += 1
-    if os.path.exists(marker):
-        counts.markers.append(label)
-        os.remove(marker)
+        counts.not_run += outcome == "not-run"
+    elif outcome is not None:
+        counts.escapes.append(f"{label}: {outcome}")
+    if os.path.exists(targets.marker):
+        counts.code_run.append(label)
+        os.remove(targets.marker)
+    after = snapshot(targets.outside)
+    if after != before:
+        changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+        counts.writes_outside.append(f"{label}: {', '.join(changed)}")
+        _restore(targets)
 
 
-def measure(archives: int, reproducers: int, seed: int = 0, log=sys.stderr) -> tuple[Counts, Counts]:
-    """Feed ``archives`` mutated archives and ``reproducers`` mutated reproducers to edgefuse's readers."""
+def _restore(targets: Targets) -> None:
+    """The outside folder as a run starts: the decoy alone."""
+    shutil.rmtree(targets.outside, ignore_errors=True)
+    os.makedirs(targets.outside, mode=0o700)
+    with open(targets.decoy, "wb") as f:
+        f.write(DECOY)
+
+
+def measure(counts: dict[str, int], seed: int = 0, log=sys.stderr, chosen: dict[str, Reader] | None = None) -> dict[str, Counts]:
+    """Feed ``counts[name]`` mutated files to each reader of :func:`readers` (or of ``chosen``) by name."""
     from edgefuse.runtime.files import fresh_private_folder
     from edgefuse.runtime.quiet import quiet_torch_logs
 
-    rng = random.Random(f"edgefuse-trust:{seed}")
-    folder = fresh_private_folder("edgefuse-trust-")
-    marker = os.path.join(folder, "MARKER")
-    archive_counts, reproducer_counts = Counts(), Counts()
+    every = chosen if chosen is not None else readers()
+    results = {name: Counts() for name in counts}
+    top = fresh_private_folder("edgefuse-trust-")
+    folder, outside = os.path.join(top, "out"), os.path.join(top, "outside")
+    os.makedirs(folder, mode=0o700)
+    targets = Targets(os.path.join(folder, "MARKER"), outside, os.path.join(outside, "decoy.txt"))
+    _restore(targets)
     try:
-        if archives:
-            bases = saved_programs()
-            with quiet_torch_logs():
-                for i in range(archives):
-                    name = rng.choice(list(bases))
-                    path = os.path.join(folder, f"mutant-{i}.pt2")
+        with quiet_torch_logs():
+            for name, n in counts.items():
+                if not n:
+                    continue
+                reader, result = every[name], results[name]
+                rng = random.Random(f"edgefuse-trust:{name}:{seed}")
+                start = time.monotonic()
+                bases = reader.bases(targets)
+                for i in range(n):
+                    k = rng.randrange(len(bases))
+                    path = os.path.join(folder, f"mutant-{i}{reader.suffix}")
                     with open(path, "wb") as f:
-                        f.write(mutate_archive(rng, bases[name], marker))
-                    _feed(archive_counts, read_archive, path, marker, f"archive {i} (from {name})")
+                        f.write(reader.mutate(rng, bases[k], targets))
+                    feed(result, reader, path, folder, targets, f"{name} {i} (from base {k})")
                     os.remove(path)
                     if log and (i + 1) % 100 == 0:
-                        print(f"  archives: {i + 1}/{archives}", file=log, flush=True)
-        if reproducers:
-            texts = reproducer_texts(seed)
-            for i in range(reproducers):
-                path = os.path.join(folder, f"mutant-{i}.py")
-                k = rng.randrange(len(texts))
-                with open(path, "w", encoding="utf-8") as f:
-                    f.write(mutate_reproducer(rng, texts[k], marker))
-                _feed(reproducer_counts, read_reproducer, path, marker, f"reproducer {i} (from {k})")
-                os.remove(path)
-                if log and (i + 1) % 100 == 0:
-                    print(f"  reproducers: {i + 1}/{reproducers}", file=log, flush=True)
+                        print(f"  {name}: {i + 1}/{n}, {time.monotonic() - start:.0f} s", file=log, flush=True)
+                result.seconds = time.monotonic() - start
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
-    return archive_counts, reproducer_counts
+        shutil.rmtree(top, ignore_errors=True)
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m edgefuse.fuzz.trust``: 0 when no file made a traceback or ran code, else 1."""
+    """``python -m edgefuse.fuzz.trust``: 0 when no file escaped, hung, ran code or wrote outside, else 1."""
     parser = argparse.ArgumentParser(
         prog="python -m edgefuse.fuzz.trust",
-        description="Feed mutated .pt2 archives and reproducers (byte flips, JSON and SPEC edits, planted "
-        "payloads) to edgefuse's readers; count refusals, files accepted, tracebacks and payloads that ran.",
+        description="Feed mutated files (bytes, structure, hostile edits) to edgefuse's four readers of files "
+        "other people send: .pt2 archives, reproducers, export-llm configs, .pte programs for bench-llm. Each "
+        "file is read in a child killed at a deadline; count files accepted and refused, escapes (a traceback "
+        "or a crash), hangs, payloads that ran and writes outside the output folder.",
     )
-    parser.add_argument("--archives", type=int, default=1000, help="mutated archives (default 1000)")
-    parser.add_argument("--reproducers", type=int, default=1000, help="mutated reproducers (default 1000)")
+    for name, what in (("archives", ".pt2 archives"), ("reproducers", "reproducers"),
+                       ("configs", "export-llm configs"), ("ptes", ".pte programs for bench-llm")):
+        parser.add_argument(f"--{name}", type=int, default=1000, metavar="N", help=f"mutated {what} (default 1000)")
     parser.add_argument("--seed", type=int, default=0, help="mutation seed (default 0)")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
-    if min(args.archives, args.reproducers) < 0:
-        print("--archives and --reproducers take non-negative numbers", file=sys.stderr)
+    counts = {name: getattr(args, name) for name in ("archives", "reproducers", "configs", "ptes")}
+    if min(counts.values()) < 0:
+        print("--archives, --reproducers, --configs and --ptes take non-negative numbers", file=sys.stderr)
         return 2
-    archives, reproducers = measure(args.archives, args.reproducers, args.seed, log=None if args.quiet else sys.stderr)
-    print(f"edgefuse fuzz trust: seed {args.seed}")
-    print(archives.line("archives"))
-    print(reproducers.line("reproducers"))
-    for problem in archives.tracebacks[:3] + reproducers.tracebacks[:3]:
-        print(problem)
-    for label in archives.markers + reproducers.markers:
-        print(f"a payload ran: {label}")
-    bad = archives.tracebacks or reproducers.tracebacks or archives.markers or reproducers.markers
+    start = time.monotonic()
+    results = measure(counts, args.seed, log=None if args.quiet else sys.stderr)
+    print(f"edgefuse fuzz trust: seed {args.seed}, {time.monotonic() - start:.1f} s in all")
+    for name, result in results.items():
+        print(result.line(name))
+    for name, result in results.items():
+        for what, labels in (("escaped", result.escapes), ("hung", result.hangs), ("ran code", result.code_run),
+                             ("wrote outside", result.writes_outside)):
+            for label in labels[:3]:
+                print(f"{what}: {label}")
+    bad = sum(result.bad for result in results.values())
     print("result: " + ("FAIL" if bad else "OK"))
     return 1 if bad else 0
 
