@@ -35,10 +35,13 @@ def to_pte(edge) -> bytes:
     return edge.to_executorch(backend_config()).buffer
 
 
-def run_on_emulator(pte: bytes, inputs: Sequence[Any], sdk: Sdk | None = None) -> list[torch.Tensor]:
-    """The tensor outputs of one run of ``pte`` on the HTP emulator (the libraries of ``sdk``, default
-    the one :func:`edgefuse.qnn.sdk.find` names); a failed load or run raises ``RuntimeError`` with what
-    the runtime logged.
+def run_on_emulator(
+    pte: bytes, inputs: Sequence[Any], sdk: Sdk | None = None, method: str = "forward"
+) -> list[torch.Tensor]:
+    """The tensor outputs of one run of ``method`` of ``pte`` on the HTP emulator (the libraries of
+    ``sdk``, default the one :func:`edgefuse.qnn.sdk.find` names); a failed load or run raises
+    ``RuntimeError`` with what the runtime logged, a method the program lacks
+    :class:`edgefuse.runtime.MethodMissing` naming the ones it has.
 
     Each tensor input is passed contiguous: the runtime copies an input's bytes as they lie in memory and
     QNN's delegate reads them in the contiguous order whatever dim order the program records, so a
@@ -49,7 +52,8 @@ def run_on_emulator(pte: bytes, inputs: Sequence[Any], sdk: Sdk | None = None) -
     from edgefuse.runtime import LoadedProgram
 
     ensure_in_process(sdk)
-    return LoadedProgram(pte).run(pytree.tree_map_only(torch.Tensor, torch.Tensor.contiguous, list(inputs)))
+    program = LoadedProgram(pte, method)
+    return program.run(pytree.tree_map_only(torch.Tensor, torch.Tensor.contiguous, list(inputs)))
 
 
 def output_steps(converted) -> list[float | None]:
