@@ -181,3 +181,25 @@ def test_a_package_the_run_lacks_is_named_when_the_script_uses_it(monkeypatch):
         evaluate()
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("edgefuse_absent_package")
+
+
+def test_the_command_refuses_an_artifact_folder_others_could_write(config_args, tmp_path, capsys):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    code = main(["-q", "qnn-llama", *config_args, "--artifact", str(shared)])
+    assert code == 2
+    assert f"--artifact {shared}: " in capsys.readouterr().err
+
+
+def test_the_command_prints_each_method_report_alone_on_stdout(config_args, tmp_path, capsys):
+    code = main(["-q", "qnn-llama", "--method", "prefill_forward", *config_args, "--artifact", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "methods kv_forward, prefill_forward" in out
+    assert "Finish compile_only" not in out  # the script's own printing goes to stderr
+    (row,) = [line.split() for line in out.splitlines() if line.strip().startswith("prefill_forward")]
+    whole = PARAMS["n_layers"] * 4 + 1  # per layer its two norms and the two QK norms; the last norm
+    per_head = PARAMS["n_layers"] * (2 + PARAMS["n_heads"] + PARAMS["n_kv_heads"]) + 1
+    assert row[:5] == ["prefill_forward", "0/0", str(whole), str(per_head), "0"]
+    assert row[-1] == "yes" and not any(line.strip().startswith("kv_forward") for line in out.splitlines())

@@ -10,6 +10,8 @@ QNN compiled, and the method's run on the emulator against the module the script
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from typing import Callable
 
 from edgefuse.inputs.errors import CHECK_FAILED, OK, Unavailable, UsageError, qnn_sdk_error
@@ -34,6 +36,7 @@ def qnn_llama_command(args: argparse.Namespace, say: Say) -> int:
     from edgefuse.llm import static_llama
     from edgefuse.qnn.sdk import QnnSdkUnavailable
     from edgefuse.runtime import MethodMissing
+    from edgefuse.runtime.files import UnsafeFolder
 
     try:
         script_args = static_llama.parse_script_args(args.script_args)
@@ -47,7 +50,10 @@ def qnn_llama_command(args: argparse.Namespace, say: Say) -> int:
     say(f"running llama.py --decoder_model {script_args.decoder_model} --soc_model {script_args.soc_model}, "
         "compile-only for the HTP emulator, with edgefuse's QNN passes")
     try:
-        run = static_llama.run_script(script_args)
+        with contextlib.redirect_stdout(sys.stderr):  # the script's own printing: stdout holds the report
+            run = static_llama.run_script(script_args)
+    except UnsafeFolder as error:
+        raise UsageError(f"--artifact {script_args.artifact}: {error}") from error
     except QnnSdkUnavailable as error:
         raise qnn_sdk_error(error) from error
     except static_llama.ExtraMissing as error:

@@ -53,8 +53,8 @@ _PREFIX = "edgefuse-qnn-llama-"
 
 
 class ScriptArgumentError(ValueError):
-    """The script's arguments are wrong: its own parser refused them, or they ask for a SoC or a method
-    there is none of; the message says which."""
+    """The script's arguments are wrong: its own parser refused them, or they ask for a SoC ExecuTorch's
+    QNN backend does not compile for; the message says which."""
 
 
 class ExtraMissing(ImportError):
@@ -209,10 +209,11 @@ def _capturing(original, run: ScriptRun, decoder_methods: list[str]):
     return to_edge_transform_and_lower_to_qnn
 
 
-def run_script(args: argparse.Namespace, log: Any = None) -> ScriptRun:
+def run_script(args: argparse.Namespace) -> ScriptRun:
     """Run the script's ``export_llama`` on ``args`` (from :func:`parse_script_args`) in this process,
     compile-only for the emulator, with edgefuse's QNN passes; its outputs go to ``args.artifact``, or a
-    new private folder when it is None. Returns the :class:`ScriptRun`."""
+    new private folder when it is None (an ``--artifact`` another user could write raises
+    :class:`edgefuse.runtime.files.UnsafeFolder`). Returns the :class:`ScriptRun`."""
     from edgefuse.qnn.graphs import qnn_graphs, recording_compiled_graphs
     from edgefuse.qnn.passes import patched
     from edgefuse.qnn.sdk import ensure_in_process
