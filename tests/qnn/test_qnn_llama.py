@@ -81,20 +81,21 @@ def test_compile_only_writes_a_program_of_a_prefill_and_a_decode(script_run):
     assert run.methods["kv_forward"].inputs[0].shape == (1, 1)
 
 
-#: What QNN 2.51's HTP emulator makes of each method of the tiny config, measured: at head dim 32 both match
-#: their fake-quantized modules; at head dim 64 the decode's run corrupts the heap (glibc aborts with
-#: "free(): invalid next size" when the method is freed, so edgefuse runs each method in a child process)
-#: and the prefill's logits are off by about 3.6 where 0.015 is allowed. A QNN, a script or an edgefuse
-#: that changes one fails this test, and the entry is measured again.
+#: What QNN 2.51's HTP emulator makes of each method of the tiny config, measured (the outcomes each run may
+#: have): at head dim 32 both match their fake-quantized modules; at head dim 64 the program corrupts the
+#: heap, and the runtime ends with SIGABRT (glibc's "free(): invalid next size") or SIGSEGV when the method
+#: is freed: always the decode, the prefill in some runs, whose logits are otherwise off by about 5.4 where
+#: 0.43 is allowed. edgefuse runs each method in a child process, so a crash is that method's result. A QNN,
+#: a script or an edgefuse that changes one fails this test, and the entry is measured again.
 MEASURED = {
-    32: {"kv_forward": "matches", "prefill_forward": "matches"},
-    64: {"kv_forward": "crashes", "prefill_forward": "off"},
+    32: {"kv_forward": {"matches"}, "prefill_forward": {"matches"}},
+    64: {"kv_forward": {"crashes"}, "prefill_forward": {"off", "crashes"}},
 }
 
 
 def outcome(check) -> str:
     if check.failure is not None:
-        return "crashes" if "crashed (SIGABRT)" in check.failure else f"fails: {check.failure}"
+        return "crashes" if "the runtime crashed" in check.failure else f"fails: {check.failure}"
     return "matches" if check.ok else "off"
 
 
@@ -103,7 +104,9 @@ def test_each_method_runs_on_the_emulator_against_its_fake_quantized_module(scri
 
     head_dim, run = script_run
     checks = {name: check_method(run, name) for name in run.methods}
-    assert {name: outcome(check) for name, check in checks.items()} == MEASURED[head_dim]
+    outcomes = {name: outcome(check) for name, check in checks.items()}
+    assert sorted(outcomes) == sorted(MEASURED[head_dim])
+    assert all(outcomes[name] in MEASURED[head_dim][name] for name in outcomes), outcomes
     for check in checks.values():
         if check.failure is None:  # the logits are quantized: compared at their quantization steps
             assert len(check.comparisons) == 3 and check.tolerances[0] is not None

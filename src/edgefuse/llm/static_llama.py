@@ -8,8 +8,9 @@ with each method's converted (fake-quantized) module and example inputs. In this
 compiles are recorded (:mod:`edgefuse.qnn.graphs`), and each method's module and inputs are kept as the
 script lowered them: what the program is compared with. A checker run after the script could see none of
 that (the script saves the ``.pte`` and the calibration graph's QDQ program, not the modules of its
-methods). A compile-only run of a tiny config (one layer, QK norms, head dims 32 and 64, 16a4w) compiles
-here in two minutes, and its ``.pte`` runs on the x86 HTP emulator method by method.
+methods). Tried so: a compile-only run of a tiny config (one layer, QK norms, head dims 32 and 64, 16a4w)
+compiles in this process in two to six minutes on two cores, and its ``.pte`` runs on the x86 HTP emulator
+method by method, each method in a child process (:func:`check_method`).
 
 Two settings are the emulator's, so :func:`run_script` sets them whatever the arguments say:
 ``--compile_only`` (the script's inference pushes to a phone over adb) and ``--enable_x86_64`` (no
