@@ -30,9 +30,10 @@ exit codes:
      model ExecuTorch's to_edge or stock XNNPACK lowering rejects, a model QNN lowers neither with
      edgefuse nor stock (QNN's reason is printed), a missing .pt2, an output path that cannot be written,
      a name edgefuse chose for its own file already taken, QNN libraries in a folder another user could
-     write, a .pte bench-llm refuses or that crashes the runtime in its trial (the signal is named)
+     write, a .pte bench-llm refuses or that crashes the runtime in its trial (the signal is named),
+     arguments llama.py refuses, a --soc_model QNN does not compile for or a --method the program lacks
   3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
-     libraries: not set up, or `edgefuse qnn setup` cannot set them up here)
+     libraries: not set up, or `edgefuse qnn setup` cannot set them up here; a package llama.py needs)
   4  edgefuse itself failed (a bug: the traceback is printed)
 """
 
@@ -41,6 +42,13 @@ exit codes:
 PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w")
 DEFAULT_SOC = "SM8650"
 
+
+QNN_LLAMA = """\
+Run ExecuTorch's examples/qualcomm/oss_scripts/llama/llama.py in this process, compile-only for the HTP
+emulator, with edgefuse's QNN passes, and print per method the norms edgefuse decided, the norms kept whole,
+the RmsNorm ops QNN compiled and the method's run on the emulator against the module the script lowered.
+Every argument but --method is the script's (its --artifact folder, else one edgefuse picks).
+See docs/qnn-llama.md."""
 
 #: Every command: the module and the function that run it, imported only once the arguments parse, and
 #: the line it says as it first imports torch or ExecuTorch (filled in from the arguments; None: a command
@@ -56,6 +64,8 @@ COMMANDS = {
     "export-llm": ("edgefuse.cli.llm_commands", "export_llm_command",
                    "export-llm: running ExecuTorch's export_llm with edgefuse inside"),
     "bench-llm": ("edgefuse.cli.llm_commands", "bench_llm_command", "bench-llm: timing {stock} against {edgefuse}"),
+    "qnn-llama": ("edgefuse.cli.qnn_llama", "qnn_llama_command",
+                  "qnn-llama: compiling ExecuTorch's static Llama for QNN with edgefuse's passes"),
     "qnn setup": ("edgefuse.cli.qnn_setup", "run", None),  # downloads first; its self-check says when it loads torch
     "qnn env": ("edgefuse.cli.qnn_setup", "run", None),
 }
@@ -216,6 +226,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_max_bytes_argument(bench_llm)
 
+    qnn_llama = commands.add_parser(
+        "qnn-llama", parents=[common],
+        help="ExecuTorch's static-Llama QNN script (llama.py) with edgefuse's QNN passes, each method checked on the HTP emulator",
+        description=QNN_LLAMA, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    qnn_llama.add_argument("--method", action="append", metavar="NAME",
+                           help="run only this method on the emulator (repeatable; default: every method)")
+    qnn_llama.add_argument("script_args", nargs=argparse.REMAINDER, metavar="LLAMA_ARGS",
+                           help="llama.py's own arguments (--decoder_model, --checkpoint, --params, ...)")
+
     fuzz = commands.add_parser(
         "fuzz", help="differential fuzzing of edgefuse's rewrites (edgefuse.fuzz)", add_help=False,
         description="Runs edgefuse.fuzz.main with the remaining arguments.",
@@ -288,6 +308,20 @@ def _fuzz_arguments(argv: list[str]) -> argparse.Namespace | None:
     return argparse.Namespace(command="fuzz", quiet=quiet, fuzz_args=rest[1:])
 
 
+def _qnn_llama_arguments(argv: list[str]) -> argparse.Namespace | None:
+    """``edgefuse [-q] qnn-llama ARGS...``: ``--method`` is edgefuse's, every other argument the script's."""
+    from edgefuse.cli.qnn_llama import split_arguments
+
+    rest = list(argv)
+    quiet = False
+    while rest and rest[0] in ("-q", "--quiet"):
+        quiet, rest = True, rest[1:]
+    if rest[:1] != ["qnn-llama"] or any(a in ("-h", "--help") for a in rest[1:]):
+        return None
+    methods, script = split_arguments(rest[1:])
+    return argparse.Namespace(command="qnn-llama", quiet=quiet, methods=methods, script_args=script)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code."""
     from edgefuse.console.progress import Progress
@@ -295,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = _fuzz_arguments(argv) or parser.parse_args(argv)
+    args = _fuzz_arguments(argv) or _qnn_llama_arguments(argv) or parser.parse_args(argv)
     quiet_libraries()
     say = Progress(enabled=not args.quiet)
     command = " ".join(filter(None, (args.command, getattr(args, "qnn_command", None))))

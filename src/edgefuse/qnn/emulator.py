@@ -35,10 +35,13 @@ def to_pte(edge) -> bytes:
     return edge.to_executorch(backend_config()).buffer
 
 
-def run_on_emulator(pte: bytes, inputs: Sequence[Any], sdk: Sdk | None = None) -> list[torch.Tensor]:
-    """The tensor outputs of one run of ``pte`` on the HTP emulator (the libraries of ``sdk``, default
-    the one :func:`edgefuse.qnn.sdk.find` names); a failed load or run raises ``RuntimeError`` with what
-    the runtime logged.
+def run_on_emulator(
+    pte: bytes, inputs: Sequence[Any], sdk: Sdk | None = None, method: str = "forward"
+) -> list[torch.Tensor]:
+    """The tensor outputs of one run of ``method`` of ``pte`` on the HTP emulator (the libraries of
+    ``sdk``, default the one :func:`edgefuse.qnn.sdk.find` names); a failed load or run raises
+    ``RuntimeError`` with what the runtime logged, a method the program lacks
+    :class:`edgefuse.runtime.MethodMissing` naming the ones it has.
 
     Each tensor input is passed contiguous: the runtime copies an input's bytes as they lie in memory and
     QNN's delegate reads them in the contiguous order whatever dim order the program records, so a
@@ -49,7 +52,8 @@ def run_on_emulator(pte: bytes, inputs: Sequence[Any], sdk: Sdk | None = None) -
     from edgefuse.runtime import LoadedProgram
 
     ensure_in_process(sdk)
-    return LoadedProgram(pte).run(pytree.tree_map_only(torch.Tensor, torch.Tensor.contiguous, list(inputs)))
+    program = LoadedProgram(pte, method)
+    return program.run(pytree.tree_map_only(torch.Tensor, torch.Tensor.contiguous, list(inputs)))
 
 
 def output_steps(converted) -> list[float | None]:
@@ -241,3 +245,57 @@ def output_tolerances(converted, inputs: Sequence[Any]) -> list[tuple[float, Rou
         (step, count) if step is not None and count is not None else None
         for step, count in zip(steps, counted)
     ]
+
+
+#: The integer dtype a program takes a quantized input in, and gives a quantized output in, by the range
+#: of its levels: the quantizer holds 16-bit levels in int32, the program in the 16-bit type itself.
+_LEVEL_DTYPES = {(0, 255): torch.uint8, (-128, 127): torch.int8, (0, 65535): torch.uint16, (-32768, 32767): torch.int16}
+
+
+def _levels_dtype(node) -> torch.dtype:
+    low, high = int(node.args[3]), int(node.args[4])
+    return _LEVEL_DTYPES.get((low, high), node.args[5])
+
+
+@dataclass(frozen=True)
+class QuantizedIo:
+    """How a program whose inputs and outputs QNN keeps quantized (the static-Llama script tags them so)
+    meets its fake-quantized module: ``inputs`` holds, per flat input of the module, the quantize op that
+    reads it (None for one it reads as it is: tokens, positions), ``outputs`` per output the dequantize op
+    that produces it (None for an output left in float). The program holds the levels in the integer type
+    of their range (:data:`_LEVEL_DTYPES`)."""
+
+    inputs: tuple[Any, ...]
+    outputs: tuple[Any, ...]
+
+    def program_inputs(self, inputs: Sequence[Any]) -> list[Any]:
+        """The module's flat ``inputs`` as the program takes them: each quantized by its quantize op."""
+        from torch.utils import _pytree as pytree
+
+        leaves = pytree.tree_leaves(tuple(inputs))
+        return [
+            value if node is None else node.target(value, *node.args[1:]).to(_levels_dtype(node))
+            for value, node in zip(leaves, self.inputs)
+        ]
+
+    def module_outputs(self, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """The program's ``outputs`` in the module's terms: each quantized one dequantized by its op."""
+        return [
+            value if node is None or value.is_floating_point() else node.target(value.to(node.args[5]), *node.args[1:])
+            for value, node in zip(outputs, self.outputs)
+        ]
+
+
+def quantized_io(converted) -> QuantizedIo:
+    """The :class:`QuantizedIo` of a converted (fake-quantized) graph module: a placeholder is read
+    quantized when a quantize op reads it, an output is produced by the dequantize op it comes from."""
+    from torch.utils import _pytree as pytree
+
+    from edgefuse.quant.facts import is_dequantize, is_quantize
+
+    graph = converted.graph
+    placeholders = [node for node in graph.nodes if node.op == "placeholder"]
+    (output,) = [node for node in graph.nodes if node.op == "output"]
+    inputs = tuple(next((user for user in node.users if is_quantize(user)), None) for node in placeholders)
+    outputs = tuple(leaf if is_dequantize(leaf) else None for leaf in pytree.tree_leaves(output.args[0]))
+    return QuantizedIo(inputs, outputs)

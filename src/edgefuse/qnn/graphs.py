@@ -37,10 +37,12 @@ class QnnOp:
 
 @dataclass(frozen=True)
 class QnnGraph:
-    """The QNN graph of one delegate: ``delegate`` is its lowered module's name in the program."""
+    """The QNN graph of one delegate: ``delegate`` is its lowered module's name in the program, ``method``
+    the program's method that holds it."""
 
     delegate: str
     ops: tuple[QnnOp, ...]
+    method: str = "forward"
 
     @property
     def rms_norms(self) -> int:
@@ -84,6 +86,13 @@ class QnnGraphs:
         """How many QNN ``RmsNorm`` ops the program's graphs hold."""
         return sum(g.rms_norms for g in self.delegates)
 
+    def methods(self) -> dict[str, list[QnnGraph]]:
+        """The graphs of each method, in the program's order of methods."""
+        found: dict[str, list[QnnGraph]] = {}
+        for graph in self.delegates:
+            found.setdefault(graph.method, []).append(graph)
+        return found
+
     def find(self, name: str) -> tuple[QnnGraph, QnnOp] | None:
         """The graph and op named ``name``, else the one whose edge node came from a node so named; None."""
         for match in (lambda op: op.name == name, lambda op: name in op.sources):
@@ -96,9 +105,10 @@ class QnnGraphs:
 
 @dataclass
 class _Compiled:
-    """The op lists of each graph QNN compiled, and the context binary it returned."""
+    """``(graph name, ops, context binary)`` of each graph QNN compiled. A program of several methods is
+    compiled in one call whose graphs, named after the methods, share one context binary."""
 
-    graphs: list[tuple[list[QnnOp], bytes]] = field(default_factory=list)
+    graphs: list[tuple[str, list[QnnOp], bytes]] = field(default_factory=list)
 
 
 def _describe(op_wrapper: Any, adaptor: Any) -> QnnOp:
@@ -121,8 +131,8 @@ def recording_compiled_graphs() -> Iterator[_Compiled]:
         def compile_and_record(manager, graph_names, op_wrappers, *args, **kwargs):
             binary = stock(manager, graph_names, op_wrappers, *args, **kwargs)
             processed = bytes(binary)
-            for ops in op_wrappers:
-                compiled.graphs.append(([_describe(op, adaptor) for op in ops], processed))
+            for graph_name, ops in zip(graph_names, op_wrappers):
+                compiled.graphs.append((str(graph_name), [_describe(op, adaptor) for op in ops], processed))
             return binary
 
         adaptor.QnnManager.Compile = compile_and_record
@@ -132,15 +142,25 @@ def recording_compiled_graphs() -> Iterator[_Compiled]:
             adaptor.QnnManager.Compile = stock
 
 
-def _lowered_modules(edge) -> list[tuple[str, Any]]:
-    """``(name, LoweredBackendModule)`` of every QNN delegate of every method of ``edge``."""
+def _lowered_modules(edge) -> list[tuple[str, str, Any]]:
+    """``(method, name, LoweredBackendModule)`` of every QNN delegate of every method of ``edge``."""
     found = []
     for method in edge.methods:
         gm = edge.exported_program(method).graph_module
         for name, module in gm.named_children():
             if type(module).__name__ == "LoweredBackendModule" and getattr(module, "backend_id", "") == "QnnBackend":
-                found.append((name if len(edge.methods) == 1 else f"{method}.{name}", module))
+                found.append((method, name if len(edge.methods) == 1 else f"{method}.{name}", module))
     return found
+
+
+def _ops_of(compiled: _Compiled, processed: bytes, method: str) -> list[QnnOp]:
+    """The ops of the graph compiled into the context binary ``processed`` for ``method``: of the graphs
+    that binary holds, the one named after the method, else the only one."""
+    graphs = [(name, ops) for name, ops, binary in compiled.graphs if binary == processed]
+    named = [ops for name, ops in graphs if name == method]
+    if named:
+        return named[-1]
+    return graphs[-1][1] if len(graphs) == 1 else []
 
 
 def _outside(edge) -> list[tuple[str, str]]:
@@ -163,12 +183,11 @@ def _sources(node) -> tuple[str, ...]:
 def qnn_graphs(edge, compiled: _Compiled, decisions: list[Decision] = ()) -> QnnGraphs:
     """What QNN built for the lowered ``edge``, from the graphs :func:`recording_compiled_graphs` recorded
     while it was lowered, and where each of ``decisions``' norms went."""
-    by_bytes = {processed: ops for ops, processed in compiled.graphs}
     delegates = []
-    for name, module in _lowered_modules(edge):
+    for method, name, module in _lowered_modules(edge):
         sources = {n.name: _sources(n) for n in module.original_module.graph.nodes}
-        ops = [replace(op, sources=sources.get(op.name, ())) for op in by_bytes.get(bytes(module.processed_bytes), [])]
-        delegates.append(QnnGraph(name, tuple(ops)))
+        ops = [replace(op, sources=sources.get(op.name, ())) for op in _ops_of(compiled, bytes(module.processed_bytes), method)]
+        delegates.append(QnnGraph(name, tuple(ops), method))
     graphs = QnnGraphs(delegates, _outside(edge))
     outside_names = {name for name, _ in graphs.outside}
     for decision in decisions:

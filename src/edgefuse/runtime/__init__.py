@@ -28,20 +28,30 @@ def start_threadpool() -> int:
         return portable_lib._threadpool_get_thread_count()
 
 
-class LoadedProgram:
-    """The ``forward`` method of a loaded ``.pte``; holds the program, which must outlive its method.
+class MethodMissing(ValueError):
+    """A program has no method of the name asked for; ``methods`` are the ones it has."""
 
-    Loading and running raise errors that say what the runtime logged about the failure. With
-    ``etdump=True`` the runtime records every run's profile (:meth:`etdump`)."""
+    def __init__(self, method: str, methods: Sequence[str]) -> None:
+        self.method, self.methods = method, tuple(methods)
+        super().__init__(f"the program has no method {method!r}; its methods: {', '.join(self.methods) or 'none'}")
+
+
+class LoadedProgram:
+    """One method of a loaded ``.pte`` (``forward`` unless named); holds the program, which must outlive
+    its method.
+
+    Loading and running raise errors that say what the runtime logged about the failure; a method the
+    program lacks raises :class:`MethodMissing` naming the ones it has. With ``etdump=True`` the runtime
+    records every run's profile (:meth:`etdump`)."""
 
     def __init__(self, pte: bytes, method: str = "forward", etdump: bool = False) -> None:
         from executorch.runtime import Runtime
 
         start_threadpool()
         self.program = with_its_log(lambda: Runtime.get().load_program(pte, enable_etdump=etdump))
+        if method not in self.program.method_names:
+            raise MethodMissing(method, sorted(self.program.method_names))
         self.method = with_its_log(lambda: self.program.load_method(method))
-        if self.method is None:
-            raise ValueError(f"the program has no method {method!r}")
 
     def etdump(self) -> bytes:
         """The ETDump the runtime recorded since loading (load with ``etdump=True``): one run per
