@@ -20,6 +20,7 @@ ANNOUNCED = {
     "fuzz": (["fuzz", "--cases", "1"], "fuzz: fuzzing edgefuse's rewrites"),
     "export-llm": (["export-llm", "--config", "llama.yaml"], "export-llm: running ExecuTorch's export_llm"),
     "bench-llm": (["bench-llm", "s.pte", "e.pte"], "bench-llm: timing s.pte against e.pte"),
+    "qnn-llama": (["qnn-llama", "--decoder_model", "stories260k"], "qnn-llama: compiling ExecuTorch's static Llama"),
 }
 #: The commands that load neither library up front: ``qnn setup`` downloads and lays out libraries first
 #: (each step says so) and loads torch only for its self-check; ``qnn env`` never does.
