@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -49,6 +49,26 @@ class ShapeLimit:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """One hardware generation of a backend as measured: the names of the limits seen to hold on it, and
+    the chips it was measured on."""
+
+    name: str
+    limits: frozenset[str]
+    chips: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A chip for which the backend does not compile an ``rms_norm`` in ``precision`` (:data:`FLOAT`,
+    :data:`QUANTIZED`), as measured."""
+
+    chip: str
+    precision: str
+    measured: str
+
+
+@dataclass(frozen=True)
 class BackendProfile:
     """What one backend's ``rms_norm`` takes.
 
@@ -58,7 +78,9 @@ class BackendProfile:
     ``last_dim_only`` says it normalizes over the last dim alone, never over several trailing dims;
     ``limits`` are the input shapes it computes wrong (:class:`ShapeLimit`); ``lifts_scalars`` says its
     pipelines lift every scalar operand into a constant tensor (so a ``pow`` by a constant tensor stands
-    for the model's number) and it computes the whole norm in its own arithmetic.
+    for the model's number) and it computes the whole norm in its own arithmetic; ``generations`` are the
+    hardware generations measured and the limits of each, ``refusals`` the chips it does not compile a
+    norm for in some precision.
     """
 
     name: str
@@ -69,6 +91,24 @@ class BackendProfile:
     last_dim_only: bool = False
     limits: tuple[ShapeLimit, ...] = ()
     lifts_scalars: bool = False
+    generations: tuple[Generation, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
+
+    def generation(self, name: str | None) -> Generation | None:
+        """The measured generation called ``name``, or None when it was not measured."""
+        return next((g for g in self.generations if g.name == name), None)
+
+    def for_generation(self, name: str | None) -> BackendProfile:
+        """This profile with the limits measured on the generation ``name``; a generation not measured
+        (or None) keeps every limit, the union of what each measured generation holds."""
+        measured = self.generation(name)
+        if measured is None:
+            return self
+        return replace(self, limits=tuple(l for l in self.limits if l.name in measured.limits))
+
+    def refusal(self, chip: str, precision: str) -> Refusal | None:
+        """Why this backend does not compile a norm for ``chip`` in ``precision``, or None."""
+        return next((r for r in self.refusals if r.chip == chip and r.precision == precision), None)
 
     def limit_for(self, shape: tuple[int | None, ...], quantization_capture: bool) -> ShapeLimit | None:
         """The limit that covers a norm over an input of ``shape``, or None; a graph about to be quantized
@@ -95,21 +135,25 @@ class BackendProfile:
         return None
 
 
-#: What QNN's HTP computes wrong or rejects, measured on QNN 2.51's x86 HTP emulator (SM8650) through
-#: ExecuTorch 1.5.1's QNN flow; ``tests/qnn/test_qnn_limits.py`` holds each to that emulator, so a QNN that
-#: fixes one fails a test there.
+#: What QNN's HTP computes wrong or rejects, measured on QNN 2.51's x86 HTP emulator through ExecuTorch
+#: 1.5.1's QNN flow (``python -m edgefuse.tools.qnn_sweep``; docs/qnn-limits.md has the plans and counts);
+#: ``tests/qnn/test_qnn_limits.py`` holds each to that emulator, so a QNN that fixes one fails a test there.
+#: No quantized precision measured (8a8w, 16a8w, 16a16w) showed the float16 layout's wrong values.
 QNN_LIMITS = (
     ShapeLimit(
         name="htp-fp16-rms-norm-layout",
         ranks=frozenset({3, 4}),
-        max_last_dim=32,
+        max_last_dim=None,
         min_outer=2,
         precisions=frozenset({FLOAT}),
         remedy="rows",
         measured=(
-            "in float16 the HTP returns wrong values for some inputs of rank 3 or 4 with a last dim of 32 "
-            "or less whose dims before the last two are not all 1 (as [1, 16, 4, 32], [2, 16, 32]), and "
-            "right ones for every [1, rows, D] measured"
+            "in float16 the HTP returns wrong values for inputs of rank 3 or 4 whose dims before the last two "
+            "are not all 1, at last dims from 1 to 512 (as [9, 1, 40], [2, 16, 32], [1, 12, 20, 64], "
+            "[10, 32, 200]): 895 of 4,139 such norms measured on SM8650 were wrong, each with those dims "
+            "multiplying to 2 or more, and none of the 762 measured as [rows, D], [1, rows, D] or "
+            "[1, 1, rows, D]; the wrong region within them fits no simpler rule, so only [1, rows, D] is "
+            "trusted"
         ),
     ),
     ShapeLimit(
@@ -121,6 +165,31 @@ QNN_LIMITS = (
         remedy="rows",
         measured="the HTP takes no rms_norm of rank above 4, and a program that holds one does not lower",
     ),
+)
+
+#: The HTP generations measured (the chips each was measured on), each with the limits seen to hold
+#: there: 118 float16 shapes ran on each chip, and each chip got the same norms wrong.
+QNN_GENERATIONS = tuple(
+    Generation(name=arch, limits=frozenset(limit.name for limit in QNN_LIMITS), chips=chips)
+    for arch, chips in (
+        ("V68", ("SA8295",)), ("V69", ("SM8450",)), ("V73", ("SM8550",)), ("V75", ("SM8650",)),
+        ("V79", ("SM8750",)), ("V81", ("SM8850",)),
+    )
+)
+
+#: The chips whose float16 RmsNorm QNN 2.51 does not compile, one norm of [1, 8, 64] tried on each chip
+#: ExecuTorch 1.5.1 knows (16a8w compiled on every one).
+QNN_REFUSALS = tuple(
+    Refusal(chip, FLOAT, f"QNN 2.51 does not compile a float16 RmsNorm for {chip} ({why})")
+    for chip, why in (
+        ("QCM6490", "its op validation refuses it"),
+        ("SAR2230P", "its op validation refuses it"),
+        ("SM8350", "making the context binary fails"),
+        ("SSG2115P", "its op validation refuses it"),
+        ("SSG2125P", "its op validation refuses it"),
+        ("SW6100", "its op validation refuses it"),
+        ("SXR1230P", "its op validation refuses it"),
+    )
 )
 
 PROFILES: dict[str, BackendProfile] = {
@@ -146,6 +215,8 @@ PROFILES: dict[str, BackendProfile] = {
         last_dim_only=True,
         limits=QNN_LIMITS,
         lifts_scalars=True,
+        generations=QNN_GENERATIONS,
+        refusals=QNN_REFUSALS,
     ),
 }
 

@@ -132,11 +132,11 @@ def _main(argv: list[str] | None) -> int:
     if bad:
         print(f"unknown precisions {', '.join(bad)}; choose from fp16, 16a8w, 16a16w, 8a8w", file=sys.stderr)
         return USAGE
-    from edgefuse.qnn.socs import qnn_socs
+    from edgefuse.qnn.socs import soc_problem
 
-    known = qnn_socs()
-    if known and args.soc not in known:
-        print(f"--soc {args.soc}: ExecuTorch's QNN backend knows {', '.join(known)}", file=sys.stderr)
+    problems = [p for p in dict.fromkeys(soc_problem(args.soc, precision) for precision in precisions) if p]
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
         return USAGE
 
     import torch
