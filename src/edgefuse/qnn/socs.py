@@ -52,3 +52,21 @@ def soc_problem(soc: str, precision: str) -> str | None:
 
     refusal = get_profile("qnn").refusal(soc, FLOAT if precision == "fp16" else QUANTIZED)
     return f"--soc {soc} at {precision}: {refusal.measured}; choose a quantized precision" if refusal else None
+
+
+def limits_by_soc() -> list[tuple[str, str, str, str]]:
+    """One row per SoC ExecuTorch knows: its name, its HTP generation, whether QNN compiles a float16 norm
+    for it (or why not), and the limits edgefuse holds its norms to (the profile's for its generation)."""
+    from edgefuse.core.profiles import FLOAT, get_profile
+
+    qnn = get_profile("qnn")
+    rows = []
+    for soc in qnn_socs():
+        arch = htp_arch(soc)
+        refusal = qnn.refusal(soc, FLOAT)
+        fp16 = "yes" if refusal is None else f"no: {refusal.why}"
+        generation = qnn.generation(arch)
+        names = ", ".join(limit.name for limit in qnn.for_generation(arch).limits)
+        where = f"measured on {', '.join(generation.chips)}" if generation else "not measured: every limit"
+        rows.append((soc, arch or "-", fp16, f"{names} ({where})"))
+    return rows
