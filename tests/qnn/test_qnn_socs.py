@@ -44,7 +44,7 @@ def test_each_socs_htp_generation_is_executorchs_and_picks_that_generations_limi
     for soc in qnn_socs():
         assert htp_arch(soc) == _soc_info_table[QcomChipset[soc]].htp_info.htp_arch.name
     profile, note = qnn_profile("SM8750")
-    assert note == "the limits measured on V79 (SM8750)" and profile.limits == PROFILES["qnn"].limits
+    assert note == "the limits of V79, measured on SM8750" and profile.limits == PROFILES["qnn"].limits
     profile, note = qnn_profile(None)
     assert note.startswith("no SoC given: every limit measured on") and profile is PROFILES["qnn"]
 
@@ -56,7 +56,8 @@ def test_a_generation_that_holds_fewer_limits_gives_its_socs_fewer(monkeypatch):
     from edgefuse.qnn.socs import qnn_profile
 
     qnn = profiles.PROFILES["qnn"]
-    v79 = profiles.Generation("V79", frozenset({"htp-rms-norm-rank"}), ("SM8750",))
+    names = frozenset(l.name for l in qnn.limits)
+    v79 = profiles.Generation("V79", ("SM8750",), names, frozenset({"htp-rms-norm-rank"}))
     monkeypatch.setitem(profiles.PROFILES, "qnn", dataclasses.replace(qnn, generations=(v79,)))
     assert [l.name for l in qnn_profile("SM8750")[0].limits] == ["htp-rms-norm-rank"]
     profile, note = qnn_profile("SM8650")  # V75 is not measured in this profile: every limit

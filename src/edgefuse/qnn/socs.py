@@ -35,7 +35,7 @@ def qnn_profile(soc: str | None):
     arch = htp_arch(soc) if soc is not None else None
     generation = profile.generation(arch)
     if generation is not None:
-        return profile.for_generation(arch), f"the limits measured on {arch} ({', '.join(generation.chips)})"
+        return profile.for_generation(arch), f"the limits of {arch}, measured on {', '.join(generation.chips)}"
     measured = ", ".join(g.name for g in profile.generations)
     what = f"{soc}'s HTP generation {arch or '(unknown)'} was not measured" if soc else "no SoC given"
     return profile, f"{what}: every limit measured on {measured}"
@@ -54,9 +54,10 @@ def soc_problem(soc: str, precision: str) -> str | None:
     return f"--soc {soc} at {precision}: {refusal.measured}; choose a quantized precision" if refusal else None
 
 
-def limits_by_soc() -> list[tuple[str, str, str, str]]:
+def limits_by_soc() -> list[tuple[str, str, str, str, str]]:
     """One row per SoC ExecuTorch knows: its name, its HTP generation, whether QNN compiles a float16 norm
-    for it (or why not), and the limits edgefuse holds its norms to (the profile's for its generation)."""
+    for it (or why not), the limits edgefuse holds its norms to (the profile's for its generation), and
+    the chip of that generation they were measured on, with the limits measured there."""
     from edgefuse.core.profiles import FLOAT, get_profile
 
     qnn = get_profile("qnn")
@@ -67,6 +68,6 @@ def limits_by_soc() -> list[tuple[str, str, str, str]]:
         fp16 = "yes" if refusal is None else f"no: {refusal.why}"
         generation = qnn.generation(arch)
         names = ", ".join(limit.name for limit in qnn.for_generation(arch).limits)
-        where = f"measured on {', '.join(generation.chips)}" if generation else "not measured: every limit"
-        rows.append((soc, arch or "-", fp16, f"{names} ({where})"))
+        where = f"{', '.join(generation.chips)}: {', '.join(sorted(generation.measured))}" if generation else "-"
+        rows.append((soc, arch or "-", fp16, names, where))
     return rows

@@ -273,11 +273,11 @@ def summary(records: list[dict]) -> dict[str, int]:
     )
 
 
-TABLE_HEADER = ("SoC", "HTP arch", "fp16 compiles", "limits")
+TABLE_HEADER = ("SoC", "HTP arch", "fp16 compiles", "limits held", "measured on")
 
 
 def limits_table() -> str:
-    """The Markdown table of each SoC, its HTP generation, whether float16 compiles and its limits."""
+    """The Markdown table of each SoC, its HTP generation, whether float16 compiles, its limits and where they were measured."""
     from edgefuse.qnn.socs import limits_by_soc
     from edgefuse.tools.qnn_check import markdown
 
