@@ -79,8 +79,10 @@ def test_a_whole_rank_5_norm_quantized_is_viewed_during_capture_and_adds_no_requ
     lowered = lower(QkNorms(1, 64), (x,), precision="16a8w")
     capture = [n for run in lowered.runs if run.pipeline == "annotation" for n in run.legalized]
     assert [(n.action, n.limit) for n in capture] == [(VIEWED, "htp-rms-norm-rank")]
-    # the views share their input's encoding: the QNN graph holds the norm and two reshapes, no requantization
-    assert sorted(op.type for g in lowered.graphs.delegates for op in g.ops) == ["Reshape", "Reshape", "RmsNorm"]
+    # the views share their input's encoding: beside the program's own quantize (in) and dequantize (out),
+    # the QNN graph holds the norm and two reshapes, and no requantization
+    ops = sorted(op.type for g in lowered.graphs.delegates for op in g.ops)
+    assert ops == ["Dequantize", "Quantize", "Reshape", "Reshape", "RmsNorm"], ops
     [actual] = run_on_emulator(lowered.to_pte(), (x,))
     with torch.no_grad():
         [expected] = lowered.reference(x)
