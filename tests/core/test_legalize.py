@@ -23,7 +23,7 @@ from edgefuse.core.profiles import FLOAT, PROFILES, Generation, ShapeLimit
 
 from tests.harness import rms_norm_nodes
 
-LAYOUT, QUANTIZED_LAYOUT, RANK = "htp-fp16-rms-norm-layout", "htp-quantized-rms-norm-layout", "htp-rms-norm-rank"
+LAYOUT, RANK = "htp-fp16-rms-norm-layout", "htp-rms-norm-rank"
 MODES = ("capture", "edge")
 
 
@@ -110,15 +110,10 @@ def test_a_limit_whose_remedy_is_leave_leaves_a_whole_norm_with_its_reason():
     assert held.action == LEFT and "its remedy is 'leave'" in held.reason
 
 
-def test_during_quantization_capture_the_quantized_limits_hold():
-    layout = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
-    [held] = legalize_rms_norm(layout, backend="qnn", quantization_capture=True).norms
-    assert (held.action, held.limit) == (VIEWED, QUANTIZED_LAYOUT)
-    float_only = dataclasses.replace(PROFILES["qnn"], limits=tuple(
-        l for l in PROFILES["qnn"].limits if l.name != QUANTIZED_LAYOUT))
-    layout = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
-    [held] = legalize_rms_norm(layout, backend=float_only, quantization_capture=True).norms
-    assert held.action == KEPT  # the float16 limit does not hold for a quantized norm
+def test_during_quantization_capture_only_quantized_limits_hold():
+    float_layout = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
+    [held] = legalize_rms_norm(float_layout, backend="qnn", quantization_capture=True).norms
+    assert held.action == KEPT
     rank5 = _graph(nn.RMSNorm(64).eval(), (_x((1, 2, 4, 4, 64)),), "capture")
     [held] = legalize_rms_norm(rank5, backend="qnn", quantization_capture=True).norms
     assert (held.action, held.limit) == (VIEWED, RANK)
@@ -169,10 +164,10 @@ def test_a_generation_holds_the_limits_measured_on_it_and_an_unmeasured_one_ever
     assert {g.name for g in qnn.generations} >= {"V69", "V73", "V75", "V79", "V81"}
     assert qnn.for_generation("V75").limits == qnn.limits
     assert qnn.for_generation("V99").limits == qnn.limits and qnn.for_generation(None).limits == qnn.limits
-    names = frozenset({LAYOUT, QUANTIZED_LAYOUT, RANK})
+    names = frozenset({LAYOUT, RANK})
     only_rank = dataclasses.replace(qnn, generations=(Generation("V75", ("SM8650",), names, frozenset({RANK})),))
     assert [l.name for l in only_rank.for_generation("V75").limits] == [RANK]
     # a limit not measured on a generation is held there
     unmeasured = dataclasses.replace(qnn, generations=(Generation("V75", ("SM8650",), frozenset({LAYOUT}), frozenset()),))
-    assert [l.name for l in unmeasured.for_generation("V75").limits] == [QUANTIZED_LAYOUT, RANK]
-    assert [l.name for l in only_rank.for_generation("V79").limits] == [LAYOUT, QUANTIZED_LAYOUT, RANK]
+    assert [l.name for l in unmeasured.for_generation("V75").limits] == [RANK]
+    assert [l.name for l in only_rank.for_generation("V79").limits] == [LAYOUT, RANK]

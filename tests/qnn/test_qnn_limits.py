@@ -23,7 +23,7 @@ from edgefuse.runtime import LoadedProgram
 
 pytestmark = pytest.mark.usefixtures("qnn_sdk")
 
-LAYOUT, QUANTIZED_LAYOUT, RANK = (limit.name for limit in PROFILES["qnn"].limits)
+LAYOUT, RANK = (limit.name for limit in PROFILES["qnn"].limits)
 
 
 def _x(shape, seed=0):
