@@ -122,7 +122,10 @@ def test_missing_qnn_libraries_exit_3_naming_the_set_up_and_write_nothing(block,
 NORMS = {
     "et-llama-hd32": 3, "et-llama-qk-hd32": 5, "et-llama-hd64": 3, "et-llama-qk-hd64": 5,
     "tiny-llama-layer": 2, "tiny-qwen3-layer": 4, "tiny-gemma3-layer": 6, "tiny-olmo2-layer": 4, "tiny-t5-layer": 2,
+    **{name: 0 for name in QNN_MODEL_NAMES if name.startswith("whole-")},
 }
+#: The norms a model writes whole (``aten.rms_norm`` in its capture): the input norm and the QK norms.
+WHOLE = {name: 3 for name in QNN_MODEL_NAMES if name.startswith("whole-")}
 
 
 def test_every_qnn_model_has_a_norm_count():
@@ -136,8 +139,10 @@ def test_each_qnn_model_runs_exports_and_holds_its_norms(name):
         out = module(*inputs)
     assert torch.isfinite(out).all()
     program = torch.export.export(module, inputs)
+    whole = [n for n in program.graph.nodes if n.target is torch.ops.aten.rms_norm.default]
     result = recompose_rms_norm(program.module(), backend="aten", quantization_capture=True)
     assert len(result.decisions) == NORMS[name], [d.module_path for d in result.decisions]
+    assert len(whole) == WHOLE.get(name, 0)
 
 
 def test_the_et_llama_head_dim_and_qk_norms_are_what_the_name_says():

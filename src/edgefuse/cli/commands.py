@@ -189,8 +189,8 @@ def report_command(args, say: Say) -> int:
 
 def qnn_options(args, flag: str, wanted: bool) -> tuple[str, str] | None:
     """``(soc, precision)`` for a QNN lowering when ``wanted`` (``flag`` names the option that asks for it),
-    else None; ``--soc`` or ``--precision`` without it, a SoC ExecuTorch does not know, or ``--dtype bfloat16``
-    (QNN has no bfloat16) is a usage error."""
+    else None; ``--soc`` or ``--precision`` without it, a SoC ExecuTorch does not know, a precision QNN does
+    not compile for that SoC, or ``--dtype bfloat16`` (QNN has no bfloat16) is a usage error."""
     from edgefuse.cli import DEFAULT_SOC
 
     soc, precision = getattr(args, "soc", None), getattr(args, "precision", None)
@@ -202,13 +202,13 @@ def qnn_options(args, flag: str, wanted: bool) -> tuple[str, str] | None:
     if getattr(args, "dtype", None) == "bfloat16":
         raise UsageError(f"--dtype bfloat16 with {flag}: QNN's HTP computes no bfloat16; use --dtype float32 or "
                          "float16 (with --precision fp16 the HTP runs float16)")
-    from edgefuse.qnn.socs import qnn_socs
+    from edgefuse.qnn.socs import soc_problem
 
-    soc = soc or DEFAULT_SOC
-    known = qnn_socs()
-    if known and soc not in known:
-        raise UsageError(f"--soc {soc}: ExecuTorch's QNN backend knows {', '.join(known)}")
-    return soc, precision or "fp16"
+    soc, precision = soc or DEFAULT_SOC, precision or "fp16"
+    problem = soc_problem(soc, precision)
+    if problem is not None:
+        raise UsageError(problem)
+    return soc, precision
 
 
 def _output_paths(args) -> tuple[str, str]:

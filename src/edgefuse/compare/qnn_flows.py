@@ -122,6 +122,11 @@ class QnnProgram:
         return self.lowered.graphs.rms_norms if self.lowered_ok else 0
 
     @property
+    def viewed(self) -> int:
+        """Norms edgefuse normalized on a ``[1, rows, D]`` view for a limit, rebuilt or whole, over every pipeline."""
+        return sum(n.action == "viewed" for n in getattr(self.lowered, "legalized", ()))
+
+    @property
     def found(self) -> int:
         """Candidate norms edgefuse found: those of its first recomposition run (a later run in another
         pipeline sees again only the norms the first left)."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -49,6 +49,31 @@ class ShapeLimit:
 
 
 @dataclass(frozen=True)
+class Generation:
+    """One hardware generation of a backend as measured on ``chips``: the names of the limits measured
+    there, and of those seen to hold. A limit not measured there is held, as on a generation not measured."""
+
+    name: str
+    chips: tuple[str, ...]
+    measured: frozenset[str]
+    holds: frozenset[str]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A chip for which the backend does not compile an ``rms_norm`` in ``precision`` (:data:`FLOAT`,
+    :data:`QUANTIZED`), as measured; ``why`` is what failed."""
+
+    chip: str
+    precision: str
+    why: str
+
+    @property
+    def measured(self) -> str:
+        return f"QNN 2.51 does not compile an RmsNorm in {self.precision} for {self.chip} ({self.why})"
+
+
+@dataclass(frozen=True)
 class BackendProfile:
     """What one backend's ``rms_norm`` takes.
 
@@ -58,7 +83,9 @@ class BackendProfile:
     ``last_dim_only`` says it normalizes over the last dim alone, never over several trailing dims;
     ``limits`` are the input shapes it computes wrong (:class:`ShapeLimit`); ``lifts_scalars`` says its
     pipelines lift every scalar operand into a constant tensor (so a ``pow`` by a constant tensor stands
-    for the model's number) and it computes the whole norm in its own arithmetic.
+    for the model's number) and it computes the whole norm in its own arithmetic; ``generations`` are the
+    hardware generations measured and the limits of each, ``refusals`` the chips it does not compile a
+    norm for in some precision.
     """
 
     name: str
@@ -69,6 +96,26 @@ class BackendProfile:
     last_dim_only: bool = False
     limits: tuple[ShapeLimit, ...] = ()
     lifts_scalars: bool = False
+    generations: tuple[Generation, ...] = ()
+    refusals: tuple[Refusal, ...] = ()
+
+    def generation(self, name: str | None) -> Generation | None:
+        """The measured generation called ``name``, or None when it was not measured."""
+        return next((g for g in self.generations if g.name == name), None)
+
+    def for_generation(self, name: str | None) -> BackendProfile:
+        """This profile with the limits of the generation ``name``: those seen to hold there and those not
+        measured there; a generation not measured (or None) keeps every limit, the union of what the
+        measured generations hold."""
+        measured = self.generation(name)
+        if measured is None:
+            return self
+        kept = tuple(l for l in self.limits if l.name in measured.holds or l.name not in measured.measured)
+        return replace(self, limits=kept)
+
+    def refusal(self, chip: str, precision: str) -> Refusal | None:
+        """Why this backend does not compile a norm for ``chip`` in ``precision``, or None."""
+        return next((r for r in self.refusals if r.chip == chip and r.precision == precision), None)
 
     def limit_for(self, shape: tuple[int | None, ...], quantization_capture: bool) -> ShapeLimit | None:
         """The limit that covers a norm over an input of ``shape``, or None; a graph about to be quantized
@@ -95,21 +142,28 @@ class BackendProfile:
         return None
 
 
-#: What QNN's HTP computes wrong or rejects, measured on QNN 2.51's x86 HTP emulator (SM8650) through
-#: ExecuTorch 1.5.1's QNN flow; ``tests/qnn/test_qnn_limits.py`` holds each to that emulator, so a QNN that
-#: fixes one fails a test there.
+#: What QNN's HTP computes wrong or rejects, measured on QNN 2.51's x86 HTP emulator through ExecuTorch
+#: 1.5.1's QNN flow (``python -m edgefuse.tools.qnn_sweep``; docs/qnn-limits.md has the plans and counts);
+#: ``tests/qnn/test_qnn_limits.py`` holds each to that emulator, so a QNN that fixes one fails a test there.
+#: 8a8w gets the float16 layout's norms wrong too (docs/qnn-limits.md), 16a8w and 16a16w do not; a norm is
+#: rebuilt before the quantizer applies its precision, and a view there gets a quantize/dequantize pair of
+#: its own in the converted graph, which edgefuse's quantized checks do not yet account for: no quantized
+#: layout limit is held.
 QNN_LIMITS = (
     ShapeLimit(
         name="htp-fp16-rms-norm-layout",
         ranks=frozenset({3, 4}),
-        max_last_dim=32,
+        max_last_dim=None,
         min_outer=2,
         precisions=frozenset({FLOAT}),
         remedy="rows",
         measured=(
-            "in float16 the HTP returns wrong values for some inputs of rank 3 or 4 with a last dim of 32 "
-            "or less whose dims before the last two are not all 1 (as [1, 16, 4, 32], [2, 16, 32]), and "
-            "right ones for every [1, rows, D] measured"
+            "in float16 the HTP returns wrong values for inputs of rank 3 or 4 whose dims before the last two "
+            "are not all 1, at last dims from 1 to 512 (as [9, 1, 40], [2, 16, 32], [1, 12, 20, 64], "
+            "[10, 32, 200]): 895 of 4,099 norms measured on SM8650 were wrong, each with those dims "
+            "multiplying to 2 or more, and none of the 583 measured as [rows, D], [1, rows, D] or "
+            "[1, 1, rows, D]; the wrong region within them fits no simpler rule, so only [1, rows, D] is "
+            "trusted"
         ),
     ),
     ShapeLimit(
@@ -121,6 +175,36 @@ QNN_LIMITS = (
         remedy="rows",
         measured="the HTP takes no rms_norm of rank above 4, and a program that holds one does not lower",
     ),
+)
+
+#: The HTP generations measured, on which chips, and the limits measured there: 117 float16 norms ran on
+#: each chip and each got the same 49 of them wrong; a rank-5 norm at fp16 and 16a8w on each chip.
+_LAYOUT, _RANK = (limit.name for limit in QNN_LIMITS)
+QNN_GENERATIONS = tuple(
+    Generation(name=arch, chips=(chip,), measured=frozenset(names), holds=frozenset(names))
+    for arch, chip, names in (
+        ("V68", "SA8295", (_LAYOUT, _RANK)),
+        ("V69", "SM8450", (_LAYOUT, _RANK)),
+        ("V73", "SM8550", (_LAYOUT, _RANK)),
+        ("V75", "SM8650", (_LAYOUT, _RANK)),
+        ("V79", "SM8750", (_LAYOUT, _RANK)),
+        ("V81", "SM8850", (_LAYOUT, _RANK)),
+    )
+)
+
+#: The chips whose float16 RmsNorm QNN 2.51 does not compile, one norm of [1, 8, 64] tried on each chip
+#: ExecuTorch 1.5.1 knows (16a8w compiled on every one).
+QNN_REFUSALS = tuple(
+    Refusal(chip, FLOAT, why)
+    for chip, why in (
+        ("QCM6490", "its op validation refuses it"),
+        ("SAR2230P", "its op validation refuses it"),
+        ("SM8350", "making the context binary fails"),
+        ("SSG2115P", "its op validation refuses it"),
+        ("SSG2125P", "its op validation refuses it"),
+        ("SW6100", "its op validation refuses it"),
+        ("SXR1230P", "its op validation refuses it"),
+    )
 )
 
 PROFILES: dict[str, BackendProfile] = {
@@ -146,6 +230,8 @@ PROFILES: dict[str, BackendProfile] = {
         last_dim_only=True,
         limits=QNN_LIMITS,
         lifts_scalars=True,
+        generations=QNN_GENERATIONS,
+        refusals=QNN_REFUSALS,
     ),
 }
 

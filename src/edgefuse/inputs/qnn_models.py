@@ -8,7 +8,8 @@ its relative position bias, mask included). ExecuTorch's ``Transformer`` (no KV 
 whole. Weights are random, seeded; norm weights get the same jitter as :mod:`edgefuse.inputs.models`, so a
 rewrite that moves a weight across a rounding shows up.
 
-Names: ``et-llama[-qk]-hd32|hd64`` and ``tiny-<family>-layer`` (see :data:`QNN_MODEL_NAMES`).
+Names: ``et-llama[-qk]-hd32|hd64``, ``tiny-<family>-layer`` and ``whole-qk[-bhsd]-hd<D>-s<S>`` (an
+attention block whose norms are ``torch.nn.RMSNorm``, prefilling S tokens; see :data:`QNN_MODEL_NAMES`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,17 @@ _ET_LLAMA = {
 #: The tiny transformers model each ``-layer`` name takes its first decoder layer from.
 _LAYERS = {f"{name}-layer": name for name in ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-olmo2", "tiny-t5")}
 
-QNN_MODEL_NAMES: tuple[str, ...] = (*_ET_LLAMA, *_LAYERS)
+#: Attention blocks whose norms are whole ``torch.nn.RMSNorm``: (head dim, tokens, QK norms on
+#: ``[B, heads, S, D]`` as the static Llama of ExecuTorch's QNN examples has them, else on ``[B, S, heads, D]``).
+_WHOLE = {
+    "whole-qk-hd32-s16": (32, 16, False),
+    "whole-qk-bhsd-hd32-s16": (32, 16, True),
+    "whole-qk-hd64-s16": (64, 16, False),
+    "whole-qk-hd64-s128": (64, 128, False),
+    "whole-qk-hd128-s16": (128, 16, False),
+    "whole-qk-hd128-s128": (128, 128, False),
+}
+QNN_MODEL_NAMES: tuple[str, ...] = (*_ET_LLAMA, *_LAYERS, *_WHOLE)
 SEQ_LEN = 16
 #: What the mask adds where a token may not look. Softmax gives it nothing: e^-60 (1e-26) of a visible
 #: token's weight is below float32's resolution next to 1 and underflows in float16, while these
@@ -51,6 +62,9 @@ def build_qnn_model(
         return executorch_llama(qk_norm=qk_norm, head_dim=head_dim, dtype=dtype, seed=seed, seq_len=seq_len)
     if name in _LAYERS:
         return decoder_layer(_LAYERS[name], dtype=dtype, seed=seed, seq_len=seq_len)
+    if name in _WHOLE:
+        head_dim, tokens, heads_first = _WHOLE[name]
+        return whole_norm_attention(head_dim, tokens, heads_first=heads_first, dtype=dtype, seed=seed)
     raise ValueError(f"unknown model {name!r}; known models: {', '.join(QNN_MODEL_NAMES)}")
 
 
@@ -167,3 +181,46 @@ def decoder_layer(
     module = module.eval().to(dtype)
     return module, tuple(t.to(dtype) for t in inputs)
 
+
+
+class WholeNormAttention(torch.nn.Module):
+    """One attention block whose norms are whole ``torch.nn.RMSNorm``: the input norm on ``[1, S, dim]`` and
+    QK norms per head, on ``[1, S, heads, D]`` or, with ``heads_first``, on ``[1, heads, S, D]``; each
+    reaches QNN as one ``aten.rms_norm``, which stock ExecuTorch sends as written."""
+
+    def __init__(self, dim: int, head_dim: int, heads_first: bool) -> None:
+        super().__init__()
+        self.heads, self.head_dim, self.heads_first = dim // head_dim, head_dim, heads_first
+        self.norm = torch.nn.RMSNorm(dim, eps=1e-6)
+        self.q_norm, self.k_norm = torch.nn.RMSNorm(head_dim, eps=1e-6), torch.nn.RMSNorm(head_dim, eps=1e-6)
+        self.q, self.k, self.v, self.o = (torch.nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def _heads(self, h: torch.Tensor, linear: torch.nn.Module, norm: torch.nn.Module | None) -> torch.Tensor:
+        t = linear(h).view(h.shape[0], h.shape[1], self.heads, self.head_dim)
+        if norm is None:
+            return t.transpose(1, 2)
+        return norm(t.transpose(1, 2)) if self.heads_first else norm(t).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        q, k, v = self._heads(h, self.q, self.q_norm), self._heads(h, self.k, self.k_norm), self._heads(h, self.v, None)
+        scores = q @ k.transpose(-1, -2) / self.head_dim ** 0.5 + mask
+        out = (torch.softmax(scores, -1) @ v).transpose(1, 2).reshape(x.shape)
+        return x + self.o(out)
+
+
+def whole_norm_attention(
+    head_dim: int, tokens: int, *, heads_first: bool = False, dtype: torch.dtype = torch.float32, seed: int = 0,
+) -> tuple[torch.nn.Module, tuple]:
+    """A :class:`WholeNormAttention` of 4 heads (2 at a head dim of 128) with random seeded weights, its
+    norm weights jittered, and its inputs: hidden states of ``tokens`` tokens and the additive causal mask."""
+    from edgefuse.inputs.models import jitter_norm_weights
+
+    dim = 4 * head_dim if head_dim < 128 else 2 * head_dim
+    torch.manual_seed(seed)
+    module = WholeNormAttention(dim, head_dim, heads_first)
+    gen = torch.Generator().manual_seed(seed)
+    jitter_norm_weights(module, gen)
+    hidden = torch.randn((1, tokens, dim), generator=gen)
+    mask = torch.full((tokens, tokens), MASKED).triu(1)
+    return module.eval().to(dtype), (hidden.to(dtype), mask.to(dtype))

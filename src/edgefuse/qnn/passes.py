@@ -9,7 +9,9 @@ arguments it passes (``quantization_capture``, ``edge_program``, ...). :func:`pa
 below in the stock ones' place for the length of a block, wherever a QNN module refers to them:
 
 - :class:`QnnRecomposeRmsNorm` rebuilds norms with :func:`edgefuse.recompose_rms_norm` under the ``qnn``
-  profile. It is an ``ExportedProgramPassBase``, so ``to_edge_transform_and_lower`` hands it the edge
+  profile of the SoC's HTP generation (:func:`edgefuse.qnn.socs.qnn_profile`), then holds every
+  ``rms_norm`` of the graph to that profile's limits (:func:`edgefuse.core.legalize.legalize_rms_norm`),
+  so a norm the model writes whole gets the remedy a rebuilt one gets. It is an ``ExportedProgramPassBase``, so ``to_edge_transform_and_lower`` hands it the edge
   program and it can tell lifted parameters from inputs; called on a graph module (the pass manager's own
   ``transform_for_to_edge_pipeline``), it reads the ``edge_program`` it was built with when that program
   holds the graph.
@@ -34,7 +36,9 @@ from torch.export import ExportedProgram
 from torch.fx import GraphModule
 from torch.fx.passes.infra.pass_base import PassResult
 
+from edgefuse.core.legalize import Legalized, legalize_rms_norm
 from edgefuse.core.passes import RecomposeRmsNorm, RemoveRedundantCasts
+from edgefuse.core.profiles import BackendProfile
 from edgefuse.core.recompose import Decision
 
 #: The package whose modules refer to the stock passes, and the modules that define them.
@@ -59,21 +63,26 @@ class PassRun:
     """One run of an edgefuse pass inside a QNN pipeline.
 
     ``pipeline`` is ``"annotation"`` (a captured graph about to be quantized) or ``"to_edge"``;
-    ``decisions`` are the norm decisions of a recomposition, ``removed`` the nodes a cast removal removed.
+    ``decisions`` are the norm decisions of a recomposition and ``legalized`` what the profile's limits
+    did to each ``rms_norm`` after it; ``removed`` the nodes a cast removal removed.
     """
 
     pipeline: str
     name: str
     decisions: tuple[Decision, ...] = ()
     removed: tuple[str, ...] = ()
+    legalized: tuple[Legalized, ...] = ()
 
 
 @dataclass
 class QnnPatch:
-    """What :func:`patched` swapped in, and every run of those passes while the block ran."""
+    """What :func:`patched` swapped in, the profile its passes hold norms to (``note`` says which
+    generation's limits it holds), and every run of those passes while the block ran."""
 
     recompose: type
     remove_redundancy: type
+    profile: BackendProfile | str = "qnn"
+    note: str = ""
     runs: list[PassRun] = field(default_factory=list)
 
     @property
@@ -81,13 +90,20 @@ class QnnPatch:
         """The norm decisions of every recomposition run, in order."""
         return [d for run in self.runs for d in run.decisions]
 
+    @property
+    def legalized(self) -> list[Legalized]:
+        """What the limits did to each ``rms_norm`` in every run, in order."""
+        return [n for run in self.runs for n in run.legalized]
+
 
 def _pipeline(quantization_capture: bool) -> str:
     return "annotation" if quantization_capture else "to_edge"
 
 
 class QnnRecomposeRmsNorm(RecomposeRmsNorm):
-    """edgefuse's recomposition as a QNN pass: the ``qnn`` profile, and the program wherever weights are lifted.
+    """edgefuse's recomposition as a QNN pass, then every ``rms_norm`` held to the profile's limits: the
+    ``qnn`` profile (a subclass made by :func:`patched` holds its SoC's), and the program wherever weights
+    are lifted.
 
     Its ``__init__`` takes the keywords ``QnnPassManager`` passes by name; a subclass made by
     :func:`patched` records each run in its :class:`QnnPatch`.
@@ -96,17 +112,24 @@ class QnnRecomposeRmsNorm(RecomposeRmsNorm):
     patch: QnnPatch | None = None
 
     def __init__(self, quantization_capture: bool = False, edge_program: ExportedProgram | None = None):
-        super().__init__(backend="qnn", quantization_capture=bool(quantization_capture))
+        profile = self.patch.profile if self.patch is not None else "qnn"
+        super().__init__(backend=profile, quantization_capture=bool(quantization_capture))
         self.edge_program = edge_program
+        self.legalized: list[Legalized] = []
 
     def _run(self, target: ExportedProgram | GraphModule) -> bool:
         program = self.edge_program
         if isinstance(target, GraphModule) and program is not None and program.graph_module is target:
             target = program  # the pass manager hands over the program's own graph: read its signature
         changed = super()._run(target)
+        held = legalize_rms_norm(target, backend=self.backend, quantization_capture=self.quantization_capture)
+        self.legalized = held.norms
         if self.patch is not None:
-            self.patch.runs.append(PassRun(_pipeline(self.quantization_capture), "RecomposeRmsNorm", tuple(self.decisions)))
-        return changed
+            self.patch.runs.append(PassRun(
+                _pipeline(self.quantization_capture), "RecomposeRmsNorm", tuple(self.decisions),
+                legalized=tuple(self.legalized),
+            ))
+        return changed or bool(held.viewed)
 
 
 def _stock_remove_redundancy():
@@ -175,8 +198,11 @@ def _referring_modules(values: dict[str, object]) -> list[tuple[object, str, obj
 
 
 @contextlib.contextmanager
-def patched() -> Iterator[QnnPatch]:
+def patched(soc: str | None = None) -> Iterator[QnnPatch]:
     """Within the block, ExecuTorch's QNN pipelines run edgefuse's recomposition and cast removal.
+
+    The norms are held to the limits measured on the HTP generation of ``soc``; with no SoC, or one of a
+    generation not measured, to every limit measured on any generation (``QnnPatch.note`` says which).
 
     Every QNN module that refers to the stock ``RecomposeRmsNorm`` or ``RemoveRedundancy`` refers to
     edgefuse's while the block runs, and to the stock ones again afterwards, also when the block raises.
@@ -191,11 +217,14 @@ def patched() -> Iterator[QnnPatch]:
     each records its own runs, and when one ends QNN's modules get the classes of the newest block still
     open, or the stock ones when none is.
     """
+    from edgefuse.qnn.socs import qnn_profile
+
+    profile, note = qnn_profile(soc)
     for module in _USERS:
         importlib.import_module(module)
     with _LOCK:
         current = {name: getattr(importlib.import_module(_USERS[0]), name) for name in _STOCK}
-        patch = QnnPatch(recompose=None, remove_redundancy=None)  # type: ignore[arg-type]
+        patch = QnnPatch(recompose=None, remove_redundancy=None, profile=profile, note=note)  # type: ignore[arg-type]
         patch.recompose = type("RecomposeRmsNorm", (QnnRecomposeRmsNorm,), {"patch": patch, "__module__": __name__})
         patch.remove_redundancy = type(
             "RemoveRedundancy", (QnnRemoveRedundancy,), {"patch": patch, "__module__": __name__}

@@ -4,8 +4,8 @@ For a quantized precision the model is captured, annotated by the released ``Qnn
 annotation pipeline runs the passes), calibrated and converted (``prepare_pt2e``/``convert_pt2e``);
 then, for every precision, ``to_edge_transform_and_lower_to_qnn`` exports it, runs QNN's export and
 to_edge passes and partitions and compiles it for the HTP of ``soc``. With ``recompose="edgefuse"`` all
-of this runs inside :func:`edgefuse.qnn.patched`; with ``"stock"`` the released flow runs untouched, for
-comparison.
+of this runs inside :func:`edgefuse.qnn.patched` for that SoC, so every norm is held to the limits
+measured on its HTP generation; with ``"stock"`` the released flow runs untouched, for comparison.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from edgefuse.qnn.emulator import to_pte
 from edgefuse.qnn.sdk import QnnSdkUnavailable, ensure_in_process
 from edgefuse.qnn.graphs import QnnGraphs, qnn_graphs, recording_compiled_graphs
 from edgefuse.qnn.passes import PassRun, patched
+from edgefuse.qnn.socs import soc_problem
+from edgefuse.core.legalize import Legalized
 from edgefuse.core.recompose import Decision
 
 #: The precisions :func:`lower` compiles for: HTP float16, or the ``QuantDtype`` of ``QnnQuantizer``.
@@ -47,7 +49,8 @@ class QnnLowered:
     """A model lowered by ExecuTorch's QNN flow.
 
     ``edge`` is the lowered ``EdgeProgramManager``; ``decisions`` the norm decisions of every edgefuse
-    pass run (``runs`` says which pipeline ran each; both empty for ``recompose="stock"``); ``graphs`` what
+    pass run and ``legalized`` what the SoC's limits did to each ``rms_norm`` (``limits`` says which
+    generation's; ``runs`` says which pipeline ran each; all empty for ``recompose="stock"``); ``graphs`` what
     QNN built (:class:`~edgefuse.qnn.graphs.QnnGraphs`). ``reference`` is what the program is compared
     with: the eager model for ``fp16``, the converted (fake-quantized) program run in eager for the
     quantized precisions; ``calibration`` the inputs it was calibrated on.
@@ -64,6 +67,8 @@ class QnnLowered:
     reference: torch.nn.Module
     example_inputs: tuple
     calibration: list[tuple] = field(default_factory=list)
+    legalized: list[Legalized] = field(default_factory=list)
+    limits: str = ""
 
     @property
     def quantized(self) -> bool:
@@ -107,7 +112,8 @@ def lower(
     ``calibration`` holds the input tuples a quantized precision is calibrated on (default: the example
     inputs alone). Raises :class:`QnnLoweringFailed` with QNN's reason when QNN cannot lower the model,
     :class:`QnnLibrariesMissing` when the QNN libraries are not set up, ``ValueError`` for an unknown
-    precision, SoC or recompose.
+    precision, SoC or recompose; a precision QNN was measured not to compile for ``soc``
+    (:func:`edgefuse.qnn.socs.soc_problem`) raises :class:`QnnLoweringFailed` before any work.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
@@ -115,8 +121,11 @@ def lower(
         raise ValueError(f"unknown recompose {recompose!r}: choose one of {', '.join(RECOMPOSE)}")
     example_inputs = tuple(example_inputs)
     specs = compiler_specs(soc, precision)
+    refused = soc_problem(soc, precision)
+    if refused is not None:
+        raise QnnLoweringFailed(refused)
     ensure_in_process()
-    swap = patched() if recompose == "edgefuse" else contextlib.nullcontext(None)
+    swap = patched(soc) if recompose == "edgefuse" else contextlib.nullcontext(None)
     with swap as patch, recording_compiled_graphs() as compiled:
         calibrated: list[tuple] = []
         reference: torch.nn.Module = model
@@ -129,7 +138,8 @@ def lower(
     decisions = [d for run in runs for d in run.decisions]
     return QnnLowered(
         edge, decisions, qnn_graphs(edge, compiled, decisions), runs, soc, precision, recompose, specs,
-        reference, example_inputs, calibrated,
+        reference, example_inputs, calibrated, [n for run in runs for n in run.legalized],
+        patch.note if patch is not None else "",
     )
 
 

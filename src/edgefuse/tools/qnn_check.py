@@ -3,10 +3,13 @@
 ``python -m edgefuse.tools.qnn_check [--models NAME,...] [--precisions fp16,16a8w] [--soc SM8650] [--markdown]``
 
 For each model (:data:`edgefuse.inputs.qnn_models.QNN_MODEL_NAMES`: ExecuTorch's own Llama whole, with and
-without QK norms, head dims 32 and 64; one decoder layer of tiny Llama, Qwen3, Gemma3, OLMo2 and T5) and
+without QK norms, head dims 32 and 64; one decoder layer of tiny Llama, Qwen3, Gemma3, OLMo2 and T5; an
+attention block whose norms are whole ``nn.RMSNorm``, prefilling 16 and 128 tokens at head dims 32, 64
+and 128) and
 each precision, the model is lowered for the SoC with edgefuse's recomposition and with the stock one
 (:mod:`edgefuse.compare.qnn_flows`), each ``.pte`` runs on the x86 HTP emulator, and one row per flow says: the
-norms edgefuse found and rebuilt, the QNN RmsNorm ops in the compiled program, whether QNN lowered it
+norms edgefuse found and rebuilt, the norms (rebuilt or written whole) it normalized on a ``[1, rows, D]``
+view for a limit of the SoC's HTP generation, the QNN RmsNorm ops in the compiled program, whether QNN lowered it
 (or the exception it raised), the max error against the reference (eager for fp16; the fake-quantized
 module for quantized programs, with float eager beside it as information) and the tolerance. Each
 program runs once more after the other flow's program ran on other values; a result marked ``varies``
@@ -35,8 +38,8 @@ from edgefuse.inputs.qnn_models import QNN_MODEL_NAMES
 
 PRECISIONS = ("fp16", "16a8w")
 PROG = "python -m edgefuse.tools.qnn_check"
-HEADER = ("model", "precision", "flow", "norms", "rebuilt", "RmsNorm", "max err", "allowed", "vs float", "result",
-          "lowered")
+HEADER = ("model", "precision", "flow", "norms", "rebuilt", "viewed", "RmsNorm", "max err", "allowed", "vs float",
+          "result", "lowered")
 
 
 def check(name: str, precision: str, soc: str, say) -> tuple[list[list[str]], list[str]]:
@@ -80,6 +83,7 @@ def _row(name: str, precision: str, program, passed: bool | None) -> list[str]:
         name, precision, program.how,
         str(program.found) if program.how == "edgefuse" and program.lowered_ok else "-",
         str(program.rebuilt) if program.how == "edgefuse" and program.lowered_ok else "-",
+        str(program.viewed) if program.how == "edgefuse" and program.lowered_ok else "-",
         str(program.rms_norms) if program.lowered_ok else "-",
         _number(program.error) if program.ran else ("did not run" if program.lowered_ok else "-"),
         _number(program.allowed) if program.ran else "-",
@@ -132,11 +136,11 @@ def _main(argv: list[str] | None) -> int:
     if bad:
         print(f"unknown precisions {', '.join(bad)}; choose from fp16, 16a8w, 16a16w, 8a8w", file=sys.stderr)
         return USAGE
-    from edgefuse.qnn.socs import qnn_socs
+    from edgefuse.qnn.socs import soc_problem
 
-    known = qnn_socs()
-    if known and args.soc not in known:
-        print(f"--soc {args.soc}: ExecuTorch's QNN backend knows {', '.join(known)}", file=sys.stderr)
+    problems = [p for p in dict.fromkeys(soc_problem(args.soc, precision) for precision in precisions) if p]
+    if problems:
+        print("\n".join(problems), file=sys.stderr)
         return USAGE
 
     import torch

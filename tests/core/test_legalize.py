@@ -1,0 +1,173 @@
+"""Whole norms held to a profile's shape limits (``legalize_rms_norm``): each ``rms_norm`` a graph holds is
+kept, normalized on a ``[1, rows, D]`` view of its input and viewed back, or left with the reason.
+
+A view changes no value, so a viewed norm must give eager's output bit for bit, in the dtype and layout the
+graph had.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.export import export
+
+from executorch.exir import to_edge
+
+import edgefuse
+from edgefuse.core.legalize import KEPT, LEFT, VIEWED, legalize_rms_norm
+from edgefuse.core.profiles import FLOAT, PROFILES, Generation, ShapeLimit
+
+from tests.harness import rms_norm_nodes
+
+LAYOUT, RANK = "htp-fp16-rms-norm-layout", "htp-rms-norm-rank"
+MODES = ("capture", "edge")
+
+
+def _graph(module, inputs, mode, dynamic_shapes=None):
+    """The captured graph, or the edge program with its ``rms_norm`` kept whole, as QNN's partitioner keeps it."""
+    program = export(module, inputs, dynamic_shapes=dynamic_shapes)
+    if mode == "capture":
+        return program.module()
+    config = edgefuse.edge_compile_config(preserve_ops=[torch.ops.aten.rms_norm.default])
+    return to_edge(program, compile_config=config).exported_program()
+
+
+def _run(target, inputs):
+    return (target if isinstance(target, torch.fx.GraphModule) else target.module())(*inputs)
+
+
+def _x(shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).mul(2).to(dtype)
+
+
+def _without_limits():
+    return dataclasses.replace(PROFILES["qnn"], limits=())
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", [(1, 16, 4, 32), (2, 4, 16, 64), (3, 16, 128)])
+def test_a_whole_norm_a_limit_covers_is_normalized_on_its_rows_and_viewed_back(mode, shape):
+    module, inputs = nn.RMSNorm(shape[-1], eps=1e-6).eval(), (_x(shape, torch.float16),)
+    module.to(torch.float16)
+    target = _graph(module, inputs, mode)
+    before = _run(target, inputs)
+    [held] = legalize_rms_norm(target, backend="qnn").norms
+    assert (held.action, held.limit, held.shape) == (VIEWED, LAYOUT, shape)
+    assert "normalized on a [1, " in held.reason and LAYOUT in held.reason
+    gm = target if mode == "capture" else target.graph_module
+    [node] = rms_norm_nodes(gm)
+    assert list(node.args[0].args[1]) == [1, shape[0] * shape[1] * (shape[2] if len(shape) == 4 else 1), shape[-1]]
+    [user] = node.users
+    assert list(user.args[1]) == list(shape) and user.meta["val"].stride() == before.stride()
+    after = _run(target, inputs)
+    assert after.dtype == before.dtype and after.stride() == before.stride() and torch.equal(after, before)
+    # the rule removed: the same norm is kept as written
+    [kept] = legalize_rms_norm(_graph(module, inputs, mode), backend=_without_limits()).norms
+    assert kept.action == KEPT
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("shape", [(1, 64, 32), (64, 32), (1, 1, 16, 64)])
+def test_a_norm_no_limit_covers_is_kept_and_the_graph_is_unchanged(mode, shape):
+    target = _graph(nn.RMSNorm(shape[-1]).eval(), (_x(shape),), mode)
+    gm = target if mode == "capture" else target.graph_module
+    code = gm.code
+    [held] = legalize_rms_norm(target, backend="qnn").norms
+    assert held.action == KEPT and held.limit is None
+    assert held.reason == f"no limit of qnn covers {list(shape)} in {FLOAT}"
+    assert gm.code == code
+
+
+class Transposed(nn.Module):
+    """A norm over a transposed input: no ``[1, rows, D]`` view of it exists."""
+
+    def forward(self, x):
+        return F.rms_norm(x.transpose(1, 2), (32,), None, 1e-6)
+
+
+def test_a_covered_norm_of_a_non_contiguous_input_is_left_with_the_reason():
+    target = _graph(Transposed(), (_x((2, 16, 4, 32)),), "capture")
+    [held] = legalize_rms_norm(target, backend="qnn").norms
+    assert held.action == LEFT and held.limit == LAYOUT
+    assert held.reason.endswith("and this input is not contiguous, so it has no [1, rows, D] view")
+
+
+def test_a_covered_norm_whose_rows_are_not_known_when_built_is_left():
+    batch = torch.export.Dim("batch", min=2, max=8)
+    target = _graph(nn.RMSNorm(32).eval(), (_x((2, 16, 32)),), "capture", dynamic_shapes=({0: batch},))
+    [held] = legalize_rms_norm(target, backend="qnn").norms
+    assert held.action == LEFT and held.reason.endswith("the rows of this one are not known when the program is built")
+
+
+def test_a_limit_whose_remedy_is_leave_leaves_a_whole_norm_with_its_reason():
+    leave = ShapeLimit("test-leave", frozenset({3}), None, 2, frozenset({FLOAT}), "leave", "a measurement")
+    profile = dataclasses.replace(PROFILES["qnn"], limits=(leave,))
+    [held] = legalize_rms_norm(_graph(nn.RMSNorm(32).eval(), (_x((2, 16, 32)),), "capture"), backend=profile).norms
+    assert held.action == LEFT and "its remedy is 'leave'" in held.reason
+
+
+def test_during_quantization_capture_only_quantized_limits_hold():
+    float_layout = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
+    [held] = legalize_rms_norm(float_layout, backend="qnn", quantization_capture=True).norms
+    assert held.action == KEPT
+    rank5 = _graph(nn.RMSNorm(64).eval(), (_x((1, 2, 4, 4, 64)),), "capture")
+    [held] = legalize_rms_norm(rank5, backend="qnn", quantization_capture=True).norms
+    assert (held.action, held.limit) == (VIEWED, RANK)
+
+
+class Dequantized(nn.Module):
+    """A norm of a dequantized tensor, as a converted (fake-quantized) graph holds it."""
+
+    def forward(self, x):
+        d = torch.ops.quantized_decomposed.dequantize_per_tensor(x, 0.01, 0, -32768, 32767, torch.int16)
+        return F.rms_norm(d, (64,), None, 1e-6)
+
+
+def test_a_norm_quantized_already_is_held_to_the_quantized_limits_and_never_viewed():
+    xq = torch.randint(-100, 100, (1, 2, 4, 4, 64), dtype=torch.int16)
+    target = _graph(Dequantized(), (xq,), "capture")
+    [held] = legalize_rms_norm(target, backend="qnn").norms
+    assert held.action == LEFT and held.limit == RANK
+    assert "it is quantized already" in held.reason
+    xq = torch.randint(-100, 100, (1, 16, 64), dtype=torch.int16)
+    [held] = legalize_rms_norm(_graph(Dequantized(), (xq,), "capture"), backend="qnn").norms
+    assert held.action == KEPT
+
+
+class QkNorm(nn.Module):
+    """A decomposed norm the recomposition rebuilds, beside a whole one."""
+
+    def __init__(self):
+        super().__init__()
+        self.whole = nn.RMSNorm(32, eps=1e-6)
+
+    def forward(self, x, y):
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return h, self.whole(y)
+
+
+def test_after_the_recomposition_a_rebuilt_norm_is_kept_and_a_whole_one_viewed():
+    x, y = _x((1, 16, 4, 32)), _x((1, 16, 4, 32), torch.float32)
+    target = _graph(QkNorm().eval(), (x, y), "edge")
+    edgefuse.recompose_rms_norm(target, backend="qnn")  # rebuilt on its rows: the view is the limit's
+    held = legalize_rms_norm(target, backend="qnn").norms
+    assert [n.action for n in held] == [KEPT, VIEWED]
+    assert held[1].node == "aten_rms_norm_default"
+
+
+def test_a_generation_holds_the_limits_measured_on_it_and_an_unmeasured_one_every_limit():
+    qnn = PROFILES["qnn"]
+    assert {g.name for g in qnn.generations} >= {"V69", "V73", "V75", "V79", "V81"}
+    assert qnn.for_generation("V75").limits == qnn.limits
+    assert qnn.for_generation("V99").limits == qnn.limits and qnn.for_generation(None).limits == qnn.limits
+    names = frozenset({LAYOUT, RANK})
+    only_rank = dataclasses.replace(qnn, generations=(Generation("V75", ("SM8650",), names, frozenset({RANK})),))
+    assert [l.name for l in only_rank.for_generation("V75").limits] == [RANK]
+    # a limit not measured on a generation is held there
+    unmeasured = dataclasses.replace(qnn, generations=(Generation("V75", ("SM8650",), frozenset({LAYOUT}), frozenset()),))
+    assert [l.name for l in unmeasured.for_generation("V75").limits] == [RANK]
+    assert [l.name for l in only_rank.for_generation("V79").limits] == [LAYOUT, RANK]
