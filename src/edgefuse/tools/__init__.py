@@ -20,6 +20,7 @@ TOOLS = {
     "pass_time": "timing edgefuse's recomposition beside ExecuTorch's QNN passes",
     "pt2_ops": "listing the operators a .pt2 may call, from this torch's schemas",
     "qnn_check": "lowering the QNN model table stock and with edgefuse",
+    "qnn_sweep": "measuring QNN's RmsNorm over a plan of shapes on the HTP emulator",
     "quant": "measuring the quantized flows' tables",
     "xnnpack_bench": "timing stock against edgefuse XNNPACK programs on mean and RMSNorm workloads",
 }
