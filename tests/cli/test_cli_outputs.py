@@ -102,7 +102,7 @@ def test_report_map_lowers_the_export_the_report_read_and_leaves_it_unchanged(wo
     assert (program.graph_module.code, str(program.graph_signature), dict(program.constants)) == before[:3]
     assert program.state_dict.keys() == before[3].keys()
     assert all(torch.equal(program.state_dict[k], v) for k, v in before[3].items())
-    # a folded weight stays in the edge program, a constant a delegate takes stays in this one: tests/cli/test_programs.py
+    # a folded weight stays in the edge program, a constant a delegate takes stays in this one: tests/core/test_programs.py
 
     exports.clear()
     path = workdir / f"report-{stage}.svg"

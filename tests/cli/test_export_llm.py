@@ -196,7 +196,7 @@ def test_an_export_writes_the_pte_and_hydras_record_in_the_output_folder_and_not
 ):
     """Run in a working folder of its own, with the model's files in a third: hydra's record and job log
     are beside the .pte, and no other file changes."""
-    from tests.cli.test_export_llm_config import snapshot
+    from tests.llm.test_config_check import snapshot
 
     directory, params, checkpoint = small_llama
     (tmp_path / "work").mkdir()
