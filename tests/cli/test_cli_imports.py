@@ -72,6 +72,7 @@ def test_no_name_a_package_imports_on_first_use_is_also_its_submodule(package):
 
 
 @pytest.mark.parametrize("command", ["edgefuse.tools.xnnpack_bench", "edgefuse.tools.check_models", "edgefuse.fuzz"])
+@pytest.mark.slow
 def test_the_module_commands_say_nothing_on_stderr_as_they_import(command):
     """torchao logs two "Failed to load" lines and torch's pytree a deprecation as they are imported;
     a command run with ``python -m`` silences them before its package or its own imports load them."""

@@ -21,6 +21,8 @@ from edgefuse.inputs.modelspec import resolve  # noqa: E402
 from edgefuse.compare.report import build_report, schema  # noqa: E402
 from tests.cli.command_runs import SVG, run  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 # --- the machine form (subprocess) ----------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ from edgefuse.compare import qnn_flows
 from edgefuse.inputs.errors import CHECK_FAILED, OK, USAGE
 from tests.cli.command_runs import MODELS_PY as COMMAND_MODELS_PY
 
+pytestmark = pytest.mark.slow
+
 #: The command tests' models (Hugging Face Llama's norm ``Norm`` among them), a Linear -> norm -> Linear
 #: block, and a model QNN cannot compile: a whole transformers Llama, whose mask code becomes a QNN graph
 #: with no input ("No graph inputs present for graph [0]").
