@@ -429,7 +429,10 @@ def test_the_names_people_type_work_after_import_edgefuse_without_importing_exec
         except AttributeError as error:
             missing = str(error)
         print(json.dumps({"loaded": loaded, "kinds": kinds, "names": names, "missing": missing,
-                          "dir": sorted(set(public) - set(dir(edgefuse)))}))
+                          "dir": sorted(set(public) - set(dir(edgefuse))),
+                          "all": {name: getattr(edgefuse, name) is not None for name in edgefuse.__all__},
+                          "public": edgefuse.recompose_rms_norm.__module__,
+                          "config": type(edgefuse.edge_compile_config()).__name__}))
         """
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
@@ -449,6 +452,9 @@ def test_the_names_people_type_work_after_import_edgefuse_without_importing_exec
     }
     assert data["missing"] == "module 'edgefuse' has no attribute 'no_such_name'"
     assert data["dir"] == []
+    assert set(data["all"]) >= {"recompose_rms_norm", "edge_compile_config", "Decision", "PROFILES"}
+    assert all(data["all"].values())
+    assert data["public"] == "edgefuse.core.recompose" and data["config"] == "EdgeCompileConfig"
 
 
 def test_each_entry_point_of_the_slow_tier_fails_a_test_without_the_slow_marker():

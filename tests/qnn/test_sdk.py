@@ -452,6 +452,7 @@ def test_a_planted_library_in_a_root_others_can_write_is_not_loaded(planted_libr
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_lower_with_a_planted_qnn_sdk_root_exits_2_and_loads_nothing(planted_library, tmp_path):
     """The command a user runs, with ``QNN_SDK_ROOT`` at a group-writable folder holding a planted
     library: exit 2 (refused input) naming the folder, the library never loaded, nothing written."""
