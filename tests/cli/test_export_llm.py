@@ -153,6 +153,7 @@ def test_an_option_export_llm_does_not_take_exits_2_before_exporting(tmp_path, c
     assert code == USAGE and "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_failure_inside_edgefuses_lowering_is_an_internal_error_with_nothing_left_swapped(
     small_llama, tmp_path, capsys, monkeypatch
 ):

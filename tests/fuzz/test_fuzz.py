@@ -576,6 +576,7 @@ def test_the_xnnpack_check_reports_a_pte_that_computes_something_else(monkeypatc
     assert _kinds([result]) == {"xnnpack-mismatch"} and len(calls) == 2
 
 
+@pytest.mark.slow
 def test_the_xnnpack_check_reports_a_lowering_that_raises(monkeypatch):
     def broken(program, **kwargs):
         raise RuntimeError("injected")
