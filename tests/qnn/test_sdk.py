@@ -198,6 +198,7 @@ def test_the_libraries_are_loaded_where_executorch_opens_them_by_name(qnn_sdk):
         ctypes.CDLL(name, mode=os.RTLD_LOCAL | os.RTLD_NOW | os.RTLD_NOLOAD)  # raises if not loaded
 
 
+@pytest.mark.slow
 def test_the_wrapper_built_from_this_source_passes_the_self_check(pinned_libraries, tmp_path):
     """The C source as it is now, compiled against the set-up's real QNN libraries: one RmsNorm
     compiles on QNN and matches eager on the emulator (a wrapper that passed ExecuTorch's configs on
