@@ -140,6 +140,7 @@ def _linked_layout(source: Path):
     return lay_out, build_wrapper
 
 
+@pytest.mark.slow
 def test_without_the_wrapper_the_self_check_fails_with_qnns_log(edgefuse_sdk, monkeypatch, tmp_path, capsys):
     """QNN 2.51's own libQnnHtp.so, given ExecuTorch 1.5.1's device config, cannot create the HTP
     device: ``edgefuse qnn setup`` exits with 3 and QNN's own error lines, and leaves nothing behind."""
