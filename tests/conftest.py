@@ -1,19 +1,29 @@
-"""Marks each test with its layer, the folder it lives in, so one layer runs alone.
+"""Marks each test with its layer, the folder it lives in, so one layer runs alone; keeps the ``slow``
+marker true.
 
 ``python -m pytest -m core`` (or ``python -m pytest tests/core``) runs the rewriting core's tests alone, and
 ``python -m pytest -m rules`` only its numbered rules' tests (``tests/core/test_rule*.py``, well under a minute);
-the other layers are ``xnnpack``, ``quant``, ``qnn``, ``llm``, ``runtime``, ``console``, ``tools``, ``cli`` and
-``fuzz``. ``tests`` is a package, so the shared helpers are imported by their full name (``from tests.harness
-import ...``) wherever a test file lives; pytest puts the repository root on ``sys.path`` for it.
+the other layers are ``runtime``, ``quant``, ``xnnpack``, ``qnn``, ``llm``, ``inputs``, ``compare``, ``console``, ``tools``,
+``cli`` and ``fuzz``. ``tests`` is a package, so the shared helpers are imported by their full name
+(``from tests.harness import ...``) wherever a test file lives; pytest puts the repository root on ``sys.path``
+for it.
+
+``slow`` marks the tests that lower a program (to a backend or to a ``.pte``), run a ``.pte`` (QNN's
+emulator included), export an LLM (which lowers) or start the edgefuse command in a new process;
+``python -m pytest -m "not slow"`` is the fast tier. While a test without the marker runs, those entry
+points raise `SlowCall`, and the test fails naming the call even when the code under test catches it.
 """
 
 from __future__ import annotations
 
+import functools
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-LAYERS = ("core", "xnnpack", "quant", "qnn", "llm", "runtime", "console", "tools", "cli", "fuzz")
+LAYERS = ("core", "runtime", "quant", "xnnpack", "qnn", "llm", "inputs", "compare", "console", "tools", "cli", "fuzz")
 
 _HERE = Path(__file__).parent
 
@@ -25,3 +35,101 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(getattr(pytest.mark, parts[0]))
         if parts[0] == "core" and parts[-1].startswith("test_rule"):
             item.add_marker(pytest.mark.rules)
+
+
+class SlowCall(AssertionError):
+    """A test without the ``slow`` marker reached an entry point of the slow tier."""
+
+
+#: The test running now, and the slow calls it made without the marker (read when its report is made).
+_running: pytest.Item | None = None
+SLOW_CALLS: list[str] = []
+
+
+def _check(what: str) -> None:
+    if _running is not None and _running.get_closest_marker("slow") is None:
+        SLOW_CALLS.append(what)
+        raise SlowCall(f"{_running.nodeid} {what} and has no slow marker")
+
+
+def _guarded(original, what: str):
+    @functools.wraps(original)
+    def call(*args, **kwargs):
+        _check(what)
+        return original(*args, **kwargs)
+
+    return call
+
+
+def _starts_edgefuse(args) -> bool:
+    """Whether a new process's command line is the edgefuse command or one of its ``python -m`` modules."""
+    argv = [str(arg) for arg in ([args] if isinstance(args, (str, Path)) else args)]
+    if argv and Path(argv[0].split()[0]).name == "edgefuse":
+        return True
+    return any(flag == "-m" and module.split(".")[0] == "edgefuse" for flag, module in zip(argv, argv[1:]))
+
+
+def _guard_spawn(original):
+    @functools.wraps(original)
+    def init(self, args, *rest, **kwargs):
+        if _starts_edgefuse(args):
+            _check("starts the edgefuse command in a new process")
+        return original(self, args, *rest, **kwargs)
+
+    return init
+
+
+def _entry_points() -> list[tuple[object, str, str]]:
+    """The entry points of the slow tier: (owner, attribute, what a call does). ExecuTorch's lowering is
+    caught as it starts partitioning (both of ``to_backend``'s paths over partitioners), and when a
+    lowered module is made by any other path."""
+    from executorch.exir.backend import backend_api
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+    from executorch.exir.program._program import EdgeProgramManager
+    from executorch.runtime import Runtime
+
+    return [
+        (backend_api, "_partition_and_lower", "lowers a program to a backend"),
+        (backend_api, "lower_all_submodules_to_backend", "lowers a program to a backend"),
+        (LoweredBackendModule, "__init__", "lowers a program to a backend"),
+        (EdgeProgramManager, "to_executorch", "makes a .pte program"),
+        (Runtime, "load_program", "loads a .pte in the runtime"),
+    ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _slow_entry_points_guarded():
+    """The slow tier's entry points wrapped by `_check` for the session."""
+    saved = []
+    for owner, name, what in _entry_points():
+        saved.append((owner, name, getattr(owner, name)))
+        setattr(owner, name, _guarded(getattr(owner, name), what))
+    saved.append((subprocess.Popen, "__init__", subprocess.Popen.__init__))
+    subprocess.Popen.__init__ = _guard_spawn(subprocess.Popen.__init__)
+    yield
+    for owner, name, original in reversed(saved):
+        setattr(owner, name, original)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    global _running
+    _running = item
+    try:
+        return (yield)
+    finally:
+        _running = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = yield
+    if SLOW_CALLS and report.when in ("setup", "call"):
+        calls, SLOW_CALLS[:] = "; ".join(dict.fromkeys(SLOW_CALLS)), []
+        message = f"{item.nodeid} {calls} and has no slow marker (tests/conftest.py)"
+        if report.failed:
+            report.sections.append(("slow calls", message))
+        else:
+            report.outcome = "failed"
+            report.longrepr = message
+    return report

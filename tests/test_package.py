@@ -429,7 +429,10 @@ def test_the_names_people_type_work_after_import_edgefuse_without_importing_exec
         except AttributeError as error:
             missing = str(error)
         print(json.dumps({"loaded": loaded, "kinds": kinds, "names": names, "missing": missing,
-                          "dir": sorted(set(public) - set(dir(edgefuse)))}))
+                          "dir": sorted(set(public) - set(dir(edgefuse))),
+                          "all": {name: getattr(edgefuse, name) is not None for name in edgefuse.__all__},
+                          "public": edgefuse.recompose_rms_norm.__module__,
+                          "config": type(edgefuse.edge_compile_config()).__name__}))
         """
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
@@ -449,3 +452,67 @@ def test_the_names_people_type_work_after_import_edgefuse_without_importing_exec
     }
     assert data["missing"] == "module 'edgefuse' has no attribute 'no_such_name'"
     assert data["dir"] == []
+    assert set(data["all"]) >= {"recompose_rms_norm", "edge_compile_config", "Decision", "PROFILES"}
+    assert all(data["all"].values())
+    assert data["public"] == "edgefuse.core.recompose" and data["config"] == "EdgeCompileConfig"
+
+
+def test_each_entry_point_of_the_slow_tier_fails_a_test_without_the_slow_marker():
+    """The fast tier (``-m "not slow"``) holds what the ``slow`` marker says: while a test without it runs
+    (this one), lowering, making a ``.pte``, loading one in the runtime and starting the edgefuse command
+    each raise `SlowCall` before they do anything, and are recorded for tests/conftest.py to fail the test;
+    a new Python process that is not the command is no slow call."""
+    from executorch.exir.backend import backend_api
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+    from executorch.exir.program._program import EdgeProgramManager
+    from executorch.runtime import Runtime
+
+    from tests.conftest import SLOW_CALLS, SlowCall
+
+    calls = [
+        lambda: backend_api._partition_and_lower(None, None, None),
+        lambda: backend_api.lower_all_submodules_to_backend("XnnpackBackend", {}, {}),
+        lambda: LoweredBackendModule(None, "XnnpackBackend", b"", []),
+        lambda: EdgeProgramManager.to_executorch(None),
+        lambda: Runtime.get().load_program(b""),
+        lambda: subprocess.run([sys.executable, "-m", "edgefuse", "--help"], capture_output=True),
+        lambda: subprocess.run([sys.executable, "-I", "-m", "edgefuse.tools.quant"], capture_output=True),
+        lambda: subprocess.Popen("edgefuse --help", shell=True),
+    ]
+    try:
+        for call in calls:
+            with pytest.raises(SlowCall, match="has no slow marker"):
+                call()
+        assert subprocess.run([sys.executable, "-c", "pass"]).returncode == 0
+        assert len(SLOW_CALLS) == len(calls), SLOW_CALLS
+    finally:
+        SLOW_CALLS.clear()
+
+
+@pytest.mark.slow  # a pytest run in a new process that imports ExecuTorch, as the command's cold start
+def test_a_slow_call_fails_its_test_even_when_caught_and_passes_under_the_marker(tmp_path):
+    """A test whose code catches the `SlowCall` still fails, naming the call; the same call under the
+    ``slow`` marker reaches ExecuTorch (a pytest run of two such tests with tests/conftest.py)."""
+    shutil.copy(ROOT / "tests" / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_calls.py").write_text(textwrap.dedent(
+        """
+        import pytest
+        from executorch.exir.program._program import EdgeProgramManager
+
+        def test_caught():
+            try:
+                EdgeProgramManager.to_executorch(None)
+            except Exception:
+                pass
+
+        @pytest.mark.slow
+        def test_marked():
+            with pytest.raises(AttributeError):
+                EdgeProgramManager.to_executorch(None)
+        """
+    ))
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W", "ignore", str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert "1 failed, 1 passed" in done.stdout, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "test_calls.py::test_caught makes a .pte program and has no slow marker" in done.stdout, done.stdout[-3000:]

@@ -12,6 +12,8 @@ from edgefuse.inputs.errors import OK, USAGE  # noqa: E402
 from edgefuse.inputs.models import MODEL_NAMES  # noqa: E402
 from tests.cli.command_runs import MODELS_PY, last_line, run, run_commands  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 # --- bad input, as a user meets it (subprocess) ---------------------------------------------------------
 

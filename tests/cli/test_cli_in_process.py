@@ -92,6 +92,7 @@ def test_report_of_a_saved_program_compares_with_that_program(workdir, capsys):
     assert len(set(errors.values())) == 1 and next(iter(errors.values())) > 0, errors
 
 
+@pytest.mark.slow
 def test_lower_and_bench_of_a_saved_program_name_that_program_as_the_reference(workdir, capsys):
     assert cli.main(["-q", "lower", str(workdir / "block.pt2"), "-o", str(workdir / "saved.pte")]) == OK
     out = capsys.readouterr().out
@@ -122,6 +123,7 @@ def test_report_says_a_model_without_float_weights_has_none(workdir, capsys):
     assert "models.py:rank7 (no float weights), edge stage, backend qnn: 1 norm\n" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_bench_alternates_and_prints_ratios(workdir, capsys):
     code = cli.main(["-q", "bench", f"{workdir / 'models.py'}:block", "--runs", "10", "--warmup", "1"])
     out = capsys.readouterr().out
@@ -137,6 +139,7 @@ def test_bench_alternates_and_prints_ratios(workdir, capsys):
     assert (ours - 0.05) / (stock + 0.05) - 0.005 <= ratio <= (ours + 0.05) / (stock - 0.05) + 0.005, rows
 
 
+@pytest.mark.slow
 def test_lower_exits_1_and_says_so_when_the_stock_program_fails_its_check(workdir, monkeypatch, capsys):
     import edgefuse.compare.pte_checks as flows
 
@@ -206,6 +209,7 @@ def test_bad_usage_in_process(workdir, capsys):
     assert exit_.value.code == USAGE
 
 
+@pytest.mark.slow
 def test_a_model_that_writes_its_input_or_a_buffer_is_compared_on_fresh_copies(workdir, capsys):
     # every run (eager, both programs, the .pte) sees the inputs and state the first one saw; the input
     # the .pte writes, which the runtime returns before the model's output, is not taken for an output

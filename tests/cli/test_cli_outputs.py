@@ -21,6 +21,8 @@ from edgefuse.inputs.modelspec import resolve  # noqa: E402
 from edgefuse.compare.report import build_report, schema  # noqa: E402
 from tests.cli.command_runs import SVG, run  # noqa: E402
 
+pytestmark = pytest.mark.slow
+
 
 # --- the machine form (subprocess) ----------------------------------------------------------------------
 
@@ -102,7 +104,7 @@ def test_report_map_lowers_the_export_the_report_read_and_leaves_it_unchanged(wo
     assert (program.graph_module.code, str(program.graph_signature), dict(program.constants)) == before[:3]
     assert program.state_dict.keys() == before[3].keys()
     assert all(torch.equal(program.state_dict[k], v) for k, v in before[3].items())
-    # a folded weight stays in the edge program, a constant a delegate takes stays in this one: tests/cli/test_programs.py
+    # a folded weight stays in the edge program, a constant a delegate takes stays in this one: tests/core/test_programs.py
 
     exports.clear()
     path = workdir / f"report-{stage}.svg"

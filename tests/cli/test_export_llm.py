@@ -153,6 +153,7 @@ def test_an_option_export_llm_does_not_take_exits_2_before_exporting(tmp_path, c
     assert code == USAGE and "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_failure_inside_edgefuses_lowering_is_an_internal_error_with_nothing_left_swapped(
     small_llama, tmp_path, capsys, monkeypatch
 ):
@@ -173,6 +174,7 @@ def test_a_failure_inside_edgefuses_lowering_is_an_internal_error_with_nothing_l
     assert ptes(tmp_path) == [] and nothing_swapped()
 
 
+@pytest.mark.slow
 def test_the_python_api_puts_everything_back_when_the_export_raises(small_llama, tmp_path, monkeypatch):
     from edgefuse.llm import export_llm
     from edgefuse.llm.eager import config_from_overrides
@@ -191,12 +193,13 @@ def test_the_python_api_puts_everything_back_when_the_export_raises(small_llama,
     assert ptes(tmp_path) == [] and nothing_swapped()
 
 
+@pytest.mark.slow
 def test_an_export_writes_the_pte_and_hydras_record_in_the_output_folder_and_nothing_elsewhere(
     small_llama, tmp_path, capsys
 ):
     """Run in a working folder of its own, with the model's files in a third: hydra's record and job log
     are beside the .pte, and no other file changes."""
-    from tests.cli.test_export_llm_config import snapshot
+    from tests.llm.test_config_check import snapshot
 
     directory, params, checkpoint = small_llama
     (tmp_path / "work").mkdir()
@@ -230,6 +233,7 @@ def llama_fp32_command(small_llama):
     return code, out.getvalue(), directory, arguments
 
 
+@pytest.mark.slow
 def test_export_llm_compare_prints_both_programs_side_by_side(llama_fp32_command):
     code, out, directory, _ = llama_fp32_command
     assert code == OK, out
@@ -247,6 +251,7 @@ def test_export_llm_compare_prints_both_programs_side_by_side(llama_fp32_command
     assert nothing_swapped()
 
 
+@pytest.mark.slow
 def test_float32_llama_of_export_llm_matches_eager_with_no_mean_outside(llama_fp32_command):
     from edgefuse.llm.eager import config_from_overrides
 
@@ -264,6 +269,7 @@ def test_float32_llama_of_export_llm_matches_eager_with_no_mean_outside(llama_fp
 @pytest.mark.parametrize(
     "name, stock_means, stock_casts, api", [("llama-bf16", 3, 20, True), ("qwen3-8da4w", 5, 0, False)]
 )
+@pytest.mark.slow
 def test_export_llm_keeps_means_and_casts_inside_and_matches_eager_as_stock_does(
     tmp_path_factory, name, stock_means, stock_casts, api
 ):
@@ -278,6 +284,7 @@ def test_export_llm_keeps_means_and_casts_inside_and_matches_eager_as_stock_does
     assert nothing_swapped()
 
 
+@pytest.mark.slow
 def test_bench_llm_prints_medians_ratios_and_the_thread_count(llama_fp32_command, capsys):
     _, _, directory, _ = llama_fp32_command
     stock, ours = str(directory / "llama.stock.pte"), str(directory / "llama.pte")
@@ -298,6 +305,7 @@ def test_bench_llm_prints_medians_ratios_and_the_thread_count(llama_fp32_command
     assert out[8].startswith("last decode step's logits, largest difference between the programs:")
 
 
+@pytest.mark.slow
 def test_bench_llm_says_when_the_context_is_too_short(llama_fp32_command, capsys):
     _, _, directory, _ = llama_fp32_command
     code = cli.main(["-q", "bench-llm", str(directory / "llama.stock.pte"), str(directory / "llama.pte"),
@@ -315,6 +323,7 @@ def test_bench_llm_refuses_runs_that_do_not_load_each_program_first_as_often_bef
 
 
 @pytest.mark.parametrize("recipe, model", [("PT2E_INT8_STATIC_PER_CHANNEL", "qwen3"), ("BF16", "llama")])
+@pytest.mark.slow
 def test_a_recipe_keeps_every_mean_inside_and_matches_stock_and_eager(recipe, model):
     """Static int8 on Qwen3: every norm's mean (the QK norms' over ``[B, T, H, D]`` too) reads a dequantized
     square. bfloat16 has no stock recipe: stock's FP32 recipe leaves bfloat16 on portable kernels."""

@@ -128,6 +128,7 @@ def test_the_fuzzer_writes_reproducers_into_a_private_folder_it_makes(tmp_path, 
     assert list(folder.glob("*.py")) and stat.S_IMODE(os.stat(folder).st_mode) & 0o077 == 0
 
 
+@pytest.mark.slow
 def test_the_demo_writes_nothing_through_a_planted_folder_or_symlink(planted):
     # The whole demo, as a user runs it, with TMPDIR where another user planted the old fixed folder.
     shared, folder, victim = planted
@@ -265,6 +266,7 @@ def test_lower_refuses_a_taken_default_map_name_before_lowering(kind, lower_run,
     assert untouched() and not (tmp_path / "out.pte").exists()
 
 
+@pytest.mark.slow
 def test_a_link_planted_at_the_default_map_name_while_lowering_is_not_written_through(lower_run, tmp_path, capsys):
     """The name checked free before lowering and taken by a link while it runs: the map is not written
     through the link (exit 2 saying so), the link's target is unchanged."""
@@ -281,6 +283,7 @@ def test_a_link_planted_at_the_default_map_name_while_lowering_is_not_written_th
     assert victim.read_text() == "the victim's file\n" and default.is_symlink()
 
 
+@pytest.mark.slow
 def test_lower_writes_its_default_map_as_a_new_file(lower_run, tmp_path):
     assert lower_run() == OK
     assert (tmp_path / "out.delegates.svg").read_text().startswith("<svg")

@@ -100,6 +100,7 @@ def test_argparse_rejects_an_unknown_precision_or_backend(argv, capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_missing_qnn_libraries_exit_3_naming_the_set_up_and_write_nothing(block, tmp_path):
     empty = tmp_path / "no-sdk"
     empty.mkdir()

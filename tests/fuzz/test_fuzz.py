@@ -60,6 +60,7 @@ def _first(predicate, seed=SEED, limit=3000) -> CaseSpec:
 # --- the seeded run CI makes --------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_seeded_run_has_no_mismatch_exception_or_rebuilt_near_miss():
     # What CI runs: 40 cases, edge modes on 8 of them, damaged variants of 2, the malformed set, and the
     # XNNPACK flow on 1 (one test, not a fixture shared by several, so that pytest-xdist runs it once).
@@ -560,6 +561,7 @@ def test_the_cached_op_list_does_not_change_the_edge_graph():
 # --- the XNNPACK sample -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_xnnpack_check_reports_a_pte_that_computes_something_else(monkeypatch):
     real = edgefuse.runtime.LoadedProgram.run
     calls = []
@@ -574,6 +576,7 @@ def test_the_xnnpack_check_reports_a_pte_that_computes_something_else(monkeypatc
     assert _kinds([result]) == {"xnnpack-mismatch"} and len(calls) == 2
 
 
+@pytest.mark.slow
 def test_the_xnnpack_check_reports_a_lowering_that_raises(monkeypatch):
     def broken(program, **kwargs):
         raise RuntimeError("injected")

@@ -181,6 +181,7 @@ def _within_4_gib_of_memory():
 
 
 @pytest.mark.parametrize("kind", ["a FIFO", "a character device"])
+@pytest.mark.slow
 def test_a_fifo_or_a_device_as_reproducer_exits_2_at_once(kind, tmp_path):
     """``edgefuse fuzz --replay`` on a FIFO (opening it waits for a writer) or ``/dev/zero`` (it never
     ends): exit 2 naming what it is, before a byte is read; no hang, no memory run out."""

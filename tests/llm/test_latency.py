@@ -1,6 +1,6 @@
 """Timing in runs (:mod:`edgefuse.llm.latency`): each run loads the programs afresh, the one loaded first
 alternating, and the runs' rounds are pooled. On stand-in programs and a stand-in clock, so what each run
-loads and times is known; the commands' tests run it on real programs (tests/cli/test_llm_latency.py,
+loads and times is known; the commands' tests run it on real programs (tests/tools/test_llm_latency.py,
 tests/cli/test_export_llm.py)."""
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from edgefuse.inputs.errors import INTERNAL, USAGE
 from edgefuse.tools.llm_qnn_check import CASES, check_case
 from edgefuse.llm.lowering import swapped
 
+pytestmark = pytest.mark.slow
+
 
 def ptes(directory) -> list[str]:
     return sorted(name for _, _, names in os.walk(directory) for name in names if ".pte" in name)

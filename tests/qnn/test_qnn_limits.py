@@ -21,7 +21,7 @@ from edgefuse.runtime import LoadedProgram
 
 
 
-pytestmark = pytest.mark.usefixtures("qnn_sdk")
+pytestmark = [pytest.mark.usefixtures("qnn_sdk"), pytest.mark.slow]
 
 LAYOUT, RANK = (limit.name for limit in PROFILES["qnn"].limits)
 

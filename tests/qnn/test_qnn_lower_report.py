@@ -17,6 +17,8 @@ from edgefuse.compare import qnn_flows
 from edgefuse.inputs.errors import CHECK_FAILED, OK, USAGE
 from tests.cli.command_runs import MODELS_PY as COMMAND_MODELS_PY
 
+pytestmark = pytest.mark.slow
+
 #: The command tests' models (Hugging Face Llama's norm ``Norm`` among them), a Linear -> norm -> Linear
 #: block, and a model QNN cannot compile: a whole transformers Llama, whose mask code becomes a QNN graph
 #: with no input ("No graph inputs present for graph [0]").
@@ -216,7 +218,7 @@ def test_a_norm_in_the_models_own_forward_is_found_in_qnns_program(models, capsy
 def test_a_program_alone_is_run_again_after_itself_on_other_values(qnn_sdk):
     # Stock cannot lower a Gemma (1 + w) norm at fp16: edgefuse's program is still run again, after
     # itself on other values, and found to give the same bits.
-    from tests.qnn.test_qnn_pipeline import Blocks, _inputs  # the block test_stock_cannot_lower_gemma_at_fp16 lowers
+    from tests.qnn.test_pipeline import Blocks, _inputs  # the block test_stock_cannot_lower_gemma_at_fp16 lowers
 
     module, inputs = Blocks(("gemma",)).eval(), _inputs()
     programs = [

@@ -22,6 +22,8 @@ from edgefuse.core._fx import ops_outside
 from edgefuse.xnnpack.inspect import node_type_counts, node_types, run_pte, to_pte
 from tests.harness import norm_perturbation
 
+pytestmark = pytest.mark.slow
+
 EPS = 1e-6
 DIM = 64
 F32 = torch.finfo(torch.float32).eps

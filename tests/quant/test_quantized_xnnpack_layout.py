@@ -18,6 +18,8 @@ from edgefuse.core._fx import ops_outside
 from edgefuse.xnnpack.inspect import node_type_counts, run_pte, to_pte
 from tests.quant.test_quantized_xnnpack import ConvAndMeans, _misread
 
+pytestmark = pytest.mark.slow
+
 F32 = torch.finfo(torch.float32).eps
 DIMS = {"channels": [1], "width": [-1], "pooling": [2, 3], "channels-height": [1, 2]}
 

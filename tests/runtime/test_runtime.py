@@ -207,6 +207,7 @@ def test_a_failed_call_says_why_when_there_is_no_standard_error(monkeypatch):
         with_its_log(_logs_then(None))
     assert with_its_log(_logs_then(3)) == 3 and sys.stderr is None
 
+@pytest.mark.slow
 def test_the_real_runtime_says_why_a_run_failed_in_the_error(capsys):
     from torch.export import export
 

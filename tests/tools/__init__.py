@@ -1,0 +1,1 @@
+"""Tests of the ``python -m edgefuse.tools`` measures."""

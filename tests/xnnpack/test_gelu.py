@@ -8,9 +8,12 @@ float32 tolerance the edgefuse program is held to.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from tests.xnnpack.xnn_helpers import assert_matches, lower_and_run
+
+pytestmark = pytest.mark.slow
 
 
 class Gelu(torch.nn.Module):

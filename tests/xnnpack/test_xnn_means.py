@@ -17,6 +17,8 @@ from edgefuse.xnnpack.inspect import lowered_modules, xnn_graph
 from edgefuse.xnnpack.mean_plan import PlanError, plan_mean
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, SINGLE_ROW_POLICIES, keep_portable
 
+pytestmark = pytest.mark.slow
+
 
 class Means(nn.Module):
     """One output per ``(dims, keepdim)``; ``dims`` None means ``x.mean(dim=[])`` (all dims)."""

@@ -1,28 +1,11 @@
-"""The parts behind the commands: the report's schema and layers, the delegate map."""
+"""The delegate map SVG (:mod:`edgefuse.compare.delegate_map`)."""
 
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
 
-import jsonschema
-
-from edgefuse.compare.stock_and_edgefuse import DelegateSummary, Segment  # noqa: E402
-from edgefuse.compare.report import layer_of, schema  # noqa: E402
-from tests.cli.command_runs import SVG  # noqa: E402
-
-
-# --- the parts ------------------------------------------------------------------------------------------
-
-def test_the_schema_is_a_valid_draft_2020_12_schema():
-    jsonschema.Draft202012Validator.check_schema(schema())
-
-
-def test_layers_are_read_from_module_paths():
-    assert layer_of("model.model.layers.1.self_attn.q_norm") == "layers.1"
-    assert layer_of("model.encoder.block.0.layer.1.layer_norm") == "encoder.block.0"
-    assert layer_of("model.model.norm") is None
-    assert layer_of("norms.0") is None  # a list of norms is not a list of layers
-    assert layer_of(None) is None
+from edgefuse.compare.stock_and_edgefuse import DelegateSummary, Segment
+from tests.cli.command_runs import SVG
 
 
 def test_the_delegate_map_marks_splits_and_escapes_names():

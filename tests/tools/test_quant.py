@@ -16,6 +16,7 @@ from edgefuse.compare import quant_tables as table
 from edgefuse.tools.quant import _json_safe, main
 
 
+@pytest.mark.slow
 def test_a_bad_option_is_a_usage_error_before_any_work_with_no_traceback():
     done = subprocess.run([sys.executable, "-m", "edgefuse.tools.quant", "--models", "tiny-lama"],
                           capture_output=True, text=True, timeout=300)

@@ -1,6 +1,6 @@
 """The ETDump profile of an ``export_llm`` program (:mod:`edgefuse.llm.profile`): each run summed by what
 ran, the rounds split into the prefill and the decode steps. On runs written out by hand, so each sum is
-known; the command's test runs it on a real program (tests/cli/test_llm_latency.py)."""
+known; the command's test runs it on a real program (tests/tools/test_llm_latency.py)."""
 
 from __future__ import annotations
 

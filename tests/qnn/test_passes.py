@@ -21,6 +21,8 @@ from edgefuse.qnn.passes import QNN_PACKAGE, QnnRecomposeRmsNorm, QnnRemoveRedun
 from edgefuse.qnn.quantizer import sdk_setup_left_to_caller
 from edgefuse.core.verify import compare_elementwise
 
+pytestmark = pytest.mark.slow
+
 STOCK = {
     "RecomposeRmsNorm": "executorch.backends.qualcomm._passes.recompose_rms_norm",
     "RemoveRedundancy": "executorch.backends.qualcomm._passes.remove_redundancy",

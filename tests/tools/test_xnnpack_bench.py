@@ -15,6 +15,8 @@ import pytest
 
 from edgefuse.tools.xnnpack_bench import main
 
+pytestmark = pytest.mark.slow
+
 
 #: The last cells of every row, in the header's order ("stock us" and "edgefuse us" are one cell each).
 TIMING = ("runs", "stock us", "edgefuse us", "ratio", "wall", "call", "floor", "fwall", "load")

@@ -22,6 +22,8 @@ from edgefuse import cli
 from edgefuse.tools import llm_latency
 from edgefuse.inputs.errors import OK, USAGE
 
+pytestmark = pytest.mark.slow
+
 #: The vtable slots (4 + 2 * the field's place in program.fbs) of the fields the edits below change.
 PROGRAM_SEGMENTS = 12
 PLAN_INPUTS, PLAN_NON_CONST_BUFFER_SIZES = 10, 20

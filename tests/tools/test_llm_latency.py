@@ -184,6 +184,7 @@ def prepared(tmp_path_factory):
     return folder, code, out.getvalue()
 
 
+@pytest.mark.slow
 def test_export_only_writes_the_model_files_both_programs_and_the_manifest(prepared):
     folder, code, out = prepared
     assert code == OK, out
@@ -199,6 +200,7 @@ def test_export_only_writes_the_model_files_both_programs_and_the_manifest(prepa
     assert not (folder / "outputs").exists() and not os.path.exists("outputs")  # hydra's run folder stays inside
 
 
+@pytest.mark.slow
 def test_bench_only_prints_a_row_per_run_and_per_pair_and_the_conditions(prepared, capsys):
     folder, _, _ = prepared
     code, out, err = run(capsys, "--bench-only", str(folder), "--prefill", "8", "--decode", "4", "--rounds", "1",
@@ -214,6 +216,7 @@ def test_bench_only_prints_a_row_per_run_and_per_pair_and_the_conditions(prepare
     assert lines[5].startswith("edgefuse ") and "(all runs)" in lines[5]
 
 
+@pytest.mark.slow
 def test_the_profile_names_the_kernels_outside_and_xnnpacks_operators(prepared, capsys):
     folder, _, _ = prepared
     code, out, err = run(capsys, "--bench-only", str(folder), "--profile", "64x1:fp32", "--prefill", "8",

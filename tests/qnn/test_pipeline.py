@@ -17,7 +17,7 @@ from edgefuse.qnn.emulator import compare_at_steps, output_tolerances
 from edgefuse.runtime import LoadedProgram
 from edgefuse.core.verify import compare
 
-pytestmark = pytest.mark.usefixtures("qnn_sdk")
+pytestmark = [pytest.mark.usefixtures("qnn_sdk"), pytest.mark.slow]
 
 D = 64  # a last dim no QNN limit covers: the blocks' norms are rebuilt as they are written
 TOKENS = 8

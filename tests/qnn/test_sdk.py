@@ -140,6 +140,7 @@ def _linked_layout(source: Path):
     return lay_out, build_wrapper
 
 
+@pytest.mark.slow
 def test_without_the_wrapper_the_self_check_fails_with_qnns_log(edgefuse_sdk, monkeypatch, tmp_path, capsys):
     """QNN 2.51's own libQnnHtp.so, given ExecuTorch 1.5.1's device config, cannot create the HTP
     device: ``edgefuse qnn setup`` exits with 3 and QNN's own error lines, and leaves nothing behind."""
@@ -198,6 +199,7 @@ def test_the_libraries_are_loaded_where_executorch_opens_them_by_name(qnn_sdk):
         ctypes.CDLL(name, mode=os.RTLD_LOCAL | os.RTLD_NOW | os.RTLD_NOLOAD)  # raises if not loaded
 
 
+@pytest.mark.slow
 def test_the_wrapper_built_from_this_source_passes_the_self_check(pinned_libraries, tmp_path):
     """The C source as it is now, compiled against the set-up's real QNN libraries: one RmsNorm
     compiles on QNN and matches eager on the emulator (a wrapper that passed ExecuTorch's configs on
@@ -452,6 +454,7 @@ def test_a_planted_library_in_a_root_others_can_write_is_not_loaded(planted_libr
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow
 def test_lower_with_a_planted_qnn_sdk_root_exits_2_and_loads_nothing(planted_library, tmp_path):
     """The command a user runs, with ``QNN_SDK_ROOT`` at a group-writable folder holding a planted
     library: exit 2 (refused input) naming the folder, the library never loaded, nothing written."""

@@ -7,6 +7,7 @@ then edgefuse, as ``edgefuse lower`` and ``report --map`` do) failed on the seco
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.export import export
 
@@ -73,6 +74,7 @@ def _same(program, snapshot) -> bool:
             and program.graph_module.code == code)
 
 
+@pytest.mark.slow
 def test_one_program_lowers_stock_then_edgefuse_and_still_runs():
     module, x = ConstantMatmul().eval(), _x()
     program = export(module, (x,))

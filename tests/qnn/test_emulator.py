@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from edgefuse.qnn.emulator import compare_at_steps, output_steps, run_on_emulator
 from edgefuse.core._fx import ops_outside
-from edgefuse.core.verify import TOLERANCES
-from edgefuse.core.verify import compare
+from edgefuse.core.verify import TOLERANCES, compare
+
+pytestmark = pytest.mark.slow
+
+#: The set-up check's tolerance: one float16 RmsNorm on the HTP against eager.
+ULPS = TOLERANCES["qnn set-up"].ulps
 
 
 def test_qnn_takes_the_whole_norm(lowered_rms_norm):

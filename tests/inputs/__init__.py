@@ -1,0 +1,1 @@
+"""Tests of what the application reads (``edgefuse.inputs``): MODEL, ``.pt2`` files, the built-in models."""
