@@ -44,3 +44,12 @@ def test_pass_time_times_both_sides_through_the_timer(monkeypatch):
     assert set(times) == {"stock", "edgefuse"}
     assert handed == [["stock", "edgefuse"]]
     assert ran == ["stock", "edgefuse"] * 4  # a warm-up round and 3 timed ones, alternating
+
+
+def test_pass_time_states_the_thread_count_and_cpu_it_timed_on(monkeypatch, capsys):
+    graph = SimpleNamespace(module=lambda: SimpleNamespace(graph=SimpleNamespace(nodes=[])))
+    monkeypatch.setattr(pass_time, "capture_graph", lambda layers, tokens: graph)
+    monkeypatch.setattr(pass_time, "measure", lambda program, runs: {
+        "stock": pass_time.PassTime(1.0, 1.0, 1), "edgefuse": pass_time.PassTime(1.0, 1.0, 1, 1)})
+    assert pass_time.main(["--layers", "1", "--runs", "1"]) == 0
+    assert f"\n{torch.get_num_threads()} thread(s); CPU: " in capsys.readouterr().out
