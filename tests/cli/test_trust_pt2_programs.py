@@ -31,7 +31,7 @@ from edgefuse.inputs.errors import USAGE
 from edgefuse.inputs.modelspec import resolve
 from edgefuse.inputs.pt2_bounds import DEFAULT_MAX_BYTES, MAX_DEPTH, MAX_RANK, MAX_SUBGRAPH_DEPTH
 from edgefuse.fuzz import trust
-from edgefuse.fuzz.refusal_times import program_edited
+from edgefuse.fuzz.trust import program_edited
 from edgefuse.runtime.files import TooLarge
 
 
