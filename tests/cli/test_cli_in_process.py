@@ -124,10 +124,17 @@ def test_report_says_a_model_without_float_weights_has_none(workdir, capsys):
 
 
 @pytest.mark.slow
-def test_bench_alternates_and_prints_ratios(workdir, capsys):
+def test_bench_alternates_and_prints_ratios(workdir, monkeypatch, capsys):
+    from edgefuse.runtime import LoadedProgram
+
+    calls, execute = [], LoadedProgram.execute
+    monkeypatch.setattr(LoadedProgram, "execute", lambda self, flat: calls.append(self) or execute(self, flat))
     code = cli.main(["-q", "bench", f"{workdir / 'models.py'}:block", "--runs", "10", "--warmup", "1"])
     out = capsys.readouterr().out
     assert code == OK, out
+    # the timed calls: stock and edgefuse in turn, 1 warm-up and 10 kept rounds each, never one twice in a row
+    assert len(calls) == 22 and calls[0] is not calls[1], calls
+    assert all(call is calls[0] for call in calls[0::2]) and all(call is calls[1] for call in calls[1::2])
     assert "10 runs each alternating after 1 warm-up" in out
     assert "\n1 thread(s); CPU: " in out and "float16" in out  # the features the timing ran with
     rows = {line.split()[0]: line.split() for line in out.splitlines() if line.startswith(("stock ", "edgefuse "))}

@@ -74,6 +74,30 @@ def test_a_loading_is_slow_while_it_runs_and_not_once_it_has_ended(libraries, tm
     assert said == ["bench m.py:f; loading torch and ExecuTorch"]
 
 
+def test_a_submodule_still_loading_after_its_package_has_loaded_is_slow_loading(libraries, tmp_path, monkeypatch):
+    said, say = libraries
+    notice = FirstHeavyImport(say, "bench m.py:f", after=3600, libraries=("heavy_pkg",), packages=("heavy_pkg",))
+    seen = type(sys)("heavy_seen")
+    seen.notice = notice
+    monkeypatch.setitem(sys.modules, "heavy_seen", seen)
+    (tmp_path / "heavy_pkg").mkdir()
+    (tmp_path / "heavy_pkg" / "__init__.py").write_text("")
+    (tmp_path / "heavy_pkg" / "sub.py").write_text("import heavy_seen\nLOADING = heavy_seen.notice.still_loading()\n")
+    (tmp_path / "light_probe.py").write_text("import heavy_seen\nLOADING = heavy_seen.notice.still_loading()\n")
+    for name in ("heavy_pkg", "heavy_pkg.sub", "light_probe"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    with notice:
+        import heavy_pkg  # sets it off, and has loaded
+
+        assert not notice.still_loading()
+        import heavy_pkg.sub  # asks while its own code runs, as transformers' submodules load after torch
+
+        assert heavy_pkg.sub.LOADING
+        import light_probe  # a module of no waited-for package is no loading of theirs
+
+        assert not light_probe.LOADING
+
+
 def test_a_loading_that_has_ended_when_the_seconds_are_up_is_said_nothing_about(libraries):
     said, say = libraries
     before = set(threading.enumerate())

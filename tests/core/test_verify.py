@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import torch
+
+import edgefuse
 
 from edgefuse.core.verify import compare, compare_elementwise, finite_tolerance, max_error, tolerance, ulp
 
@@ -83,3 +88,11 @@ def test_complex_outputs_are_compared_on_both_parts_at_the_magnitude():
     # the infinities of a reference give no scale to its tolerance
     assert finite_tolerance(reference.dtype, torch.cat([reference, torch.tensor([complex(float("inf"), 0)])])) == (
         finite_tolerance(reference.dtype, reference))
+
+
+def test_every_check_reads_its_slack_from_the_table():
+    # a comparison given its units in the last place as a number, not an entry of TOLERANCES with its reason
+    call = re.compile(r"\b(compare_at|finite_tolerance)\((?:[^()]|\([^()]*\))*,\s*(?:ulps=)?[0-9][0-9.]*\)")
+    written = [f"{path.name}: {match.group(0)}" for path in sorted(Path(edgefuse.__file__).parent.rglob("*.py"))
+               for match in call.finditer(path.read_text())]
+    assert written == []

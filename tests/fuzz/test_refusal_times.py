@@ -3,6 +3,9 @@ refusal only when it exits 2 with nothing written and nothing run."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from edgefuse.fuzz import refusal_times
 
 
@@ -25,3 +28,11 @@ def test_a_refusal_that_wrote_a_file_is_not_counted(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(refusal_times.subprocess, "run", writes_then_refuses)
     assert refusal_times.main(["--folder", str(tmp_path), "--only", "_target_"]) == 1
+
+
+def test_building_the_files_says_nothing_on_stderr(tmp_path):
+    # torchao and torch's pytree warn as they are imported; none of that is the measure's to print
+    run = subprocess.run([sys.executable, "-m", "edgefuse.fuzz.refusal_times", "--folder", str(tmp_path),
+                          "--only", "no such input"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "checked in this process" in run.stdout, run.stdout + run.stderr
+    assert run.stderr == ""

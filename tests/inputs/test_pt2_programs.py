@@ -31,7 +31,7 @@ from edgefuse.inputs.errors import USAGE
 from edgefuse.inputs.modelspec import resolve
 from edgefuse.inputs.pt2_bounds import DEFAULT_MAX_BYTES, MAX_DEPTH, MAX_RANK, MAX_SUBGRAPH_DEPTH
 from edgefuse.fuzz import trust
-from edgefuse.fuzz.refusal_times import program_edited
+from edgefuse.fuzz.trust import program_edited
 from edgefuse.runtime.files import TooLarge
 
 
@@ -195,7 +195,7 @@ def _saved(workdir, name: str) -> str:
 
 def test_an_in_place_write_into_a_parameter_is_refused_naming_the_node(workdir, capsys):
     # torch.export keeps the model's in-place ops; writing a weight under no_grad lands in a subgraph.
-    code, err, _ = _cli(_saved(workdir, "writes_weight"), capsys)
+    code, err = _cli(_saved(workdir, "writes_weight"), capsys)
     assert code == USAGE, err
     assert ("node 'mul_' calls 'torch.ops.aten.mul_.Tensor', which writes in place into the parameter "
             "'p_block_linear_weight'") in err

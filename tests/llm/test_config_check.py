@@ -96,7 +96,7 @@ def write_config(place, text: str, name: str = "config.yaml") -> str:
 
 @pytest.fixture(scope="module", autouse=True)
 def imported():
-    """ExecuTorch's LlmConfig and hydra imported once, so that the time a refusal takes is the check's."""
+    """ExecuTorch's LlmConfig and hydra imported once, so that no test's refusal pays for the import."""
     config_check._llm_config()
     check_overrides(["base.checkpoint=x"])
 

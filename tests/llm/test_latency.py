@@ -6,13 +6,14 @@ tests/cli/test_export_llm.py)."""
 from __future__ import annotations
 
 import gc
+import itertools
 import weakref
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from edgefuse.llm.latency import StepFailed, load_orders, pooled, time_runs
+from edgefuse.llm.latency import StepFailed, load_orders, pooled, time_prefill_decode, time_runs
 from edgefuse.runtime.timer import Clock
 
 
@@ -29,15 +30,17 @@ def _timer_clock(now) -> Clock:
 
 class _Program:
     """A program whose every step costs ``ns`` on ``clock`` and returns logits of a vocabulary of 5;
-    it fails on ``fail_at`` (a position) if given."""
+    it fails on ``fail_at`` (a position) if given, and appends ``name`` to ``ran`` at each step if given."""
 
-    def __init__(self, clock, ns: int, fail_at: int | None = None) -> None:
+    def __init__(self, clock, ns: int, fail_at: int | None = None, ran: list | None = None, name=None) -> None:
         self.calls = 0
 
         def execute(inputs):
             if inputs[1].item() == fail_at:
                 raise RuntimeError("the runtime's message")
             self.calls += 1
+            if ran is not None:
+                ran.append(name)
             clock.ns += ns
             return [torch.zeros(1, inputs[0].shape[1], 5)]
 
@@ -47,6 +50,15 @@ class _Program:
 def test_the_program_loaded_first_alternates_run_by_run():
     assert load_orders(2, 4) == [(0, 1), (1, 0), (0, 1), (1, 0)]
     assert load_orders(3, 2) == [(0, 1, 2), (2, 1, 0)]
+
+
+def test_the_programs_strictly_alternate_through_the_timer(clock):
+    ran: list[int] = []
+    methods = [_Program(clock, ns=1, ran=ran, name=k).method for k in (0, 1)]
+    prompt, steps = torch.zeros((1, 3), dtype=torch.long), torch.zeros((2, 1, 1), dtype=torch.long)
+    time_prefill_decode(methods, prompt, steps, rounds=3, warmup=1, clock=_timer_clock(clock))
+    # each program's prefill and 2 decode steps in one go, then the other's: never one program's twice in a row
+    assert [(k, len(list(group))) for k, group in itertools.groupby(ran)] == [(0, 3), (1, 3)] * 4
 
 
 def test_each_run_loads_afresh_in_its_order_and_times_each_program_under_its_own_index(clock):

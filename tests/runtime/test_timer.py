@@ -59,6 +59,12 @@ def test_more_tasks_are_shuffled_each_round_with_no_program_twice_in_a_row():
 def test_an_order_that_must_repeat_a_program_is_refused():
     with pytest.raises(ValueError, match="would run twice in a row"):
         round_orders(["stock", "stock", "edgefuse"], rounds=1)
+    with pytest.raises(ValueError, match="would run twice in a row"):
+        round_orders(["stock", "stock"], rounds=3)  # two tasks of one program: no alternation either
+
+
+def test_a_single_task_runs_alone_every_round():
+    assert round_orders(["stock"], rounds=3) == [[0], [0], [0]]  # as llm/profile.py times one program
 
 
 def test_the_warm_up_rounds_are_run_and_not_kept():

@@ -126,7 +126,7 @@ def run_and_check(
     lowered.allowed = [finite_tolerance(e.dtype, e, TOLERANCES["lowered program"].ulps) for e in expected]  # 0 for integers
     if stock is not None and stock.errors is not None and len(stock.errors) == len(expected):
         lowered.allowed = [
-            max(allowed, theirs + finite_tolerance(e.dtype, e, 1))
+            max(allowed, theirs + finite_tolerance(e.dtype, e, TOLERANCES["beside stock"].ulps))
             for allowed, theirs, e in zip(lowered.allowed, stock.errors, expected)
         ]
     return lowered

@@ -18,6 +18,11 @@ from typing import Callable, Sequence, TextIO
 #: The libraries a command waits for: importing them takes seconds warm, a minute or two cold.
 LIBRARIES = ("torch", "executorch.exir", "executorch.runtime")
 
+#: The packages whose loading a person waits for, by top-level name: any of their modules still being
+#: imported (``transformers.*``, ``torch.distributed.tensor``, ``executorch.exir.*`` long after ``torch``
+#: itself has loaded) is loading still.
+PACKAGES = ("torch", "executorch", "transformers")
+
 #: After this many seconds still loading :data:`LIBRARIES`, a command says that a first run takes a while.
 SLOW_LOADING_SECONDS = 5.0
 
@@ -76,8 +81,9 @@ class FirstHeavyImport(importlib.abc.MetaPathFinder):
     """
 
     def __init__(self, say: Callable[[str], None], what: str, after: float = SLOW_LOADING_SECONDS,
-                 libraries: Sequence[str] = LIBRARIES) -> None:
+                 libraries: Sequence[str] = LIBRARIES, packages: Sequence[str] = PACKAGES) -> None:
         self.say, self.what, self.after, self.libraries = say, what, after, tuple(libraries)
+        self.packages = frozenset(packages)
         self.first: str | None = None  # the library whose import set it off
 
     def install(self) -> FirstHeavyImport:
@@ -98,10 +104,12 @@ class FirstHeavyImport(importlib.abc.MetaPathFinder):
         return None  # the import itself is the usual finders' work
 
     def still_loading(self) -> bool:
-        """Whether the import that set this off has not ended, or one of the libraries is being imported."""
+        """Whether the import that set this off has not ended, or any module of :data:`PACKAGES` is being
+        imported (a package that has loaded may still be importing its submodules)."""
         first = sys.modules.get(self.first) if self.first else None
         return (self.first is not None and (first is None or _initializing(first))) or any(
-            _initializing(sys.modules.get(name)) for name in self.libraries)
+            _initializing(module) for name, module in sys.modules.copy().items()
+            if name.partition(".")[0] in self.packages)
 
     def _say_if_still_loading(self) -> None:
         if self.still_loading():

@@ -47,6 +47,9 @@ TOLERANCES: dict[str, Tolerance] = {
                                  "unit each), the output rounded (half a unit)"),
     "lowered program": Tolerance(8.0, "a lowered program run in the runtime against eager: the delegate sums in "
                                       "its own order, and each op of a small model may round once differently"),
+    "beside stock": Tolerance(1.0, "edgefuse's lowered program against stock's, both off eager by more than "
+                                   "allowed: edgefuse's may be off by a unit more, as its rebuilt norm rounds "
+                                   "where stock's decomposed one rounds otherwise; more is a finding"),
     "qnn float16": Tolerance(8.0, "a float16 QNN program on the HTP emulator against eager: the HTP rounds each "
                                   "op's result to float16, about 16 such roundings in a layer or two (a deeper "
                                   "model carries more)"),

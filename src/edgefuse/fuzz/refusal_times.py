@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import subprocess
 import sys
@@ -52,18 +51,6 @@ def _symbolic_size(program: dict) -> None:
     meta["sizes"][0] = {"as_expr": {"expr_str": "9**9**9**9", "hint": {"as_int": 2}}}
 
 
-def program_edited(data: bytes, edit) -> bytes:
-    """A copy of the archive ``data`` whose program JSON ``edit(program)`` changed in place."""
-    from edgefuse.fuzz import trust
-
-    entries = trust.records(data)
-    name = next(n for n in entries if n.endswith("models/model.json"))
-    program = json.loads(entries[name])
-    edit(program)
-    entries[name] = json.dumps(program).encode()
-    return trust.zipped(entries)
-
-
 def hostile_inputs(root: Path, victim: Path, marker: Path) -> list[Hostile]:
     """The inputs issue #25's measure names, aimed at ``victim`` (a file the user owns) and ``marker`` (a
     file a payload that ran would make)."""
@@ -83,7 +70,7 @@ def hostile_inputs(root: Path, victim: Path, marker: Path) -> list[Hostile]:
     programs = {
         "op outside the allowlist (aten.from_file)": trust.file_writing_archive(str(victim)),
         "a terabyte of declared tensors": trust.huge_weight_archive(base, 1 << 38),
-        "symbolic sizes that never finish": program_edited(base, _symbolic_size),
+        "symbolic sizes that never finish": trust.program_edited(base, _symbolic_size),
     }
     found = [Hostile(what, f"program{i}.pt2", data, ("report", str(root / f"program{i}.pt2")))
              for i, (what, data) in enumerate(programs.items())]
@@ -107,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", help="where to write the hostile files (default: a new temporary folder)")
     parser.add_argument("--only", default="", metavar="TEXT", help="only the inputs whose description holds TEXT")
     args = parser.parse_args(argv)
+    from edgefuse.runtime.quiet import quiet_libraries
+
+    quiet_libraries()  # before building the files imports torch and torchao: their warnings are not a refusal's
     root = Path(args.folder or tempfile.mkdtemp(prefix="edgefuse-refusals-")).resolve()
     work = root / "work"
     work.mkdir(parents=True, exist_ok=True)

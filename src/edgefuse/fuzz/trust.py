@@ -312,6 +312,11 @@ def saved(module, inputs: tuple, dynamic_shapes=None) -> dict[str, bytes]:
     return records(buffer.getvalue())
 
 
+def program_edited(data: bytes, edit: Callable[[dict], None]) -> bytes:
+    """A copy of the archive ``data`` whose program JSON (``models/model.json``) ``edit(program)`` changed."""
+    return zipped(_edit_json(records(data), "models/model.json", lambda program, _: edit(program)))
+
+
 def _nodes(entries: dict[str, bytes], edit: Callable[[list], None]) -> bytes:
     """The archive of ``entries`` with ``edit(nodes)`` applied to its program's top-level nodes."""
     return zipped(_edit_json(entries, "models/model.json", lambda p, _: edit(p["graph_module"]["graph"]["nodes"])))

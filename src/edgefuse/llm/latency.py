@@ -11,7 +11,10 @@ machine the project is measured on, one ``.pte`` (ExecuTorch's Llama at dim 128,
 against itself, ``edgefuse bench-llm P.pte P.pte --prefill 100 --decode 32 --rounds 1000 --runs 6``, gave
 decode ratios (second-named over first-named) of 0.984, 1.000 and 0.994 with the first-named loaded first
 and 1.006, 1.006 and 1.007 with the second-named loaded first: the copy loaded second was as fast or up to
-1.6 % faster, as large as the differences a comparison looks for; pooled, 1.001. :func:`time_runs` therefore
+1.6 % faster, as large as the differences a comparison looks for; pooled, 1.001. These figures were
+measured at e6cd2a2 with the timing of that time, which swapped the programs' order every round (0, 1
+then 1, 0, so one program ran twice in a row at each swap), not with the strict alternation of
+:mod:`edgefuse.runtime.timer` (10ab6ac); they have not been measured again since. :func:`time_runs` therefore
 loads the programs afresh for each run, alternating which is loaded first (:func:`load_orders`), and
 :func:`pooled` gives the medians over every round of every run.
 """

@@ -63,9 +63,10 @@ class Samples:
 def round_orders(programs: Sequence[Hashable], rounds: int, seed: int = 0) -> list[list[int]]:
     """The order of the tasks (by index) in each round: every task once, no program twice in a row,
     across the end of a round too. Two tasks alternate strictly; more are shuffled (seeded) each round.
-    :class:`ValueError` when one program has more than half the tasks: no such order exists."""
+    :class:`ValueError` when one program has more than half of two or more tasks: no such order exists
+    (a single task is allowed: it has nothing to alternate with)."""
     most = max(Counter(programs).values(), default=0)
-    if len(programs) > 2 and 2 * most > len(programs):
+    if len(programs) > 1 and 2 * most > len(programs):
         raise ValueError(f"one program has {most} of {len(programs)} tasks: it would run twice in a row")
     rng = random.Random(seed)
     orders: list[list[int]] = []

@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pass_time: needs executorch's QNN passes and transformers: {error}", file=sys.stderr)
         return EXIT_UNAVAILABLE
 
-    from edgefuse.runtime.timer import cpu_features
+    from edgefuse.runtime.timer import conditions
 
     header = (f"{'layers':>6} {'nodes':>6} {'norms':>13} {'stock cpu':>9} {'edgefuse cpu':>12} {'ratio':>6}"
               f" {'stock wall':>10} {'edgefuse wall':>13} {'ratio':>6}")
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{ours.wall_ms / stock.wall_ms:>6.2f}", flush=True)
     print("norms: rebuilt by edgefuse / its candidates (rebuilt by stock); times: ms, median of "
           f"{args.runs} runs after a warm-up run; ratio: edgefuse / stock")
-    print(f"CPU: {cpu_features()}")
+    print(conditions(torch.get_num_threads()))
     if len(rows) > 1:
         low, high = min(rows), max(rows)
         for side in ("edgefuse", "stock"):
