@@ -10,6 +10,8 @@ from edgefuse.cli import COMMANDS
 from edgefuse.inputs.errors import OK, USAGE
 from tests.first_import import until_first_heavy_import
 
+pytestmark = pytest.mark.slow  # each test starts edgefuse in a new process (stopped at its first heavy import)
+
 #: A command line that parses for each command that loads torch and ExecuTorch, and what it then says.
 ANNOUNCED = {
     "demo": (["demo"], "demo: building tiny-qwen3, rebuilding its norms for QNN and lowering it for XNNPACK"),

@@ -3,12 +3,15 @@ refusal only when it exits 2 with nothing written and nothing run."""
 
 from __future__ import annotations
 
+import pytest
+
 import subprocess
 import sys
 
 from edgefuse.fuzz import refusal_times
 
 
+@pytest.mark.slow  # runs edgefuse in new processes
 def test_each_hostile_config_is_run_cold_and_counted_refused(tmp_path, capsys):
     assert refusal_times.main(["--folder", str(tmp_path), "--only", "config with"]) == 0
     out = capsys.readouterr().out
@@ -30,6 +33,7 @@ def test_a_refusal_that_wrote_a_file_is_not_counted(tmp_path, monkeypatch, capsy
     assert refusal_times.main(["--folder", str(tmp_path), "--only", "_target_"]) == 1
 
 
+@pytest.mark.slow  # runs the module in a new process
 def test_building_the_files_says_nothing_on_stderr(tmp_path):
     # torchao and torch's pytree warn as they are imported; none of that is the measure's to print
     run = subprocess.run([sys.executable, "-m", "edgefuse.fuzz.refusal_times", "--folder", str(tmp_path),

@@ -66,7 +66,7 @@ def test_the_import_check_sees_a_private_name_in_each_way_it_can_be_imported():
     assert all(public(m, n) for m, n in edgefuse_names("import edgefuse\nedgefuse.recompose_rms_norm\n"))
 
 
-@pytest.mark.parametrize("kind", ["case", "batch", "hostile", "xnnpack"])
+@pytest.mark.parametrize("kind", ["case", "batch", "hostile", pytest.param("xnnpack", marks=pytest.mark.slow)])
 def test_each_kind_of_reproducer_runs_and_passes_on_a_case_without_a_bug(kind, kinds, tmp_path, capsys):
     path = tmp_path / f"{kind}.py"
     path.write_text(kinds[kind])

@@ -17,7 +17,7 @@ from edgefuse.fuzz import trust, trust_configs, trust_ptes
 SUBSET = {"archives": 12, "reproducers": 12, "configs": 12, "ptes": 12}
 
 
-@pytest.mark.parametrize("name", list(SUBSET))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "ptes" else n for n in SUBSET])
 def test_a_seeded_subset_of_each_reader_is_accepted_or_refused_and_nothing_else(name):
     result = trust.measure({name: SUBSET[name]}, seed=1, log=None)[name]
     assert (result.escapes, result.hangs, result.code_run, result.writes_outside) == ([], [], [], [])
@@ -41,7 +41,7 @@ def _read_bases(name: str, tmp_path) -> tuple[list[str], trust.Counts, list[str]
     return paths, result, refused
 
 
-@pytest.mark.parametrize("name", ["archives", "reproducers", "ptes"])
+@pytest.mark.parametrize("name", ["archives", "reproducers", pytest.param("ptes", marks=pytest.mark.slow)])
 def test_the_valid_files_each_reader_starts_from_are_accepted(name, tmp_path):
     paths, result, _ = _read_bases(name, tmp_path)
     assert result.accepted == result.files == len(paths) > 0 and result.bad == 0, result
@@ -196,6 +196,7 @@ def test_each_hostile_config_setting_is_refused_and_changes_nothing(k, tmp_path)
     assert result.refused == 2 and result.bad == 0, result
 
 
+@pytest.mark.slow  # lowers the tiny program it edits
 def test_hostile_plans_and_delegate_ids_are_refused(tmp_path):
     targets = _targets(tmp_path)
     reader = trust.readers()["ptes"]

@@ -17,7 +17,7 @@ from edgefuse.core.verify import TOLERANCES, compare
 from edgefuse.qnn import QnnLoweringFailed, lower
 from edgefuse.qnn.emulator import compare_at_steps, output_steps, run_on_emulator
 
-pytestmark = pytest.mark.usefixtures("qnn_sdk")
+pytestmark = [pytest.mark.usefixtures("qnn_sdk"), pytest.mark.slow]  # lowered for QNN, run on the emulator
 
 #: One SoC of each of three HTP generations (V73, V75, V79).
 SOCS = ("SM8550", "SM8650", "SM8750")

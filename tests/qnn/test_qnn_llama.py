@@ -15,6 +15,8 @@ import torch
 
 from edgefuse.cli import main
 
+pytestmark = pytest.mark.slow  # compiles the static Llama for QNN and runs it on the emulator
+
 SENTENCES = (
     "once upon a time there was a little fox",
     "the fox ran into the woods and found a red box",

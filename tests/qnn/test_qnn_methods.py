@@ -12,6 +12,8 @@ import torch
 
 from edgefuse.qnn.selfcheck import RmsNormBlock, SOC
 
+pytestmark = pytest.mark.slow  # lowers multi-method programs for QNN and runs them on the emulator
+
 
 class Add(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:

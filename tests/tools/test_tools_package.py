@@ -12,6 +12,8 @@ import edgefuse.tools
 from edgefuse.tools import TOOLS
 from tests.first_import import until_first_heavy_import
 
+pytestmark = pytest.mark.slow  # the tests start python -m edgefuse.tools in new processes
+
 USAGE = 2
 
 
