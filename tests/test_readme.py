@@ -317,21 +317,28 @@ def test_every_readme_command_exists_and_takes_the_options_it_names(found, capsy
 
 
 def every_command() -> list[Command]:
-    """Every command edgefuse has: each ``edgefuse`` command (the table of :mod:`edgefuse.cli`), each measure of ``edgefuse.tools`` that takes arguments, and
-    the fuzzer's trust run."""
+    """Every command edgefuse has: each ``edgefuse`` command (the table of :mod:`edgefuse.cli`), and each
+    ``python -m`` program of ``edgefuse.tools`` and ``edgefuse.fuzz`` that takes arguments (a module that
+    runs its ``main(argv)`` under ``if __name__ == "__main__"``)."""
     import inspect
     import pkgutil
 
+    import edgefuse.fuzz
     import edgefuse.tools
     from edgefuse import cli
 
     paths = [name.split() for name in cli.COMMANDS]  # the table names each command, "qnn setup" included
     found = [Command(" ".join([EDGEFUSE, *path]), EDGEFUSE, tuple(path)) for path in paths]
-    for module in sorted(info.name for info in pkgutil.iter_modules(edgefuse.tools.__path__)):
-        name = f"edgefuse.tools.{module}"
-        if "argv" in inspect.signature(resolve(name).main).parameters:
-            found.append(Command(f"{PYTHON_M}{name}", name, ()))
-    return [*found, Command(f"{PYTHON_M}edgefuse.fuzz.trust", "edgefuse.fuzz.trust", ())]
+    for package in (edgefuse.tools, edgefuse.fuzz):
+        for info in sorted(pkgutil.iter_modules(package.__path__), key=lambda info: info.name):
+            if info.name == "__main__":
+                continue  # importing it runs the package's program
+            module = resolve(f"{package.__name__}.{info.name}")
+            main = getattr(module, "main", None)
+            runs_as_program = 'if __name__ == "__main__":' in inspect.getsource(module)
+            if main is not None and runs_as_program and "argv" in inspect.signature(main).parameters:
+                found.append(Command(f"{PYTHON_M}{module.__name__}", module.__name__, ()))
+    return found
 
 
 def options_in_help(text: str) -> set[str]:
