@@ -4,9 +4,9 @@
   ``edgefuse`` name it reaches resolved; the README's examples, which build a tiny model first, run
   whole in order, as a reader runs them (slow: they export and lower).
 - Every command the README shows, in a code block or in its tables, exists and takes each option it
-  names (its ``--help`` names them). The code blocks' commands run whole (slow: a minute or two each);
-  ``NOT_RUN_WHOLE`` says why one does not. The tables' commands are run with ``--help`` alone: the
-  edgefuse commands there are the code blocks' in brief, and the measures take minutes (``quant``,
+  names (its ``--help`` lists them), and an ``edgefuse`` line parses as written. The code blocks'
+  commands run whole (slow: a minute or two each); ``NOT_RUN_WHOLE`` says why one does not. The tables'
+  commands are run with ``--help`` alone: the edgefuse commands there are the code blocks' in brief, and the measures take minutes (``quant``,
   ``qnn_check``, ``check_models``, ``llm_check``) to hours (``llm_latency``, ``xnnpack_bench`` on an idle
   machine), which is why they are commands and not tests.
 - docs/commands.md names every option of every command, so the reference stays whole.
@@ -168,6 +168,16 @@ def help_text(found: Command, capsys) -> str:
     return out
 
 
+def options_in_help(text: str) -> set[str]:
+    """The options a ``--help`` text lists (its lines that start with an option), ``--help`` aside."""
+    listed = set()
+    for line in text.splitlines():
+        if re.match(r"\s+-", line):
+            column = re.split(r"\s{2,}", line.strip())[0]
+            listed |= set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", column))
+    return listed - {"-h", "--help"}
+
+
 def named_in(option: str, text: str) -> bool:
     return re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text) is not None
 
@@ -311,9 +321,18 @@ def test_the_readme_shows_commands_in_code_blocks_and_tables():
 
 @pytest.mark.parametrize("found", readme_block_commands() + readme_table_commands(), ids=lambda c: c.text)
 def test_every_readme_command_exists_and_takes_the_options_it_names(found, capsys):
+    """The options the line names are ones its ``--help`` lists (not words of its prose), and an
+    ``edgefuse`` line parses as written: its values are ones the options take."""
     text = help_text(found, capsys)
-    unknown = [option for option in found.options if not named_in(option, text)]
+    unknown = [option for option in found.options if option not in options_in_help(text)]
     assert not unknown, f"{found.text}: {unknown} not options of {' '.join([found.program, *found.path])}"
+    if found.program == EDGEFUSE:
+        from edgefuse import cli
+
+        try:
+            cli.build_parser().parse_args(list(found.words))
+        except SystemExit:
+            pytest.fail(f"{found.text}: edgefuse does not parse it: {capsys.readouterr().err}")
 
 
 def every_command() -> list[Command]:
@@ -339,16 +358,6 @@ def every_command() -> list[Command]:
             if main is not None and runs_as_program and "argv" in inspect.signature(main).parameters:
                 found.append(Command(f"{PYTHON_M}{module.__name__}", module.__name__, ()))
     return found
-
-
-def options_in_help(text: str) -> set[str]:
-    """The options a ``--help`` text lists (its lines that start with an option), ``--help`` aside."""
-    listed = set()
-    for line in text.splitlines():
-        if re.match(r"\s+-", line):
-            column = re.split(r"\s{2,}", line.strip())[0]
-            listed |= set(re.findall(r"(?<![\w-])--?[A-Za-z][\w-]*", column))
-    return listed - {"-h", "--help"}
 
 
 @pytest.mark.parametrize("found", every_command(), ids=lambda c: c.text)
