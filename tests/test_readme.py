@@ -293,6 +293,37 @@ def test_every_python_example_imports_what_it_uses(where, code):
     assert not unresolved, f"{where}: {unresolved}"
 
 
+def imported_edgefuse_names(code: str) -> list[tuple[str, str]]:
+    """(module, name) for each name an example takes from edgefuse: ``from M import N``, and
+    ``edgefuse.N`` or ``edgefuse.P.N`` reached from ``import edgefuse`` or ``import edgefuse.P``; a
+    package the example imports whole (``import edgefuse.xnnpack``) is a module, not a name."""
+    tree = ast.parse(code)
+    names, packages = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == EDGEFUSE:
+            names += [(node.module, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            packages |= {alias.name for alias in node.names if alias.name.split(".")[0] == EDGEFUSE}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and (dotted := ast.unparse(node.value)) in packages:
+            names.append((dotted, node.attr))
+    return names
+
+
+@pytest.mark.parametrize("where, code", _edgefuse_examples(), ids=[where for where, _ in _edgefuse_examples()])
+def test_every_name_a_python_example_imports_is_public(where, code):
+    """An example takes from edgefuse only public names (a package's ``__all__``, one level under
+    ``edgefuse``), and imports whole only ``edgefuse`` and its packages: what a reader copies keeps working
+    when a module inside a package moves."""
+    from tests.public_names import public
+
+    tree = ast.parse(code)
+    deep = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+            if alias.name.split(".")[0] == EDGEFUSE and alias.name.count(".") > 1]
+    private = [f"{module}.{name}" for module, name in imported_edgefuse_names(code) if not public(module, name)]
+    assert not deep + private, f"{where}: not public: {deep + private}"
+
+
 @pytest.mark.slow
 def test_the_readme_examples_run_in_order(tmp_path, monkeypatch):
     """The README's Python examples, one after the other in one namespace as a reader runs them: the
