@@ -1,8 +1,9 @@
 """The README and the guides in docs/ say what works: their examples run and their links lead somewhere.
 
-- Every Python example in README.md and docs/*.md that imports edgefuse has its imports run and every
-  ``edgefuse`` name it reaches resolved; the README's examples, which build a tiny model first, run
-  whole in order, as a reader runs them (slow: they export and lower).
+- Every Python example in README.md and docs/*.md that imports edgefuse has its imports run, every
+  ``edgefuse`` name it reaches resolved and public, and each call of edgefuse bound to its signature
+  without running it; the README's core example runs whole (slow: it exports tiny Qwen3). Running every
+  example took minutes and QNN's libraries, for what the signatures check in a second.
 - Every command the README shows, in a code block or in its tables, exists and takes each option it
   names (its ``--help`` lists them), and an ``edgefuse`` line parses as written. The code blocks'
   commands run whole (slow: a minute or two each); ``NOT_RUN_WHOLE`` says why one does not. The tables'
@@ -280,7 +281,7 @@ def test_every_python_example_imports_what_it_uses(where, code):
             chain.insert(0, root.attr)
             root = root.value
         if not isinstance(root, ast.Name) or root.id not in namespace:
-            continue  # a name the example makes itself: the README's run below reaches it
+            continue  # a name the example makes itself
         origin = getattr(namespace[root.id], "__module__", None) or getattr(namespace[root.id], "__name__", "")
         if not str(origin).startswith(EDGEFUSE):
             continue
@@ -324,22 +325,91 @@ def test_every_name_a_python_example_imports_is_public(where, code):
     assert not deep + private, f"{where}: not public: {deep + private}"
 
 
-@pytest.mark.slow
-def test_the_readme_examples_run_in_order(tmp_path, monkeypatch):
-    """The README's Python examples, one after the other in one namespace as a reader runs them: the
-    first builds tiny Qwen3, the others export, lower and quantize it (minutes). The QNN example needs
-    QNN's libraries, as the QNN tier does."""
-    from edgefuse.qnn.sdk import find
+#: Where an example's literal argument must be one of a known list: the function (module and name), the
+#: parameter, and the list's dotted name.
+KNOWN_VALUES = {
+    ("edgefuse.inputs.models.build_model", "name"): "edgefuse.inputs.models.MODEL_NAMES",
+    ("edgefuse.inputs.qnn_models.build_qnn_model", "name"): "edgefuse.inputs.qnn_models.QNN_MODEL_NAMES",
+    ("edgefuse.qnn.pipeline.lower", "precision"): "edgefuse.qnn.pipeline.PRECISIONS",
+    ("edgefuse.xnnpack.quantizer.quantize", "scheme"): "edgefuse.xnnpack.quantizer.SCHEMES",
+}
 
-    if not find():
-        pytest.skip(f"the README's QNN example needs QNN's libraries: {find().reason}")
-    monkeypatch.chdir(tmp_path)
+#: What an example passes that is not a literal (a model, its inputs, a program): binding needs only a value.
+PLACEHOLDER = object()
+
+
+def _called(function: ast.expr, namespace: dict):
+    """The object a call's function names, reached from the example's imports, or None (a name the
+    example makes itself, such as ``lowered.to_executorch``)."""
+    if isinstance(function, ast.Name):
+        return namespace.get(function.id)
+    if isinstance(function, ast.Attribute):
+        owner = _called(function.value, namespace)
+        return getattr(owner, function.attr, None) if owner is not None else None
+    return None
+
+
+def _argument(node: ast.expr):
+    return node.value if isinstance(node, ast.Constant) else PLACEHOLDER
+
+
+def edgefuse_calls(where: str, code: str) -> tuple[list[str], list[str]]:
+    """Each call of an edgefuse function or class in the example, bound to its signature as written
+    without running it (non-literal arguments as :data:`PLACEHOLDER`): the calls that bind, and what is
+    wrong (a renamed keyword, a missing argument, a literal outside its :data:`KNOWN_VALUES`)."""
+    import inspect
+
     namespace: dict = {}
-    for number, code in enumerate(python_examples(README), 1):
-        exec(compile(code, f"README.md#{number}", "exec"), namespace)
+    tree = ast.parse(code)
+    for statement in ast.walk(tree):
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            exec(compile(ast.Module([statement], []), where, "exec"), namespace)
+    checked, wrong = [], []
+    for call in (node for node in ast.walk(tree) if isinstance(node, ast.Call)):
+        called = _called(call.func, namespace)
+        if not str(getattr(called, "__module__", "")).startswith(EDGEFUSE):
+            continue
+        text = ast.unparse(call)
+        if any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords):
+            wrong.append(f"{text}: unpacked arguments cannot be checked")
+            continue
+        try:
+            bound = inspect.signature(called).bind(
+                *map(_argument, call.args), **{k.arg: _argument(k.value) for k in call.keywords}
+            )
+        except TypeError as error:
+            wrong.append(f"{text}: {error}")
+            continue
+        checked.append(f"{called.__module__}.{called.__qualname__}")
+        for parameter, value in bound.arguments.items():
+            known = KNOWN_VALUES.get((checked[-1], parameter))
+            if known is not None and value is not PLACEHOLDER and value not in resolve(known):
+                wrong.append(f"{text}: {parameter}={value!r} is not one of {resolve(known)}")
+    return checked, wrong
+
+
+@pytest.mark.parametrize("where, code", _edgefuse_examples(), ids=[where for where, _ in _edgefuse_examples()])
+def test_every_edgefuse_call_of_a_python_example_binds_to_its_signature(where, code):
+    """A renamed keyword, a missing argument or a model name, precision or quantizer scheme edgefuse does
+    not have fails here, without running the example."""
+    _, wrong = edgefuse_calls(where, code)
+    assert not wrong, f"{where}: {wrong}"
+
+
+def test_the_signature_check_reaches_the_readme_calls():
+    """The check above finds the calls the README makes (one that found none would pass every example)."""
+    checked = {name for number, code in enumerate(python_examples(README), 1)
+               for name in edgefuse_calls(f"README.md#{number}", code)[0]}
+    assert {name for name, _ in KNOWN_VALUES} | {"edgefuse.core.recompose.recompose_rms_norm"} <= checked, checked
+
+
+@pytest.mark.slow
+def test_the_readme_core_example_runs():
+    """The README's first example as a reader runs it (export and an edge program of tiny Qwen3, no
+    lowering): the captured graph's norms are rebuilt."""
+    namespace: dict = {}
+    exec(compile(python_examples(README)[0], "README.md#1", "exec"), namespace)
     assert any(decision.rebuilt for decision in namespace["result"].decisions)
-    assert namespace["pte"][4:8] == b"ET12"
-    assert namespace["on_htp"].graphs
 
 
 # -- commands ----------------------------------------------------------------------------------------------
