@@ -7,9 +7,9 @@
 - Every command the README shows, in a code block or in its tables, exists and takes each option it
   names (its ``--help`` lists them), and an ``edgefuse`` line parses as written. The code blocks'
   commands run whole (slow: a minute or two each); ``NOT_RUN_WHOLE`` says why one does not. The tables'
-  commands are run with ``--help`` alone: the edgefuse commands there are the code blocks' in brief, and the measures take minutes (``quant``,
-  ``qnn_check``, ``check_models``, ``llm_check``) to hours (``llm_latency``, ``xnnpack_bench`` on an idle
-  machine), which is why they are commands and not tests.
+  commands are run with ``--help`` alone: the edgefuse commands there are the code blocks' in brief, and
+  the measures take minutes (``quant``, ``qnn_check``, ``check_models``, ``llm_check``) to hours
+  (``llm_latency``, ``xnnpack_bench`` on an idle machine), which is why they are commands and not tests.
 - docs/commands.md names every option of every command, so the reference stays whole.
 - Every ``edgefuse.NAME`` the documents mention is a module or a name in one, the README stays under
   200 lines, and every relative link in README.md and docs/ leads to a file (and a heading) that exists.
@@ -338,7 +338,8 @@ def imported_edgefuse_names(code: str) -> list[tuple[str, str]]:
             packages |= {alias.name for alias in node.names if alias.name.split(".")[0] == EDGEFUSE}
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and (dotted := ast.unparse(node.value)) in packages:
-            names.append((dotted, node.attr))
+            if f"{dotted}.{node.attr}" not in packages:  # edgefuse.qnn after import edgefuse.qnn: a package
+                names.append((dotted, node.attr))
     return names
 
 
@@ -541,8 +542,8 @@ def test_the_export_llm_example_runs_with_executorch_shipped_config(tmp_path, mo
     checkpoint written where the line names them, with ExecuTorch's ``llama_xnnpack.yaml`` beside them:
     stock leaves means outside the delegate, edgefuse none."""
     from edgefuse import cli
-    from tests.harness import side_by_side_counts
     from edgefuse.llm.eager import SMALL_LLAMA, write_small_model
+    from tests.harness import side_by_side_counts
 
     found = _export_llm_example()
     config = found.words[found.words.index("--config") + 1]
