@@ -239,7 +239,7 @@ def test_every_edgefuse_name_the_documents_mention_exists():
 _TEST_FILE, _LEGEND_USE, _TEST_NAME = r"`(tests/[\w/*]+\.py)`", r"(?<![\w`])([A-Z])(?=,?\s+`)", r"`(test_\w+)`"
 
 
-def tests_defined(pattern: str = "**/*.py") -> set[str]:
+def defined_tests(pattern: str = "**/*.py") -> set[str]:
     """The test functions of the files under tests/ that ``pattern`` matches."""
     defined = set()
     for path in (ROOT / "tests").glob(pattern):
@@ -247,7 +247,7 @@ def tests_defined(pattern: str = "**/*.py") -> set[str]:
     return defined
 
 
-def tests_named_by_file(text: str) -> list[tuple[str | None, str]]:
+def named_tests_with_their_file(text: str) -> list[tuple[str | None, str]]:
     """Each backquoted test name of ``text`` with the test file named last before it (directly, or by a
     letter the document gave that file), or None before any file is named."""
     legends = dict((letter, path) for path, letter in re.findall(_TEST_FILE + r"\s*\(([A-Z])\)", text))
@@ -267,15 +267,15 @@ def test_every_test_and_file_the_documents_name_exists():
     """A claim that names its test (``test_...``) or a file (``src/...``, ``tests/...``) names one there is,
     and a test named after its file (``tests/x.py`` (``test_a``, ``test_b``), or by the file's letter) is in
     that file: when a test or a module is renamed or moved, the documents follow."""
-    defined = tests_defined()
+    defined = defined_tests()
     missing = []
     for document in DOCUMENTS:
         text = document.read_text()
         for name in set(re.findall(r"`(test_\w+)`", text)) | set(re.findall(r"[ (]`?(test_\w+)`?[,)]", text)):
             if name not in defined:
                 missing.append(f"{document.relative_to(ROOT)}: {name}")
-        for path, name in tests_named_by_file(text):
-            if path is not None and name in defined and name not in tests_defined(path.removeprefix("tests/")):
+        for path, name in named_tests_with_their_file(text):
+            if path is not None and name in defined and name not in defined_tests(path.removeprefix("tests/")):
                 missing.append(f"{document.relative_to(ROOT)}: {name} is not in {path}")
         for path in set(re.findall(r"`((?:src|tests|docs)/[\w./*-]+)", text)):
             if not list(ROOT.glob(path.split("::")[0])):
