@@ -89,3 +89,12 @@ def norm_perturbation(x: torch.Tensor, w: torch.Tensor, dx, eps: float = 1e-6) -
     dx = dx.double() if isinstance(dx, torch.Tensor) else torch.full_like(x, float(dx))
     r = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return w.abs() * (dx / r + x.abs() * (x.abs() * dx).sum(-1, keepdim=True) / (x.shape[-1] * r**3))
+
+
+def side_by_side_counts(out: str) -> dict[str, tuple[int, int]]:
+    """The rows of ``edgefuse export-llm --compare``'s table in its stdout ``out``: each operator left outside
+    the delegate with its count in the stock program and in edgefuse's."""
+    lines = out.splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("stock ("))
+    rows = [line.split() for line in lines[lines.index(header) + 1 :] if line.strip() and not line.startswith("wrote")]
+    return {row[0]: (int(row[-2]), int(row[-1])) for row in rows}

@@ -17,6 +17,7 @@ from edgefuse import cli
 from edgefuse.inputs.errors import OK, USAGE
 from edgefuse.tools.llm_check import CASES, case_arguments, check_case, check_programs, passed
 from edgefuse.llm.lowering import swapped
+from tests.harness import side_by_side_counts
 
 
 @contextlib.contextmanager
@@ -242,9 +243,7 @@ def test_export_llm_compare_prints_both_programs_side_by_side(llama_fp32_command
     assert len(lines) < 40, len(lines)
     header = next(line for line in lines if line.lstrip().startswith("stock ("))
     assert "edgefuse (" in header and header.index("stock (") < header.index("edgefuse (")
-    rows = {line.split()[0] if not line.startswith("  ") else line.split()[0]: line.split()[-2:]
-            for line in lines[lines.index(header) + 1:] if line.strip() and not line.startswith("wrote")}
-    stock_means, our_means = (int(n) for n in rows["aten::mean.out"])
+    stock_means, our_means = side_by_side_counts(out)["aten::mean.out"]
     assert stock_means == 3 and our_means == 0  # two norms in the layer and the final norm
     assert out.splitlines()[-1] == f"wrote llama.pte and llama.stock.pte"
     assert ptes(directory) == ["llama.pte", "llama.stock.pte"]

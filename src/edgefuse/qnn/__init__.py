@@ -34,6 +34,7 @@ _PUBLIC: dict[str, str] = {
     "find": "edgefuse.qnn.sdk",
     "lower": "edgefuse.qnn.pipeline",
     "patched": "edgefuse.qnn.passes",
+    "quantize_for_qnn": "edgefuse.qnn.quantizer",
     "run_on_emulator": "edgefuse.qnn.emulator",
     "setup": "edgefuse.qnn.sdk",
     "to_pte": "edgefuse.qnn.emulator",
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
     from edgefuse.qnn.emulator import run_on_emulator, to_pte
     from edgefuse.qnn.passes import PassRun, QnnPatch, QnnRecomposeRmsNorm, QnnRemoveRedundancy, patched
     from edgefuse.qnn.pipeline import PRECISIONS, QnnLibrariesMissing, QnnLowered, QnnLoweringFailed, lower
+    from edgefuse.qnn.quantizer import quantize_for_qnn
     from edgefuse.qnn.sdk import Absent, QnnSdkUnavailable, Sdk, ensure_in_process, find, setup
 
 

@@ -5,7 +5,10 @@ each RMSNorm splits the delegate. edgefuse swaps those means and casts for ops o
 partitioning and serializes them with node types the released runtime already has (fully-connected,
 global average pooling, static reshape, convert), so the programs load on released runtimes.
 
-- :func:`lower`: the whole flow, exported program in, lowered ``EdgeProgramManager`` out.
+- :func:`lower`: the whole flow, exported program in, lowered ``EdgeProgramManager`` out; :func:`lower_with`
+  one named lowering (stock or edgefuse's).
+- :func:`quantize`, :func:`export_quantized`: the qs8 and 8da4w flows; :class:`EdgefuseRecipeType`: the
+  ``edgefuse_xnnpack`` export recipes (its first use registers their provider).
 - :class:`EdgefuseXnnpackPartitioner`: the drop-in for ``XnnpackPartitioner``.
 - :class:`SubstituteForXnnpack`, :class:`RestoreUndelegated`: the passes around partitioning.
 - :mod:`edgefuse.xnnpack.policy`: the single-row mean policy; :mod:`edgefuse.xnnpack.inspect`: read
@@ -25,20 +28,26 @@ from edgefuse.core.lazy import lazy_names
 #: Each public name and the module that defines it.
 _PUBLIC: dict[str, str] = {
     "DEFAULT_SINGLE_ROW_POLICY": "edgefuse.xnnpack.policy",
+    "EdgefuseRecipeType": "edgefuse.xnnpack.recipes",
     "EdgefuseXnnpackPartitioner": "edgefuse.xnnpack.partitioner",
     "RestoreUndelegated": "edgefuse.xnnpack.substitute",
     "SINGLE_ROW_POLICIES": "edgefuse.xnnpack.policy",
     "SubstituteForXnnpack": "edgefuse.xnnpack.substitute",
     "edgefuse_configs": "edgefuse.xnnpack.partitioner",
+    "export_quantized": "edgefuse.xnnpack.quantizer",
     "lower": "edgefuse.xnnpack.lowering",
+    "lower_with": "edgefuse.xnnpack.lowering",
+    "quantize": "edgefuse.xnnpack.quantizer",
 }
 
 __all__ = sorted(_PUBLIC)
 
 if TYPE_CHECKING:
-    from edgefuse.xnnpack.lowering import lower
+    from edgefuse.xnnpack.lowering import lower, lower_with
     from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner, edgefuse_configs
     from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, SINGLE_ROW_POLICIES
+    from edgefuse.xnnpack.quantizer import export_quantized, quantize
+    from edgefuse.xnnpack.recipes import EdgefuseRecipeType
     from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
 
 
