@@ -4,20 +4,12 @@ name it takes from edgefuse checked against the public face, and one of each kin
 from __future__ import annotations
 
 import ast
-import importlib
 from pathlib import Path
 
 import pytest
 
 from edgefuse.fuzz import trust
-
-def public(module: str, name: str) -> bool:
-    """Whether ``name`` of ``module`` is public: the module is ``edgefuse`` or a package or module right under
-    it (``edgefuse.fuzz``, ``edgefuse.passes``), and its ``__all__`` (the lazy table's names) declares it."""
-    parts = module.split(".")
-    if parts[0] != "edgefuse" or len(parts) > 2 or any(p.startswith("_") for p in parts):
-        return False
-    return name in getattr(importlib.import_module(module), "__all__", ())
+from tests.public_names import public
 
 
 def edgefuse_names(text: str) -> list[tuple[str, str]]:
