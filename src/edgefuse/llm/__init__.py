@@ -32,6 +32,9 @@ _PUBLIC: dict[str, str] = {
     "qnn_lowering": "edgefuse.llm.qnn",
     "PteContents": "edgefuse.llm.pte",
     "read_pte": "edgefuse.llm.pte",
+    "check_method": "edgefuse.llm.static_llama",
+    "parse_script_args": "edgefuse.llm.static_llama",
+    "run_script": "edgefuse.llm.static_llama",
     "EdgefuseRecipeProvider": "edgefuse.xnnpack.recipes",
     "EdgefuseRecipeType": "edgefuse.xnnpack.recipes",
 }
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
     from edgefuse.llm.lowering import LoweringSwapError, edgefuse_lowering
     from edgefuse.llm.pte import PteContents, read_pte
     from edgefuse.llm.qnn import QnnRecord, qnn_lowering
+    from edgefuse.llm.static_llama import check_method, parse_script_args, run_script
     from edgefuse.xnnpack.recipes import EdgefuseRecipeProvider, EdgefuseRecipeType
 
 
