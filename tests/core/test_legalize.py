@@ -65,6 +65,8 @@ def test_a_whole_norm_a_limit_covers_is_normalized_on_its_rows_and_viewed_back(m
     assert list(user.args[1]) == list(shape) and user.meta["val"].stride() == before.stride()
     after = _run(target, inputs)
     assert after.dtype == before.dtype and after.stride() == before.stride() and torch.equal(after, before)
+    if mode == "edge":
+        target.validate()  # the signature names the view that now stands where the norm was
     # the rule removed: the same norm is kept as written
     [kept] = legalize_rms_norm(_graph(module, inputs, mode), backend=_without_limits()).norms
     assert kept.action == KEPT
@@ -80,6 +82,20 @@ def test_a_norm_no_limit_covers_is_kept_and_the_graph_is_unchanged(mode, shape):
     assert held.action == KEPT and held.limit is None
     assert held.reason == f"no limit of qnn covers {list(shape)} in {FLOAT}"
     assert gm.code == code
+    if mode == "edge":
+        target.validate()
+
+
+def test_qnn_recompose_pass_views_a_whole_norm_at_the_graph_output_and_the_program_validates():
+    inputs = (_x((2, 16, 32)),)
+    config = edgefuse.edge_compile_config(preserve_ops=[torch.ops.aten.rms_norm.default])
+    edge = to_edge(export(nn.RMSNorm(32).eval(), inputs), compile_config=config)
+    before = edge.exported_program().module()(*inputs)
+    transformed = edge.transform([edgefuse.qnn.QnnRecomposeRmsNorm()])  # ExecuTorch's verifier runs here
+    program = transformed.exported_program()
+    [node] = rms_norm_nodes(program.graph_module)
+    assert list(node.args[0].args[1]) == [1, 32, 32]
+    assert torch.equal(program.module()(*inputs), before)
 
 
 class Transposed(nn.Module):

@@ -23,6 +23,7 @@ from edgefuse.core.casts import tensor_meta
 from edgefuse.core.ops import OpTable, Role, table_for
 from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, get_profile
 from edgefuse.core.recompose import _properties, _viewed
+from edgefuse.core.signature import sync_signature
 
 #: What the pass did with one norm.
 KEPT, VIEWED, LEFT = "kept", "viewed", "left"
@@ -73,8 +74,9 @@ def legalize_rms_norm(
     so quantized limits are applied during capture, where the quantizer has views share their input's
     encoding.
     """
-    if isinstance(graph_module, ExportedProgram):
-        graph_module = graph_module.graph_module
+    program = graph_module if isinstance(graph_module, ExportedProgram) else None
+    if program is not None:
+        graph_module = program.graph_module
     if not isinstance(graph_module, GraphModule):
         raise TypeError(
             f"legalize_rms_norm takes a torch.fx.GraphModule or an ExportedProgram, not {type(graph_module).__name__}"
@@ -86,6 +88,8 @@ def legalize_rms_norm(
     if result.viewed:
         graph_module.graph.lint()
         graph_module.recompile()
+        if program is not None:
+            sync_signature(program)
     return result
 
 
