@@ -107,9 +107,30 @@ class Transposed(nn.Module):
 
 def test_a_covered_norm_of_a_non_contiguous_input_is_left_with_the_reason():
     target = _graph(Transposed(), (_x((2, 16, 4, 32)),), "capture")
+    code = target.code
     [held] = legalize_rms_norm(target, backend="qnn").norms
     assert held.action == LEFT and held.limit == LAYOUT
     assert held.reason.endswith("and this input is not contiguous, so it has no [1, rows, D] view")
+    assert target.code == code
+
+
+class SwappedUnitDim(nn.Module):
+    """A norm over a transpose that swaps a dim of size 1: contiguous as torch counts it, yet its strides are
+    not those of a ``[1, rows, D]`` view viewed back."""
+
+    def forward(self, x):
+        return F.rms_norm(x.transpose(1, 2), (32,), None, 1e-6)
+
+
+def test_a_covered_norm_whose_view_would_change_its_output_strides_is_left():
+    inputs = (_x((2, 16, 1, 32)),)
+    target = _graph(SwappedUnitDim(), inputs, "capture")
+    assert inputs[0].transpose(1, 2).is_contiguous()
+    code, before = target.code, _run(target, inputs)
+    [held] = legalize_rms_norm(target, backend="qnn").norms
+    assert (held.action, held.limit) == (LEFT, LAYOUT)
+    assert held.reason.endswith("a norm of its [1, rows, D] view would not produce the layout the graph expects")
+    assert target.code == code and _run(target, inputs).stride() == before.stride()
 
 
 def test_a_covered_norm_whose_rows_are_not_known_when_built_is_left():
