@@ -133,6 +133,22 @@ def test_a_covered_norm_whose_view_would_change_its_output_strides_is_left():
     assert target.code == code and _run(target, inputs).stride() == before.stride()
 
 
+class SeveralDims(nn.Module):
+    """A norm over the last two dims: its rows are not ``[1, rows, D]``."""
+
+    def forward(self, x):
+        return F.rms_norm(x, (16, 32), None, 1e-6)
+
+
+def test_a_covered_norm_over_several_trailing_dims_is_left_with_a_plain_reason():
+    target = _graph(SeveralDims(), (_x((2, 4, 16, 32)),), "capture")
+    code = target.code
+    [held] = legalize_rms_norm(target, backend="qnn").norms
+    assert (held.action, held.limit) == (LEFT, LAYOUT)
+    assert held.reason.endswith("and it normalizes over several trailing dims: no [1, rows, D] view")
+    assert target.code == code
+
+
 def test_a_covered_norm_whose_rows_are_not_known_when_built_is_left():
     batch = torch.export.Dim("batch", min=2, max=8)
     target = _graph(nn.RMSNorm(32).eval(), (_x((2, 16, 32)),), "capture", dynamic_shapes=({0: batch},))

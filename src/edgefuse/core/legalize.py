@@ -117,6 +117,8 @@ def _legalize(norm: Node, table: OpTable, profile: BackendProfile, capture: bool
         return left("it is quantized already: a view would sit between it and the quantize and dequantize ops around it")
     if None in shape:
         return left("the rows of this one are not known when the program is built")
+    if len(norm.args) > 1 and len(norm.args[1]) > 1:
+        return left("it normalizes over several trailing dims: no [1, rows, D] view")
     if not value.is_contiguous():
         return left("this input is not contiguous, so it has no [1, rows, D] view")
     rows = (1, math.prod(shape[:-1]), shape[-1])
