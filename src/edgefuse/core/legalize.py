@@ -103,7 +103,7 @@ def _legalize(norm: Node, table: OpTable, profile: BackendProfile, capture: bool
     shape = tuple(int(d) if isinstance(d, int) else None for d in value.shape)
     after_quantization = isinstance(x, Node) and table.is_a(x, Role.DEQUANTIZE)
     precision = QUANTIZED if capture or after_quantization else FLOAT
-    limit = next((l for l in profile.limits if precision in l.precisions and l.covers(shape)), None)
+    limit = profile.limit_for(shape, precision)
     if limit is None:
         return Legalized(norm.name, path, shape, KEPT, f"no limit of {profile.name} covers {list(value.shape)} in {precision}")
     wrong = f"{profile.name} computes rms_norm wrong for an input of shape {list(value.shape)} ({limit.name}: {limit.measured})"

@@ -117,10 +117,9 @@ class BackendProfile:
         """Why this backend does not compile a norm for ``chip`` in ``precision``, or None."""
         return next((r for r in self.refusals if r.chip == chip and r.precision == precision), None)
 
-    def limit_for(self, shape: tuple[int | None, ...], quantization_capture: bool) -> ShapeLimit | None:
-        """The limit that covers a norm over an input of ``shape``, or None; a graph about to be quantized
-        computes its norms in :data:`QUANTIZED`, any other in :data:`FLOAT`."""
-        precision = QUANTIZED if quantization_capture else FLOAT
+    def limit_for(self, shape: tuple[int | None, ...], precision: str) -> ShapeLimit | None:
+        """The limit that covers a norm over an input of ``shape`` computed in ``precision`` (:data:`FLOAT`
+        or :data:`QUANTIZED`), or None."""
         return next((l for l in self.limits if precision in l.precisions and l.covers(shape)), None)
 
     def dtype_reason(self, dtype: torch.dtype, quantization_capture: bool) -> str | None:
