@@ -19,7 +19,7 @@ from executorch.exir import to_edge
 
 import edgefuse
 from edgefuse.core.legalize import KEPT, LEFT, VIEWED, legalize_rms_norm
-from edgefuse.core.profiles import FLOAT, PROFILES, Generation, ShapeLimit
+from edgefuse.core.profiles import FLOAT, PROFILES, QUANTIZED, Generation, ShapeLimit
 
 from tests.harness import rms_norm_nodes
 
@@ -166,7 +166,11 @@ def test_a_limit_whose_remedy_is_leave_leaves_a_whole_norm_with_its_reason():
 def test_during_quantization_capture_only_quantized_limits_hold():
     float_layout = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
     [held] = legalize_rms_norm(float_layout, backend="qnn", quantization_capture=True).norms
-    assert held.action == KEPT
+    assert held.action == KEPT and held.limit is None
+    # kept as written, yet not called safe: 8a8w was measured wrong on the float16 layout's shapes
+    assert held.reason.startswith(f"no limit of qnn covers [1, 16, 4, 32] in {QUANTIZED}; yet {LAYOUT}: ")
+    assert "8a8w, QNN was measured wrong on these shapes too" in held.reason
+    assert "edgefuse does not remedy it" in held.reason
     rank5 = _graph(nn.RMSNorm(64).eval(), (_x((1, 2, 4, 4, 64)),), "capture")
     [held] = legalize_rms_norm(rank5, backend="qnn", quantization_capture=True).norms
     assert (held.action, held.limit) == (VIEWED, RANK)
@@ -188,7 +192,7 @@ def test_a_norm_quantized_already_is_held_to_the_quantized_limits_and_never_view
     assert "it is quantized already" in held.reason
     xq = torch.randint(-100, 100, (1, 16, 64), dtype=torch.int16)
     [held] = legalize_rms_norm(_graph(Dequantized(), (xq,), "capture"), backend="qnn").norms
-    assert held.action == KEPT
+    assert held.action == KEPT and held.reason == f"no limit of qnn covers [1, 16, 64] in {QUANTIZED}"
 
 
 class QkNorm(nn.Module):

@@ -36,7 +36,8 @@ class Legalized:
     ``node`` names the norm as the graph had it; ``shape`` is its input's shape (None for a size not known
     when the program is built); ``action`` is :data:`KEPT` (no limit covers it), :data:`VIEWED` (it now
     normalizes a ``[1, rows, D]`` view) or :data:`LEFT` (a limit covers it and no view keeps its values
-    and layout); ``limit`` names the limit that covers it, ``reason`` says why.
+    and layout); ``limit`` names the limit that covers it, ``reason`` says why (for a kept norm, also what
+    was measured wrong on its shape in its precision that edgefuse does not remedy).
     """
 
     node: str
@@ -105,7 +106,9 @@ def _legalize(norm: Node, table: OpTable, profile: BackendProfile, capture: bool
     precision = QUANTIZED if capture or after_quantization else FLOAT
     limit = profile.limit_for(shape, precision)
     if limit is None:
-        return Legalized(norm.name, path, shape, KEPT, f"no limit of {profile.name} covers {list(value.shape)} in {precision}")
+        kept = f"no limit of {profile.name} covers {list(value.shape)} in {precision}"
+        unremedied = profile.unremedied(shape, precision)
+        return Legalized(norm.name, path, shape, KEPT, kept if unremedied is None else f"{kept}; yet {unremedied}")
     wrong = f"{profile.name} computes rms_norm wrong for an input of shape {list(value.shape)} ({limit.name}: {limit.measured})"
 
     def left(why: str) -> Legalized:
