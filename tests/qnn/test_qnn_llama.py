@@ -136,6 +136,13 @@ def test_each_method_is_paired_with_its_own_recomposition(script_run):
     assert decisions_by_method(run) == {"kv_forward": [], "prefill_forward": []}
 
 
+@pytest.mark.slow
+def test_the_norms_are_held_to_the_limits_of_the_scripts_soc(script_run):
+    """``--soc_model SM8650`` reaches :func:`edgefuse.qnn.patched`: the limits are V75's, as measured there."""
+    _, run = script_run
+    assert run.patch.note == "the limits of V75, measured on SM8650"
+
+
 def test_a_method_the_program_lacks_is_refused_naming_its_methods(script_run):
     from edgefuse.llm.static_llama import check_method
     from edgefuse.runtime import MethodMissing
@@ -186,6 +193,25 @@ def test_a_package_the_run_lacks_is_named_when_the_script_uses_it(monkeypatch):
         importlib.import_module("edgefuse_absent_package")
 
 
+def test_the_command_prints_what_the_legalize_pass_did_beside_the_decisions(capsys):
+    """Each pipeline run's legalized norms are printed under its decisions: kept, viewed or left, with the reason."""
+    from types import SimpleNamespace
+
+    from edgefuse.cli.qnn_llama import _print_decisions
+    from edgefuse.core.legalize import KEPT, VIEWED, Legalized
+    from edgefuse.qnn import PassRun
+
+    legalized = (
+        Legalized("rms_norm", "layers.0.attention_norm", (1, 16, 64), KEPT, "no limit of qnn covers [1, 16, 64] in float"),
+        Legalized("rms_norm_1", None, (2, 16, 64), VIEWED, "normalized on a [1, 32, 64] view of its input", "htp-fp16-rms-norm-layout"),
+    )
+    _print_decisions(SimpleNamespace(patch=SimpleNamespace(runs=[PassRun("to_edge", "RecomposeRmsNorm", legalized=legalized)])))
+    out = capsys.readouterr().out
+    assert "norms decided: 0; whole norms held to the limits: 2" in out
+    assert "  to_edge: layers.0.attention_norm (whole norm): kept, no limit of qnn covers [1, 16, 64] in float" in out
+    assert "  to_edge: rms_norm_1 (whole norm): viewed, normalized on a [1, 32, 64] view of its input" in out
+
+
 def test_the_command_refuses_an_artifact_folder_others_could_write(config_args, tmp_path, capsys):
     shared = tmp_path / "shared"
     shared.mkdir()
@@ -204,5 +230,9 @@ def test_the_command_prints_each_method_report_alone_on_stdout(config_args, tmp_
     (row,) = [line.split() for line in out.splitlines() if line.strip().startswith("prefill_forward")]
     whole = PARAMS["n_layers"] * 4 + 1  # per layer its two norms and the two QK norms; the last norm
     per_head = PARAMS["n_layers"] * (2 + PARAMS["n_heads"] + PARAMS["n_kv_heads"]) + 1
-    assert row[:5] == ["prefill_forward", "0/0", str(whole), str(per_head), "0"]
+    assert row[:2] == ["prefill_forward", "0/0"]
+    kept, viewed, left = (int(n) for n in row[2].split("/"))
+    assert viewed == left == 0 and kept > 0  # every whole norm of this model is one no limit covers
+    assert row[3:6] == [str(whole), str(per_head), "0"]
+    assert "whole norm): kept, no limit of qnn covers" in out
     assert row[-1] == "yes" and not any(line.strip().startswith("kv_forward") for line in out.splitlines())

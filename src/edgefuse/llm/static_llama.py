@@ -232,7 +232,7 @@ def run_script(args: argparse.Namespace) -> ScriptRun:
     original = getattr(wrappers, LOWERING)
     setattr(wrappers, LOWERING, _capturing(original, run, method_names(args)))
     try:
-        with absent_extras(), patched() as patch, recording_compiled_graphs() as compiled:
+        with absent_extras(), patched(soc=args.soc_model) as patch, recording_compiled_graphs() as compiled:
             script.export_llama(args)
     finally:
         setattr(wrappers, LOWERING, original)
@@ -245,17 +245,18 @@ def run_script(args: argparse.Namespace) -> ScriptRun:
 @dataclass
 class MethodCheck:
     """One method of a :class:`ScriptRun`'s program: the norms its edge program keeps whole
-    (``aten.rms_norm``, in its delegates or outside them), the ``RmsNorm`` ops QNN compiled for it, and
-    the decisions of edgefuse's recomposition in its to_edge pipeline (:func:`decisions_by_method`), and
-    its run on the HTP emulator against the module the script lowered, output by output (a quantized
-    output at its quantization step: :func:`edgefuse.qnn.emulator.output_tolerances`; None where the
-    quantizer left it in float, compared as float16). ``failure`` is the runtime's reason when it did not
-    run."""
+    (``aten.rms_norm``, in its delegates or outside them), the ``RmsNorm`` ops QNN compiled for it, the
+    decisions of edgefuse's recomposition in its to_edge pipeline and what the legalize pass did to each
+    whole norm there (``legalized``, :func:`runs_by_method`), and its run on the HTP emulator against the
+    module the script lowered, output by output (a quantized output at its quantization step:
+    :func:`edgefuse.qnn.emulator.output_tolerances`; None where the quantizer left it in float, compared
+    as float16). ``failure`` is the runtime's reason when it did not run."""
 
     name: str
     whole_norms: int
     rms_norms: int
     decisions: list = field(default_factory=list)
+    legalized: list = field(default_factory=list)
     comparisons: list = field(default_factory=list)
     tolerances: list = field(default_factory=list)
     failure: str | None = None
@@ -274,14 +275,20 @@ def _whole_norms(program) -> int:
     return sum(1 for graph in graphs for node in graph.nodes if node.target is EDGE.rms_norm)
 
 
-def decisions_by_method(run: ScriptRun) -> dict[str, list]:
-    """The norm decisions of edgefuse's recomposition in each method's to_edge pipeline. ExecuTorch runs the
-    to_edge passes of one method after another in the order the script hands them over, one recomposition
-    each; when the runs do not pair up with the methods so, none is attributed (an empty dict)."""
+def runs_by_method(run: ScriptRun) -> dict:
+    """The run of edgefuse's recomposition (with the legalize pass after it) in each method's to_edge
+    pipeline, a :class:`edgefuse.qnn.PassRun`. ExecuTorch runs the to_edge passes of one method after
+    another in the order the script hands them over, one recomposition each; when the runs do not pair up
+    with the methods so, none is attributed (an empty dict)."""
     runs = [r for r in run.patch.runs if r.pipeline == "to_edge" and r.name == "RecomposeRmsNorm"] if run.patch else []
     if len(runs) != len(run.methods):
         return {}
-    return {name: list(r.decisions) for name, r in zip(run.methods, runs)}
+    return dict(zip(run.methods, runs))
+
+
+def decisions_by_method(run: ScriptRun) -> dict[str, list]:
+    """The norm decisions of edgefuse's recomposition in each method's to_edge pipeline (:func:`runs_by_method`)."""
+    return {name: list(r.decisions) for name, r in runs_by_method(run).items()}
 
 
 def _emulator_outputs(pte: bytes, inputs: list, method: str) -> list:
@@ -317,8 +324,9 @@ def check_method(run: ScriptRun, name: str) -> MethodCheck:
         raise MethodMissing(name, list(run.methods))
     method = run.methods[name]
     graphs = run.graphs.methods().get(name, []) if run.graphs is not None else []
+    paired = runs_by_method(run).get(name)
     check = MethodCheck(name, _whole_norms(run.edge.exported_program(name)), sum(g.rms_norms for g in graphs),
-                        decisions_by_method(run).get(name, []))
+                        list(paired.decisions) if paired else [], list(paired.legalized) if paired else [])
     io = quantized_io(method.module)
     try:
         actual = io.module_outputs(_emulator_outputs(run.pte, io.program_inputs(method.inputs), name))
