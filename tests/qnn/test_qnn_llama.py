@@ -72,6 +72,7 @@ def script_run(request, qnn_sdk, tmp_path_factory):
     return request.param, run_script(parse_script_args(argv))
 
 
+@pytest.mark.slow
 def test_compile_only_writes_a_program_of_a_prefill_and_a_decode(script_run):
     head_dim, run = script_run
     written = sorted(p for p in __import__("pathlib").Path(run.artifact).iterdir() if p.suffix == ".pte")
@@ -99,6 +100,7 @@ def outcome(check) -> str:
     return "matches" if check.ok else "off"
 
 
+@pytest.mark.slow
 def test_each_method_runs_on_the_emulator_against_its_fake_quantized_module(script_run):
     from edgefuse.llm.static_llama import check_method
 
@@ -112,6 +114,7 @@ def test_each_method_runs_on_the_emulator_against_its_fake_quantized_module(scri
             assert len(check.comparisons) == 3 and check.tolerances[0] is not None
 
 
+@pytest.mark.slow
 def test_rms_norms_are_counted_per_method(script_run):
     """Each method's graph holds every norm of the model as a QNN RmsNorm: the layer's two, the last one, and
     the QK norms, which the script's MHA-to-SHA split gives one per head (two query heads, one key head)."""
@@ -127,6 +130,7 @@ def test_rms_norms_are_counted_per_method(script_run):
         assert check_method(run, name).rms_norms == expected
 
 
+@pytest.mark.slow
 def test_each_method_is_paired_with_its_own_recomposition(script_run):
     """Every norm of this model is whole (``torch.nn.RMSNorm``): each method's to_edge recomposition ran and
     decided nothing, and the two runs pair up with the two methods."""
@@ -143,6 +147,7 @@ def test_the_norms_are_held_to_the_limits_of_the_scripts_soc(script_run):
     assert run.patch.note == "the limits of V75, measured on SM8650"
 
 
+@pytest.mark.slow
 def test_a_method_the_program_lacks_is_refused_naming_its_methods(script_run):
     from edgefuse.llm.static_llama import check_method
     from edgefuse.runtime import MethodMissing
@@ -221,6 +226,7 @@ def test_the_command_refuses_an_artifact_folder_others_could_write(config_args, 
     assert f"--artifact {shared}: " in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_command_prints_each_method_report_alone_on_stdout(config_args, tmp_path, capsys):
     code = main(["-q", "qnn-llama", "--method", "prefill_forward", *config_args, "--artifact", str(tmp_path / "out")])
     out = capsys.readouterr().out
