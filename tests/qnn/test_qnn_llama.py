@@ -189,13 +189,32 @@ def test_a_package_the_run_lacks_is_named_when_the_script_uses_it(monkeypatch):
     from edgefuse.llm import static_llama
 
     monkeypatch.setitem(static_llama.EXTRAS, "edgefuse_absent_package", "a test")
+    script_module = {"__name__": "executorch.examples.qualcomm.edgefuse_test"}  # an import the script makes
     with static_llama.absent_extras():
-        stand_in = importlib.import_module("edgefuse_absent_package.models")
-        evaluate = stand_in.simple_evaluate
+        exec("from edgefuse_absent_package.models import simple_evaluate", script_module)
+    evaluate = script_module["simple_evaluate"]
     with pytest.raises(static_llama.ExtraMissing, match="install edgefuse_absent_package .the script uses it for a test"):
         evaluate()
+    with pytest.raises(static_llama.ExtraMissing, match="install edgefuse_absent_package"):
+        bool(evaluate)
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("edgefuse_absent_package")
+
+
+def test_a_package_the_run_lacks_gets_no_stand_in_for_imports_from_outside_the_script(monkeypatch):
+    """An import from outside the script's modules, as torch's ``try: import pydot``
+    (``torch.fx.passes.graph_drawer``), finds a missing package missing while the script loads."""
+    import importlib.util
+
+    from edgefuse.llm import static_llama
+
+    monkeypatch.setitem(static_llama.EXTRAS, "edgefuse_absent_package", "a test")
+    with static_llama.absent_extras():
+        assert importlib.util.find_spec("edgefuse_absent_package") is None
+        with pytest.raises(ImportError):
+            exec("import edgefuse_absent_package", {"__name__": "torch.fx.passes.graph_drawer"})
+        static_llama._script()  # loading the script changes nothing for the rest of the process
+        assert importlib.util.find_spec("edgefuse_absent_package") is None
 
 
 def test_the_command_prints_what_the_legalize_pass_did_beside_the_decisions(capsys):

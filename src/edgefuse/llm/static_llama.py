@@ -19,8 +19,9 @@ shared buffers, no weight sharing: the emulator has neither).
 The script imports ``torchtune``, ``lm_eval``, ``datasets`` and ``pydot`` when it loads, for converting
 Hugging Face checkpoints, task evaluation, Hugging Face data sets and graph drawings; a compile-only run
 from a local ``--checkpoint`` and local ``--calib_samples`` calls none of them. Where one is not installed
-:func:`absent_extras` stands in for it while the script runs: every name taken from it is a class whose
-use raises :class:`ExtraMissing` naming the package, so a run that needs one stops with that reason.
+:func:`absent_extras` stands in for it while the script runs, for the script's own imports alone
+(:data:`IMPORTERS`): every name taken from it is a class whose use (or truth) raises :class:`ExtraMissing`
+naming the package, so a run that needs one stops with that reason.
 """
 
 from __future__ import annotations
@@ -62,20 +63,54 @@ class ExtraMissing(ImportError):
     """The script reached a package it needs for this run that is not installed."""
 
 
-def _absent(package: str, name: str) -> type:
-    def absent(*args, **kwargs):
-        raise ExtraMissing(f"{name} is needed for this run of the static-Llama script: install {package} "
-                           f"(the script uses it for {EXTRAS[package]})")
+#: The modules whose imports get a stand-in: the script's own (ExecuTorch's examples) and those of the
+#: Qualcomm backend it loads (its debugger draws graphs with ``pydot``). An import made anywhere else, as a
+#: ``try: import pydot`` of torch's, finds the package missing, as it is.
+IMPORTERS = ("executorch.examples.", "executorch.backends.qualcomm.")
 
-    return type(name.rsplit(".", 1)[-1], (), {"__init__": absent, "__call__": absent, "__module__": package})
+
+class _AbsentType(type):
+    """The type of a stand-in class: testing the class itself for truth raises too, so an ``if`` on a
+    name taken from a missing package does not take the branch meant for the package."""
+
+    def __bool__(cls):
+        raise ExtraMissing(cls.missing)
+
+
+def _absent(package: str, name: str) -> type:
+    missing = (f"{name} is needed for this run of the static-Llama script: install {package} "
+               f"(the script uses it for {EXTRAS[package]})")
+
+    def absent(*args, **kwargs):
+        raise ExtraMissing(missing)
+
+    body = {"__init__": absent, "__call__": absent, "missing": missing, "__module__": package}
+    return _AbsentType(name.rsplit(".", 1)[-1], (), body)
+
+
+#: The import machinery's modules (the frozen bootstrap and ``importlib``), whose frames sit between an
+#: import and the finder.
+_MACHINERY = ("_frozen_importlib", "importlib")
+
+
+def _importer() -> str:
+    """The name of the module whose code is importing now: the first frame outside the import machinery
+    (and outside this finder)."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_globals.get("__name__") or "").startswith(_MACHINERY):
+        frame = frame.f_back
+    return "" if frame is None else frame.f_globals.get("__name__") or ""
 
 
 class _StandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds a module of a package of :data:`EXTRAS` that no other finder finds, as a stand-in."""
+    """Finds a module of a package of :data:`EXTRAS` that no other finder finds, as a stand-in, for an
+    import made by a module of :data:`IMPORTERS`."""
 
     def find_spec(self, name, path=None, target=None):
         package = name.partition(".")[0]
-        if package not in EXTRAS or any(_found(finder, name, path) for finder in sys.meta_path if finder is not self):
+        if package not in EXTRAS or not _importer().startswith(IMPORTERS):
+            return None
+        if any(_found(finder, name, path) for finder in sys.meta_path if finder is not self):
             return None
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
