@@ -144,16 +144,16 @@ def test_a_covered_norm_on_a_tensor_with_no_rows_view_stays(mode):
 
 def test_the_qnn_profile_holds_its_measured_limits():
     qnn = PROFILES["qnn"]
-    assert qnn.limit_for((1, 16, 4, 32), False).name == "htp-fp16-rms-norm-layout"
-    assert qnn.limit_for((2, 16, 32), False).name == "htp-fp16-rms-norm-layout"
-    assert qnn.limit_for((1, 16, 4, 32), True) is None  # quantized: no layout limit held
-    assert qnn.limit_for((1, 64, 32), False) is None and qnn.limit_for((64, 32), False) is None
-    assert qnn.limit_for((1, 1, 16, 64), False) is None
+    assert qnn.limit_for((1, 16, 4, 32), FLOAT).name == "htp-fp16-rms-norm-layout"
+    assert qnn.limit_for((2, 16, 32), FLOAT).name == "htp-fp16-rms-norm-layout"
+    assert qnn.limit_for((1, 16, 4, 32), QUANTIZED) is None  # quantized: no layout limit held
+    assert qnn.limit_for((1, 64, 32), FLOAT) is None and qnn.limit_for((64, 32), FLOAT) is None
+    assert qnn.limit_for((1, 1, 16, 64), FLOAT) is None
     # any last dim: measured wrong from 1 to 512 ([9, 1, 40], [1, 12, 20, 64], [10, 32, 200])
     for shape in ((1, 16, 4, 64), (9, 1, 40), (10, 32, 200), (2, 16, 4096)):
-        assert qnn.limit_for(shape, False).name == "htp-fp16-rms-norm-layout", shape
-    assert qnn.limit_for((1, 2, 3, 4, 64), True).name == "htp-rms-norm-rank"
-    assert qnn.limit_for((None, 16, 4, 32), False) is not None  # a size not known when built may be any
+        assert qnn.limit_for(shape, FLOAT).name == "htp-fp16-rms-norm-layout", shape
+    assert qnn.limit_for((1, 2, 3, 4, 64), QUANTIZED).name == "htp-rms-norm-rank"
+    assert qnn.limit_for((None, 16, 4, 32), FLOAT) is not None  # a size not known when built may be any
 
 
 class DynamicRows(nn.Module):

@@ -58,6 +58,7 @@ def _errors(module, inputs, soc, recompose):
     return lowered, [compare(e, a.float(), ulps, dtype=torch.float16) for e, a in zip(expected, actual)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("soc", SOCS)
 def test_a_whole_qk_norm_at_head_dim_32_is_wrong_with_stock_and_right_with_edgefuse(soc):
     inputs = tuple(_x(shape, seed) for seed, shape in enumerate(QK_SHAPES))
@@ -72,6 +73,7 @@ def test_a_whole_qk_norm_at_head_dim_32_is_wrong_with_stock_and_right_with_edgef
         (1, 64, 32), (1, 64, 32)]
 
 
+@pytest.mark.slow
 def test_a_whole_rank_5_norm_quantized_is_viewed_during_capture_and_adds_no_requantization():
     x = _x((1, 2, 4, 4, 64))
     with pytest.raises(QnnLoweringFailed):

@@ -74,6 +74,7 @@ def script_run(request, qnn_sdk, tmp_path_factory):
     return request.param, run_script(parse_script_args(argv))
 
 
+@pytest.mark.slow
 def test_compile_only_writes_a_program_of_a_prefill_and_a_decode(script_run):
     head_dim, run = script_run
     written = sorted(p for p in __import__("pathlib").Path(run.artifact).iterdir() if p.suffix == ".pte")
@@ -101,6 +102,7 @@ def outcome(check) -> str:
     return "matches" if check.ok else "off"
 
 
+@pytest.mark.slow
 def test_each_method_runs_on_the_emulator_against_its_fake_quantized_module(script_run):
     from edgefuse.llm.static_llama import check_method
 
@@ -114,6 +116,7 @@ def test_each_method_runs_on_the_emulator_against_its_fake_quantized_module(scri
             assert len(check.comparisons) == 3 and check.tolerances[0] is not None
 
 
+@pytest.mark.slow
 def test_rms_norms_are_counted_per_method(script_run):
     """Each method's graph holds every norm of the model as a QNN RmsNorm: the layer's two, the last one, and
     the QK norms, which the script's MHA-to-SHA split gives one per head (two query heads, one key head)."""
@@ -129,6 +132,7 @@ def test_rms_norms_are_counted_per_method(script_run):
         assert check_method(run, name).rms_norms == expected
 
 
+@pytest.mark.slow
 def test_each_method_is_paired_with_its_own_recomposition(script_run):
     """Every norm of this model is whole (``torch.nn.RMSNorm``): each method's to_edge recomposition ran and
     decided nothing, and the two runs pair up with the two methods."""
@@ -138,6 +142,14 @@ def test_each_method_is_paired_with_its_own_recomposition(script_run):
     assert decisions_by_method(run) == {"kv_forward": [], "prefill_forward": []}
 
 
+@pytest.mark.slow
+def test_the_norms_are_held_to_the_limits_of_the_scripts_soc(script_run):
+    """``--soc_model SM8650`` reaches :func:`edgefuse.qnn.patched`: the limits are V75's, as measured there."""
+    _, run = script_run
+    assert run.patch.note == "the limits of V75, measured on SM8650"
+
+
+@pytest.mark.slow
 def test_a_method_the_program_lacks_is_refused_naming_its_methods(script_run):
     from edgefuse.llm.static_llama import check_method
     from edgefuse.runtime import MethodMissing
@@ -179,13 +191,51 @@ def test_a_package_the_run_lacks_is_named_when_the_script_uses_it(monkeypatch):
     from edgefuse.llm import static_llama
 
     monkeypatch.setitem(static_llama.EXTRAS, "edgefuse_absent_package", "a test")
+    script_module = {"__name__": "executorch.examples.qualcomm.edgefuse_test"}  # an import the script makes
     with static_llama.absent_extras():
-        stand_in = importlib.import_module("edgefuse_absent_package.models")
-        evaluate = stand_in.simple_evaluate
+        exec("from edgefuse_absent_package.models import simple_evaluate", script_module)
+    evaluate = script_module["simple_evaluate"]
     with pytest.raises(static_llama.ExtraMissing, match="install edgefuse_absent_package .the script uses it for a test"):
         evaluate()
+    with pytest.raises(static_llama.ExtraMissing, match="install edgefuse_absent_package"):
+        bool(evaluate)
     with pytest.raises(ModuleNotFoundError):
         importlib.import_module("edgefuse_absent_package")
+
+
+def test_a_package_the_run_lacks_gets_no_stand_in_for_imports_from_outside_the_script(monkeypatch):
+    """An import from outside the script's modules, as torch's ``try: import pydot``
+    (``torch.fx.passes.graph_drawer``), finds a missing package missing while the script loads."""
+    import importlib.util
+
+    from edgefuse.llm import static_llama
+
+    monkeypatch.setitem(static_llama.EXTRAS, "edgefuse_absent_package", "a test")
+    with static_llama.absent_extras():
+        assert importlib.util.find_spec("edgefuse_absent_package") is None
+        with pytest.raises(ImportError):
+            exec("import edgefuse_absent_package", {"__name__": "torch.fx.passes.graph_drawer"})
+        static_llama._script()  # loading the script changes nothing for the rest of the process
+        assert importlib.util.find_spec("edgefuse_absent_package") is None
+
+
+def test_the_command_prints_what_the_legalize_pass_did_beside_the_decisions(capsys):
+    """Each pipeline run's legalized norms are printed under its decisions: kept, viewed or left, with the reason."""
+    from types import SimpleNamespace
+
+    from edgefuse.cli.qnn_llama import _print_decisions
+    from edgefuse.core.legalize import KEPT, VIEWED, Legalized
+    from edgefuse.qnn import PassRun
+
+    legalized = (
+        Legalized("rms_norm", "layers.0.attention_norm", (1, 16, 64), KEPT, "no limit of qnn covers [1, 16, 64] in float"),
+        Legalized("rms_norm_1", None, (2, 16, 64), VIEWED, "normalized on a [1, 32, 64] view of its input", "htp-fp16-rms-norm-layout"),
+    )
+    _print_decisions(SimpleNamespace(patch=SimpleNamespace(runs=[PassRun("to_edge", "RecomposeRmsNorm", legalized=legalized)])))
+    out = capsys.readouterr().out
+    assert "norms decided: 0; whole norms held to the limits: 2" in out
+    assert "  to_edge: layers.0.attention_norm (whole norm): kept, no limit of qnn covers [1, 16, 64] in float" in out
+    assert "  to_edge: rms_norm_1 (whole norm): viewed, normalized on a [1, 32, 64] view of its input" in out
 
 
 def test_the_command_refuses_an_artifact_folder_others_could_write(config_args, tmp_path, capsys):
@@ -197,6 +247,7 @@ def test_the_command_refuses_an_artifact_folder_others_could_write(config_args, 
     assert f"--artifact {shared}: " in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_command_prints_each_method_report_alone_on_stdout(config_args, tmp_path, capsys):
     code = main(["-q", "qnn-llama", "--method", "prefill_forward", *config_args, "--artifact", str(tmp_path / "out")])
     out = capsys.readouterr().out
@@ -206,5 +257,9 @@ def test_the_command_prints_each_method_report_alone_on_stdout(config_args, tmp_
     (row,) = [line.split() for line in out.splitlines() if line.strip().startswith("prefill_forward")]
     whole = PARAMS["n_layers"] * 4 + 1  # per layer its two norms and the two QK norms; the last norm
     per_head = PARAMS["n_layers"] * (2 + PARAMS["n_heads"] + PARAMS["n_kv_heads"]) + 1
-    assert row[:5] == ["prefill_forward", "0/0", str(whole), str(per_head), "0"]
+    assert row[:2] == ["prefill_forward", "0/0"]
+    kept, viewed, left = (int(n) for n in row[2].split("/"))
+    assert viewed == left == 0 and kept > 0  # every whole norm of this model is one no limit covers
+    assert row[3:6] == [str(whole), str(per_head), "0"]
+    assert "whole norm): kept, no limit of qnn covers" in out
     assert row[-1] == "yes" and not any(line.strip().startswith("kv_forward") for line in out.splitlines())

@@ -3,8 +3,9 @@ checked method by method on the HTP emulator (:mod:`edgefuse.llm.static_llama`).
 
 ``edgefuse qnn-llama [--method NAME]... LLAMA_ARGS...`` hands every argument but its own to the script's
 parser, runs the script compile-only in this process, and prints per method (prefill and decode, as the
-script names them): the norms edgefuse decided, the norms the edge program keeps whole, the ``RmsNorm`` ops
-QNN compiled, and the method's run on the emulator against the module the script lowered.
+script names them): the norms edgefuse decided, what its legalize pass did to each whole norm, the norms
+the edge program keeps whole, the ``RmsNorm`` ops QNN compiled, and the method's run on the emulator
+against the module the script lowered.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ def qnn_llama_command(args: argparse.Namespace, say: Say) -> int:
     """Run the script with edgefuse's QNN passes and print each method's report; exit 1 when a method's
     outputs on the emulator are off the module's by more than their tolerance."""
     from edgefuse.console.tables import format_table
+    from edgefuse.core.legalize import KEPT, LEFT, VIEWED
     from edgefuse.llm import static_llama
     from edgefuse.qnn.sdk import QnnSdkUnavailable
     from edgefuse.runtime import MethodMissing
@@ -70,11 +72,12 @@ def qnn_llama_command(args: argparse.Namespace, say: Say) -> int:
             checks.append(static_llama.check_method(run, name))
         except MethodMissing as error:
             raise UsageError(f"--method {name}: {error}") from error
-    header = ["method", "decided (rebuilt/left)", "whole norms (edge)", "QNN RmsNorm", "output", "max error", "allowed", "within"]
+    header = ["method", "decided (rebuilt/left)", "legalized (kept/viewed/left)", "whole norms (edge)", "QNN RmsNorm", "output", "max error", "allowed", "within"]
     rows = []
     for check in checks:
         rebuilt = sum(1 for d in check.decisions if d.rebuilt)
-        norms = [check.name, f"{rebuilt}/{len(check.decisions) - rebuilt}", check.whole_norms, check.rms_norms]
+        legalized = "/".join(str(sum(1 for n in check.legalized if n.action == a)) for a in (KEPT, VIEWED, LEFT))
+        norms = [check.name, f"{rebuilt}/{len(check.decisions) - rebuilt}", legalized, check.whole_norms, check.rms_norms]
         if check.failure is not None:
             rows.append([*norms, "-", "-", "-", f"failed: {check.failure}"])
         for i, comparison in enumerate(check.comparisons):
@@ -88,10 +91,15 @@ def qnn_llama_command(args: argparse.Namespace, say: Say) -> int:
 
 
 def _print_decisions(run) -> None:
-    """The norms edgefuse's recomposition decided on in each pipeline run, or that it found none."""
+    """The norms edgefuse's recomposition decided on in each pipeline run and what the legalize pass did to
+    each whole norm after it (kept, viewed or left), or that it found none."""
     runs = [r for r in run.patch.runs if r.name == "RecomposeRmsNorm"]
     decisions = [(r.pipeline, d) for r in runs for d in r.decisions]
-    print(f"edgefuse's recomposition ran {len(runs)} times in QNN's pipelines; norms decided: {len(decisions)}")
+    legalized = [(r.pipeline, n) for r in runs for n in r.legalized]
+    print(f"edgefuse's recomposition ran {len(runs)} times in QNN's pipelines; norms decided: {len(decisions)}; "
+          f"whole norms held to the limits: {len(legalized)}")
     for pipeline, decision in decisions:
         what = "rebuilt" if decision.rebuilt else "left"
         print(f"  {pipeline}: {decision.module_path or decision.mean} ({decision.form}): {what}, {decision.reason}")
+    for pipeline, norm in legalized:
+        print(f"  {pipeline}: {norm.module_path or norm.node} (whole norm): {norm.action}, {norm.reason}")

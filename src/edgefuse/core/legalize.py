@@ -23,6 +23,7 @@ from edgefuse.core.casts import tensor_meta
 from edgefuse.core.ops import OpTable, Role, table_for
 from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, get_profile
 from edgefuse.core.recompose import _properties, _viewed
+from edgefuse.core.signature import sync_signature
 
 #: What the pass did with one norm.
 KEPT, VIEWED, LEFT = "kept", "viewed", "left"
@@ -35,7 +36,8 @@ class Legalized:
     ``node`` names the norm as the graph had it; ``shape`` is its input's shape (None for a size not known
     when the program is built); ``action`` is :data:`KEPT` (no limit covers it), :data:`VIEWED` (it now
     normalizes a ``[1, rows, D]`` view) or :data:`LEFT` (a limit covers it and no view keeps its values
-    and layout); ``limit`` names the limit that covers it, ``reason`` says why.
+    and layout); ``limit`` names the limit that covers it, ``reason`` says why (for a kept norm, also what
+    was measured wrong on its shape in its precision that edgefuse does not remedy).
     """
 
     node: str
@@ -73,8 +75,9 @@ def legalize_rms_norm(
     so quantized limits are applied during capture, where the quantizer has views share their input's
     encoding.
     """
-    if isinstance(graph_module, ExportedProgram):
-        graph_module = graph_module.graph_module
+    program = graph_module if isinstance(graph_module, ExportedProgram) else None
+    if program is not None:
+        graph_module = program.graph_module
     if not isinstance(graph_module, GraphModule):
         raise TypeError(
             f"legalize_rms_norm takes a torch.fx.GraphModule or an ExportedProgram, not {type(graph_module).__name__}"
@@ -86,6 +89,8 @@ def legalize_rms_norm(
     if result.viewed:
         graph_module.graph.lint()
         graph_module.recompile()
+        if program is not None:
+            sync_signature(program)
     return result
 
 
@@ -99,9 +104,11 @@ def _legalize(norm: Node, table: OpTable, profile: BackendProfile, capture: bool
     shape = tuple(int(d) if isinstance(d, int) else None for d in value.shape)
     after_quantization = isinstance(x, Node) and table.is_a(x, Role.DEQUANTIZE)
     precision = QUANTIZED if capture or after_quantization else FLOAT
-    limit = next((l for l in profile.limits if precision in l.precisions and l.covers(shape)), None)
+    limit = profile.limit_for(shape, precision)
     if limit is None:
-        return Legalized(norm.name, path, shape, KEPT, f"no limit of {profile.name} covers {list(value.shape)} in {precision}")
+        kept = f"no limit of {profile.name} covers {list(value.shape)} in {precision}"
+        unremedied = profile.unremedied(shape, precision)
+        return Legalized(norm.name, path, shape, KEPT, kept if unremedied is None else f"{kept}; yet {unremedied}")
     wrong = f"{profile.name} computes rms_norm wrong for an input of shape {list(value.shape)} ({limit.name}: {limit.measured})"
 
     def left(why: str) -> Legalized:
@@ -113,6 +120,8 @@ def _legalize(norm: Node, table: OpTable, profile: BackendProfile, capture: bool
         return left("it is quantized already: a view would sit between it and the quantize and dequantize ops around it")
     if None in shape:
         return left("the rows of this one are not known when the program is built")
+    if len(norm.args) > 1 and len(norm.args[1]) > 1:
+        return left("it normalizes over several trailing dims: no [1, rows, D] view")
     if not value.is_contiguous():
         return left("this input is not contiguous, so it has no [1, rows, D] view")
     rows = (1, math.prod(shape[:-1]), shape[-1])

@@ -28,7 +28,7 @@ from edgefuse.core.casts import (
 from edgefuse.core.constants import GraphConstants
 from edgefuse.core.match import Failure, NormMatch, Permuted, Rejection, match_rms_norm, permuted_input
 from edgefuse.core.ops import OpTable, Role, table_for
-from edgefuse.core.profiles import BackendProfile, get_profile
+from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, get_profile
 from edgefuse.core.signature import sync_signature
 
 
@@ -342,7 +342,7 @@ class _Planner:
         (``value``, the rebuilt norm's metadata, is what the view back must produce), or why it stays."""
         x = tensor_meta(match.input)
         shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
-        limit = self.profile.limit_for(shape, self.capture)
+        limit = self.profile.limit_for(shape, QUANTIZED if self.capture else FLOAT)
         if limit is None:
             return None
         wrong = (

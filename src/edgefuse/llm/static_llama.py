@@ -19,8 +19,9 @@ shared buffers, no weight sharing: the emulator has neither).
 The script imports ``torchtune``, ``lm_eval``, ``datasets`` and ``pydot`` when it loads, for converting
 Hugging Face checkpoints, task evaluation, Hugging Face data sets and graph drawings; a compile-only run
 from a local ``--checkpoint`` and local ``--calib_samples`` calls none of them. Where one is not installed
-:func:`absent_extras` stands in for it while the script runs: every name taken from it is a class whose
-use raises :class:`ExtraMissing` naming the package, so a run that needs one stops with that reason.
+:func:`absent_extras` stands in for it while the script runs, for the script's own imports alone
+(:data:`IMPORTERS`): every name taken from it is a class whose use (or truth) raises :class:`ExtraMissing`
+naming the package, so a run that needs one stops with that reason.
 """
 
 from __future__ import annotations
@@ -62,20 +63,54 @@ class ExtraMissing(ImportError):
     """The script reached a package it needs for this run that is not installed."""
 
 
-def _absent(package: str, name: str) -> type:
-    def absent(*args, **kwargs):
-        raise ExtraMissing(f"{name} is needed for this run of the static-Llama script: install {package} "
-                           f"(the script uses it for {EXTRAS[package]})")
+#: The modules whose imports get a stand-in: the script's own (ExecuTorch's examples) and those of the
+#: Qualcomm backend it loads (its debugger draws graphs with ``pydot``). An import made anywhere else, as a
+#: ``try: import pydot`` of torch's, finds the package missing, as it is.
+IMPORTERS = ("executorch.examples.", "executorch.backends.qualcomm.")
 
-    return type(name.rsplit(".", 1)[-1], (), {"__init__": absent, "__call__": absent, "__module__": package})
+
+class _AbsentType(type):
+    """The type of a stand-in class: testing the class itself for truth raises too, so an ``if`` on a
+    name taken from a missing package does not take the branch meant for the package."""
+
+    def __bool__(cls):
+        raise ExtraMissing(cls.missing)
+
+
+def _absent(package: str, name: str) -> type:
+    missing = (f"{name} is needed for this run of the static-Llama script: install {package} "
+               f"(the script uses it for {EXTRAS[package]})")
+
+    def absent(*args, **kwargs):
+        raise ExtraMissing(missing)
+
+    body = {"__init__": absent, "__call__": absent, "missing": missing, "__module__": package}
+    return _AbsentType(name.rsplit(".", 1)[-1], (), body)
+
+
+#: The import machinery's modules (the frozen bootstrap and ``importlib``), whose frames sit between an
+#: import and the finder.
+_MACHINERY = ("_frozen_importlib", "importlib")
+
+
+def _importer() -> str:
+    """The name of the module whose code is importing now: the first frame outside the import machinery
+    (and outside this finder)."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_globals.get("__name__") or "").startswith(_MACHINERY):
+        frame = frame.f_back
+    return "" if frame is None else frame.f_globals.get("__name__") or ""
 
 
 class _StandIn(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds a module of a package of :data:`EXTRAS` that no other finder finds, as a stand-in."""
+    """Finds a module of a package of :data:`EXTRAS` that no other finder finds, as a stand-in, for an
+    import made by a module of :data:`IMPORTERS`."""
 
     def find_spec(self, name, path=None, target=None):
         package = name.partition(".")[0]
-        if package not in EXTRAS or any(_found(finder, name, path) for finder in sys.meta_path if finder is not self):
+        if package not in EXTRAS or not _importer().startswith(IMPORTERS):
+            return None
+        if any(_found(finder, name, path) for finder in sys.meta_path if finder is not self):
             return None
         return importlib.machinery.ModuleSpec(name, self, is_package=True)
 
@@ -232,7 +267,7 @@ def run_script(args: argparse.Namespace) -> ScriptRun:
     original = getattr(wrappers, LOWERING)
     setattr(wrappers, LOWERING, _capturing(original, run, method_names(args)))
     try:
-        with absent_extras(), patched() as patch, recording_compiled_graphs() as compiled:
+        with absent_extras(), patched(soc=args.soc_model) as patch, recording_compiled_graphs() as compiled:
             script.export_llama(args)
     finally:
         setattr(wrappers, LOWERING, original)
@@ -245,17 +280,18 @@ def run_script(args: argparse.Namespace) -> ScriptRun:
 @dataclass
 class MethodCheck:
     """One method of a :class:`ScriptRun`'s program: the norms its edge program keeps whole
-    (``aten.rms_norm``, in its delegates or outside them), the ``RmsNorm`` ops QNN compiled for it, and
-    the decisions of edgefuse's recomposition in its to_edge pipeline (:func:`decisions_by_method`), and
-    its run on the HTP emulator against the module the script lowered, output by output (a quantized
-    output at its quantization step: :func:`edgefuse.qnn.emulator.output_tolerances`; None where the
-    quantizer left it in float, compared as float16). ``failure`` is the runtime's reason when it did not
-    run."""
+    (``aten.rms_norm``, in its delegates or outside them), the ``RmsNorm`` ops QNN compiled for it, the
+    decisions of edgefuse's recomposition in its to_edge pipeline and what the legalize pass did to each
+    whole norm there (``legalized``, :func:`runs_by_method`), and its run on the HTP emulator against the
+    module the script lowered, output by output (a quantized output at its quantization step:
+    :func:`edgefuse.qnn.emulator.output_tolerances`; None where the quantizer left it in float, compared
+    as float16). ``failure`` is the runtime's reason when it did not run."""
 
     name: str
     whole_norms: int
     rms_norms: int
     decisions: list = field(default_factory=list)
+    legalized: list = field(default_factory=list)
     comparisons: list = field(default_factory=list)
     tolerances: list = field(default_factory=list)
     failure: str | None = None
@@ -274,14 +310,20 @@ def _whole_norms(program) -> int:
     return sum(1 for graph in graphs for node in graph.nodes if node.target is EDGE.rms_norm)
 
 
-def decisions_by_method(run: ScriptRun) -> dict[str, list]:
-    """The norm decisions of edgefuse's recomposition in each method's to_edge pipeline. ExecuTorch runs the
-    to_edge passes of one method after another in the order the script hands them over, one recomposition
-    each; when the runs do not pair up with the methods so, none is attributed (an empty dict)."""
+def runs_by_method(run: ScriptRun) -> dict:
+    """The run of edgefuse's recomposition (with the legalize pass after it) in each method's to_edge
+    pipeline, a :class:`edgefuse.qnn.PassRun`. ExecuTorch runs the to_edge passes of one method after
+    another in the order the script hands them over, one recomposition each; when the runs do not pair up
+    with the methods so, none is attributed (an empty dict)."""
     runs = [r for r in run.patch.runs if r.pipeline == "to_edge" and r.name == "RecomposeRmsNorm"] if run.patch else []
     if len(runs) != len(run.methods):
         return {}
-    return {name: list(r.decisions) for name, r in zip(run.methods, runs)}
+    return dict(zip(run.methods, runs))
+
+
+def decisions_by_method(run: ScriptRun) -> dict[str, list]:
+    """The norm decisions of edgefuse's recomposition in each method's to_edge pipeline (:func:`runs_by_method`)."""
+    return {name: list(r.decisions) for name, r in runs_by_method(run).items()}
 
 
 def _emulator_outputs(pte: bytes, inputs: list, method: str) -> list:
@@ -317,8 +359,9 @@ def check_method(run: ScriptRun, name: str) -> MethodCheck:
         raise MethodMissing(name, list(run.methods))
     method = run.methods[name]
     graphs = run.graphs.methods().get(name, []) if run.graphs is not None else []
+    paired = runs_by_method(run).get(name)
     check = MethodCheck(name, _whole_norms(run.edge.exported_program(name)), sum(g.rms_norms for g in graphs),
-                        decisions_by_method(run).get(name, []))
+                        list(paired.decisions) if paired else [], list(paired.legalized) if paired else [])
     io = quantized_io(method.module)
     try:
         actual = io.module_outputs(_emulator_outputs(run.pte, io.program_inputs(method.inputs), name))
