@@ -14,6 +14,8 @@ import pytest
 
 from edgefuse.inputs.errors import OK, USAGE  # noqa: E402
 
+pytestmark = pytest.mark.slow  # each test starts a fresh interpreter to see what an import loads
+
 
 # --- what a command imports (subprocess: a fresh sys.modules) ---------------------------------------------
 

@@ -22,6 +22,8 @@ from edgefuse.inputs.models import build_model
 from edgefuse.core.verify import compare, tolerance
 from tests.harness import DTYPES, rms_norm_nodes
 
+pytestmark = pytest.mark.slow  # exports real model architectures (transformers) at several dtypes
+
 MODELS = ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2")
 
 

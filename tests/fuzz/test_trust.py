@@ -17,7 +17,8 @@ from edgefuse.fuzz import trust, trust_configs, trust_ptes
 SUBSET = {"archives": 12, "reproducers": 12, "configs": 12, "ptes": 12}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n == "ptes" else n for n in SUBSET])
+@pytest.mark.slow  # a seeded fuzz run of each reader, each file read in a child process
+@pytest.mark.parametrize("name", list(SUBSET))
 def test_a_seeded_subset_of_each_reader_is_accepted_or_refused_and_nothing_else(name):
     result = trust.measure({name: SUBSET[name]}, seed=1, log=None)[name]
     assert (result.escapes, result.hangs, result.code_run, result.writes_outside) == ([], [], [], [])

@@ -29,6 +29,8 @@ from edgefuse.qnn.quantizer import (
 )
 from tests.harness import norm_perturbation
 
+pytestmark = pytest.mark.slow  # quantizes and exports each model (capture, calibration, convert)
+
 EPS = 1e-6
 DIM = 64
 

@@ -72,6 +72,7 @@ def test_json_has_no_nan_or_infinity_a_reader_would_choke_on():
     json.dumps(safe, allow_nan=False)
 
 
+@pytest.mark.slow  # quantizes and lowers tiny-llama for QNN
 def test_the_qnn_table_of_tiny_llama_measures_every_norm_and_passes(tmp_path, capsys, monkeypatch, caplog):
     """The command as a user runs it (one model and dtype): every norm rebuilt and annotated as one op,
     its own error no higher than not rebuilt, exit 0, and JSON that strict readers accept."""
