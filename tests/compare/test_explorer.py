@@ -72,6 +72,62 @@ def test_the_overlay_goes_beside_the_pte_and_the_command_opens_both():
     assert explorer.open_command("out/model.pte") == (
         "model-explorer out/model.pte --extensions executorch_extension_model_explorer "
         "--node_data_paths out/model.nodedata.json")
+    assert explorer.open_command("my models/a.pte").startswith("model-explorer 'my models/a.pte' --extensions")
+    assert explorer.open_command("my models/a.pte").endswith("--node_data_paths 'my models/a.nodedata.json'")
+
+
+def executorch_call_delegate(lowered, x):
+    """A stand-in for ExecuTorch's delegate call: the name is what tells a delegate call apart."""
+    return (x,)
+
+
+def mean_out(x):
+    return x
+
+
+class _Emitted:
+    """What :func:`explorer.instruction_modules` reads of an ``ExecutorchProgramManager``: its emitted graph
+    and the emitter's map from instruction index to the edge program's debug handles."""
+
+    def __init__(self, graph_module, debug_handle_map):
+        self.graph_module, self.debug_handle_map = graph_module, debug_handle_map
+
+    def exported_program(self, method):
+        return self
+
+    @staticmethod
+    def build():
+        """Instruction 0 a delegate holding ``first``'s op, then a getitem whose stale handle is 0 too (the
+        emitter leaves a getitem's handle as it was), then instruction 1 a kernel of the edge node with
+        debug handle 7."""
+        import operator
+
+        import torch.fx
+
+        inner = torch.fx.Graph()
+        square = inner.call_function(mean_out, (inner.placeholder("x"),))
+        square.meta["nn_module_stack"] = {"L__self__.first": ("L__self__.first", "Norm")}
+        inner.output(square)
+        lowered = torch.nn.Module()
+        lowered.original_module = torch.fx.GraphModule(torch.nn.Module(), inner)
+
+        graph = torch.fx.Graph()
+        x = graph.placeholder("x")
+        root = torch.nn.Module()
+        root.lowered_module_0 = lowered
+        call = graph.call_function(executorch_call_delegate, (graph.get_attr("lowered_module_0"), x))
+        call.meta["debug_handle"] = 0
+        item = graph.call_function(operator.getitem, (call, 0))
+        item.meta["debug_handle"] = 0
+        kernel = graph.call_function(mean_out, (item,))
+        kernel.meta["debug_handle"] = 1
+        graph.output(kernel)
+        return _Emitted(torch.fx.GraphModule(root, graph), {"forward": {0: [3, 4], 1: 7}})
+
+
+def test_instruction_modules_reads_delegates_and_kernels_and_skips_getitems():
+    modules = explorer.instruction_modules(_Emitted.build(), {"forward": {7: frozenset({"second"})}})
+    assert modules == {"forward": {0: frozenset({"first"}), 1: frozenset({"second"})}}
 
 
 # --- real programs (slow) -----------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import operator
 import os
+import shlex
 from dataclasses import dataclass
 from typing import Mapping
 
@@ -58,9 +59,9 @@ def overlay_path(pte_path: str | os.PathLike) -> str:
 
 
 def open_command(pte_path: str | os.PathLike) -> str:
-    """The command that opens ``pte_path`` in Model Explorer with its overlay."""
-    return (f"model-explorer {os.fspath(pte_path)} --extensions executorch_extension_model_explorer "
-            f"--node_data_paths {overlay_path(pte_path)}")
+    """The command that opens ``pte_path`` in Model Explorer with its overlay, each path quoted for a shell."""
+    return (f"model-explorer {shlex.quote(os.fspath(pte_path))} --extensions executorch_extension_model_explorer "
+            f"--node_data_paths {shlex.quote(overlay_path(pte_path))}")
 
 
 def handle_modules(edge_manager) -> dict[str, dict[int, frozenset[str]]]:
@@ -80,17 +81,18 @@ def handle_modules(edge_manager) -> dict[str, dict[int, frozenset[str]]]:
 
 
 def instruction_modules(executorch_manager, handles: Mapping[str, Mapping[int, frozenset[str]]]):
-    """For each method of an ``ExecutorchProgramManager`` and each instruction index of its first chain, the
+    """For each method of an ``ExecutorchProgramManager`` whose ``buffer`` was read (the emitter fills its
+    debug handle map as it writes the program) and each instruction index of its first chain, the
     module paths of the edge program's nodes the instruction runs (``handles``: :func:`handle_modules` of
     the edge program it was made from).
 
     A delegate call runs the nodes its lowered module took in; a kernel call runs the edge node whose debug
     handle the emitter recorded for it, and the emitter leaves the instruction's index as the debug handle
-    of the node it emitted.
+    of the node it emitted. A getitem emits no instruction: its handle is the one it had, which may be
+    another instruction's index.
     """
     from edgefuse.core._fx import module_paths
 
-    executorch_manager.buffer  # noqa: B018  (the emitter fills the debug handle map as it writes the program)
     found: dict[str, dict[int, frozenset[str]]] = {}
     for method, by_instruction in executorch_manager.debug_handle_map.items():
         graph = executorch_manager.exported_program(method).graph_module

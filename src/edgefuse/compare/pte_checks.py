@@ -41,7 +41,7 @@ class CheckedProgram:
     allowed: list[float] | None = None  # per output
     reference: str = "eager"  # what the outputs were compared with: "eager", or the saved "program"
     #: Per method and instruction, the module paths of what it runs (:func:`edgefuse.compare.explorer.
-    #: instruction_modules`), when the lowering was asked for them; the edgefuse lowering's manager, then.
+    #: instruction_modules`) and the lowered ``EdgeProgramManager``, when the lowering was asked for them.
     modules: dict | None = None
     manager: Any = None
 
