@@ -1,7 +1,10 @@
-"""``--explorer`` refused before any slow work: a name it would write that exists, an output that is no
-``.pte``, two outputs on one file, and a QNN lowering (its delegate has no subgraph to mark)."""
+"""``--explorer``: refused before any slow work (a name it would write that exists, an output that is no
+``.pte``, two outputs on one file, a QNN lowering, whose delegate has no subgraph to mark), and what
+``lower --explorer`` writes (``report --explorer``: tests/compare/test_explorer.py)."""
 
 from __future__ import annotations
+
+import pytest
 
 from edgefuse import cli
 from edgefuse.inputs.errors import USAGE
@@ -51,3 +54,27 @@ def test_report_explorer_and_map_on_one_file_are_refused(tmp_path, capsys):
 def test_lower_for_qnn_takes_no_explorer(tmp_path, capsys):
     error = _refused(["lower", "tiny-llama", "--backend", "qnn", "-o", str(tmp_path / "out.pte"), "--explorer"], capsys)
     assert "--explorer marks XNNPACK programs" in error
+
+
+@pytest.mark.slow
+def test_lower_writes_both_programs_with_overlays_that_say_where_edgefuse_put_each_mean(tmp_path, capsys):
+    """``lower --explorer``: stock's program beside edgefuse's, an overlay beside each, the commands that open
+    them; stock's overlay marks each norm's mean outside with where edgefuse's lowering put that mean."""
+    import json
+
+    from edgefuse.compare.explorer import NORM_OUTSIDE, open_command
+    from tests.compare.test_explorer import MODEL_PY
+
+    (tmp_path / "models.py").write_text(MODEL_PY)
+    out = tmp_path / "two.pte"
+    assert cli.main(["-q", "lower", f"{tmp_path / 'models.py'}:build", "-o", str(out), "--explorer"]) == 0
+    printed = capsys.readouterr().out
+    assert open_command(str(out)) in printed and open_command(str(tmp_path / "two.stock.pte")) in printed
+    stock = json.loads((tmp_path / "two.stock.nodedata.json").read_text())["forward"]["results"]
+    marked = sorted(r["value"] for r in stock.values() if r["bgColor"] == NORM_OUTSIDE)
+    assert marked == [
+        f"norm op outside: aten::mean.out of {norm}: ExecuTorch's XnnpackPartitioner left it outside "
+        "(edgefuse: its mean kept in a delegate)" for norm in ("first", "second")
+    ]
+    ours = json.loads((tmp_path / "two.nodedata.json").read_text())["forward"]["results"]
+    assert [r["value"] for r in ours.values()] == ["delegated (XnnpackBackend): holds ops of first, second"]
