@@ -167,20 +167,18 @@ MODEL_PY = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory):
-    """``edgefuse report MODEL --json --explorer OUT.pte`` run once: the folder, the report's JSON and what
-    the command printed after it."""
+    """``edgefuse report MODEL --json --explorer OUT.pte`` run once: the folder, the report's JSON (stdout,
+    alone) and what the command told on stderr."""
     from edgefuse import cli
 
     folder = tmp_path_factory.mktemp("explorer")
     (folder / "models.py").write_text(MODEL_PY)
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = cli.main(["-q", "report", f"{folder / 'models.py'}:build", "--backend", "aten", "--json",
                          "--explorer", str(folder / "two.pte")])
     assert code == 0
-    text = out.getvalue()
-    report, end = json.JSONDecoder().raw_decode(text)
-    return folder, report, text[end:]
+    return folder, json.loads(out.getvalue()), err.getvalue()
 
 
 def _overlay(path: Path) -> dict:

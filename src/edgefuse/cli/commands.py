@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Callable
 
 from edgefuse.inputs.errors import CHECK_FAILED, OK, Unavailable, UsageError
@@ -141,9 +142,9 @@ def _explorer_paths(output: str) -> dict[str, str]:
     return paths
 
 
-def _write_explorer(output: str, programs, norms: dict[str, str]) -> None:
-    """Write stock's program beside edgefuse's at ``output`` and each one's Model Explorer overlay, and print
-    how to open them. ``programs`` are the stock and edgefuse :class:`CheckedProgram`, lowered with
+def _write_explorer(output: str, programs, norms: dict[str, str], tell: Callable[[str], None] = print) -> None:
+    """Write stock's program beside edgefuse's at ``output`` and each one's Model Explorer overlay, and
+    ``tell`` how to open them. ``programs`` are the stock and edgefuse :class:`CheckedProgram`, lowered with
     ``modules``; ``norms`` maps each norm's module path to what edgefuse decided for it."""
     from edgefuse.compare.explorer import left_by, open_command, overlay_path, write_overlay
     from edgefuse.runtime.files import write_new
@@ -151,13 +152,13 @@ def _write_explorer(output: str, programs, norms: dict[str, str]) -> None:
     stock, ours = programs
     stock_path = stock_pte_path(output)
     _write(stock_path, "stock .pte", lambda: write_new(stock_path, stock.pte))
-    print(f"wrote {stock_path} ({len(stock.pte)} bytes, stock lowering)")
+    tell(f"wrote {stock_path} ({len(stock.pte)} bytes, stock lowering)")
     for path, lowered in ((output, ours), (stock_path, stock)):
         overlay = overlay_path(path)
         _write(overlay, "Model Explorer overlay",
                lambda: write_overlay(path, lowered.pte, lowered.modules, left_by(lowered.how, norms)))
-        print(f"Model Explorer overlay of the {lowered.how} program: {overlay}; open it with")
-        print(f"  {open_command(path)}")
+        tell(f"Model Explorer overlay of the {lowered.how} program: {overlay}; open it with")
+        tell(f"  {open_command(path)}")
 
 
 def _stage(args) -> str:
@@ -234,8 +235,10 @@ def report_command(args, say: Say) -> int:
 
         lowered = [lower_to_pte(program, how, say, modules=True) for how in ("stock", "edgefuse")]
         _write(args.explorer, ".pte", lambda: replace_atomically(args.explorer, lambda f: f.write(lowered[1].pte)))
-        print(f"wrote {args.explorer} ({len(lowered[1].pte)} bytes, edgefuse lowering)")
-        _write_explorer(args.explorer, lowered, report_norms(result.rows, args.backend))
+        # with --json, stdout holds the JSON alone: the files go to stderr
+        tell = (lambda line: print(line, file=sys.stderr)) if args.json else print
+        tell(f"wrote {args.explorer} ({len(lowered[1].pte)} bytes, edgefuse lowering)")
+        _write_explorer(args.explorer, lowered, report_norms(result.rows, args.backend), tell)
     if args.map:
         from edgefuse.compare.pte_checks import lower_to_pte
 
