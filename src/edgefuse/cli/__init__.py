@@ -123,6 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="also lower MODEL with edgefuse's QNN flow (QNN's compiler, --soc, --precision) and add a column: "
         "the QNN op each norm became (RmsNorm, or the ops it stayed as); needs --backend qnn",
     )
+    report.add_argument(
+        "--explorer", metavar="OUT.pte",
+        help="also lower MODEL for XNNPACK both ways, write edgefuse's program here and stock's as OUT.stock.pte, "
+        "each with a Model Explorer overlay beside it (OUT.nodedata.json): where each norm went; see docs/explorer.md",
+    )
     _qnn_arguments(report, "with --compile: ")
 
     lower = commands.add_parser(
@@ -136,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     lower.add_argument("-o", "--output", required=True, metavar="OUT.pte", help="where to write the edgefuse .pte")
     lower.add_argument("--map", metavar="SVG", help="delegate map (default: OUT.delegates.svg next to the .pte, "
                        "written only when no file or link has that name)")
+    lower.add_argument("--explorer", action="store_true",
+                       help="also write stock's program as OUT.stock.pte and a Model Explorer overlay beside each "
+                       ".pte (OUT.nodedata.json): each instruction delegated or outside, and where each norm went; "
+                       "see docs/explorer.md")
     lower.add_argument("--backend", choices=("xnnpack", "qnn"), default="xnnpack",
                        help="xnnpack (default): the CPU delegate; qnn: QNN's HTP, through ExecuTorch's own QNN flow")
     _qnn_arguments(lower, "with --backend qnn: ")

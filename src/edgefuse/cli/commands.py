@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Callable
 
 from edgefuse.inputs.errors import CHECK_FAILED, OK, Unavailable, UsageError
@@ -118,6 +119,48 @@ def _taken(map_path: str) -> str:
             "writes a name it chose only as a new file: remove it, or name the map with --map PATH")
 
 
+def stock_pte_path(beside: str) -> str:
+    """``out.pte`` -> ``out.stock.pte``: where ``--explorer`` keeps stock's program beside edgefuse's."""
+    root, _ = os.path.splitext(beside)
+    return root + ".stock.pte"
+
+
+def _explorer_paths(output: str) -> dict[str, str]:
+    """The files ``--explorer`` writes beside the edgefuse ``output`` .pte, by what each is: stock's program
+    and the two overlays. Each is a name edgefuse chose, written only as a new file: checked before the
+    slow work."""
+    from edgefuse.compare.explorer import overlay_path
+
+    stock = stock_pte_path(output)
+    paths = {"stock .pte": stock, "Model Explorer overlay": overlay_path(output),
+             "stock's Model Explorer overlay": overlay_path(stock)}
+    for what, path in paths.items():
+        _check_output(path, what)
+        if os.path.lexists(path):
+            raise UsageError(f"the {what}'s name {path} exists and this run did not write it; edgefuse writes a "
+                             "name it chose only as a new file: remove it, or name the .pte otherwise")
+    return paths
+
+
+def _write_explorer(output: str, programs, norms: dict[str, str], tell: Callable[[str], None] = print) -> None:
+    """Write stock's program beside edgefuse's at ``output`` and each one's Model Explorer overlay, and
+    ``tell`` how to open them. ``programs`` are the stock and edgefuse :class:`CheckedProgram`, lowered with
+    ``modules``; ``norms`` maps each norm's module path to what edgefuse decided for it."""
+    from edgefuse.compare.explorer import left_by, open_command, overlay_path, write_overlay
+    from edgefuse.runtime.files import write_new
+
+    stock, ours = programs
+    stock_path = stock_pte_path(output)
+    _write(stock_path, "stock .pte", lambda: write_new(stock_path, stock.pte))
+    tell(f"wrote {stock_path} ({len(stock.pte)} bytes, stock lowering)")
+    for path, lowered in ((output, ours), (stock_path, stock)):
+        overlay = overlay_path(path)
+        _write(overlay, "Model Explorer overlay",
+               lambda: write_overlay(path, lowered.pte, lowered.modules, left_by(lowered.how, norms)))
+        tell(f"Model Explorer overlay of the {lowered.how} program: {overlay}; open it with")
+        tell(f"  {open_command(path)}")
+
+
 def _stage(args) -> str:
     """The report's stage: as given, else capture with ``--quantize`` (quantizers read the captured graph)
     and edge without."""
@@ -159,15 +202,21 @@ def report_command(args, say: Say) -> int:
         from edgefuse.compare.qnn_flows import require_libraries
 
         require_libraries()  # missing: exit 3 before the slow work
+    outputs = {}
     if args.map:
         _check_output(args.map, "delegate map")
-        _check_distinct(args.model, {"delegate map": args.map})
+        outputs["delegate map"] = args.map
+    if args.explorer:
+        _check_pte_name(args.explorer, "--explorer")
+        _check_output(args.explorer, ".pte")
+        outputs.update({".pte": args.explorer, **_explorer_paths(args.explorer)})
+    _check_distinct(args.model, outputs)
     spec = _spec(args)
     from edgefuse.compare.report import add_quantization, build_report, format_report, to_json  # ExecuTorch: once the input is good
 
     # the map lowers the same export the report reads: neither changes the program it is given
     program = None
-    if args.map:
+    if args.map or args.explorer:
         say(f"exporting {spec.name}")
         program = spec.export()
     result = build_report(spec, backend=args.backend, stage=stage, progress=say, program=program)
@@ -179,10 +228,22 @@ def report_command(args, say: Say) -> int:
         print(json.dumps(to_json(result), indent=2))
     else:
         print(format_report(result))
+    lowered = None
+    if args.explorer:
+        from edgefuse.compare.explorer import report_norms
+        from edgefuse.compare.pte_checks import lower_to_pte
+
+        lowered = [lower_to_pte(program, how, say, modules=True) for how in ("stock", "edgefuse")]
+        _write(args.explorer, ".pte", lambda: replace_atomically(args.explorer, lambda f: f.write(lowered[1].pte)))
+        # with --json, stdout holds the JSON alone: the files go to stderr
+        tell = (lambda line: print(line, file=sys.stderr)) if args.json else print
+        tell(f"wrote {args.explorer} ({len(lowered[1].pte)} bytes, edgefuse lowering)")
+        _write_explorer(args.explorer, lowered, report_norms(result.rows, args.backend), tell)
     if args.map:
         from edgefuse.compare.pte_checks import lower_to_pte
 
-        summaries = [lower_to_pte(program, how, say, serialize=False).summary for how in ("stock", "edgefuse")]
+        summaries = [p.summary for p in lowered] if lowered else [
+            lower_to_pte(program, how, say, serialize=False).summary for how in ("stock", "edgefuse")]
         _write_map(args.map, summaries, f"delegate map: {spec.name} ({_dtype(spec)})", say)
     return OK if result.ok else CHECK_FAILED
 
@@ -214,22 +275,31 @@ def qnn_options(args, flag: str, wanted: bool) -> tuple[str, str] | None:
 def _output_paths(args) -> tuple[str, str]:
     """``-o`` and the map path, checked before any slow work."""
     output = args.output
-    if not output.endswith(".pte"):
-        raise UsageError(f"-o {output}: the output is an ExecuTorch program and its name must end in .pte")
-    if os.path.basename(output) == ".pte":
-        raise UsageError(f"-o {output}: name the program before its .pte (model.pte), not a hidden file '.pte'")
+    _check_pte_name(output, "-o")
     map_path = args.map or default_map_path(output)
     _check_output(output, ".pte")
     _check_output(map_path, "delegate map")
     if args.map is None and os.path.lexists(map_path):
         raise UsageError(_taken(map_path))
-    _check_distinct(args.model, {".pte": output, "delegate map": map_path})
+    explorer = _explorer_paths(output) if args.explorer else {}
+    _check_distinct(args.model, {".pte": output, "delegate map": map_path, **explorer})
     return output, map_path
+
+
+def _check_pte_name(output: str, flag: str) -> None:
+    """Refuse an output name that is no ``.pte`` program's."""
+    if not output.endswith(".pte"):
+        raise UsageError(f"{flag} {output}: the output is an ExecuTorch program and its name must end in .pte")
+    if os.path.basename(output) == ".pte":
+        raise UsageError(f"{flag} {output}: name the program before its .pte (model.pte), not a hidden file '.pte'")
 
 
 def lower_command(args, say: Say) -> int:
     """``edgefuse lower MODEL -o out.pte``: edgefuse's XNNPACK (or QNN) flow, compared with stock, and the map."""
     qnn = qnn_options(args, "--backend qnn", args.backend == "qnn")
+    if qnn is not None and args.explorer:
+        raise UsageError("--explorer marks XNNPACK programs (Model Explorer opens no QNN delegate): leave out "
+                         "--backend qnn")
     output, map_path = _output_paths(args)
     if qnn is not None:
         return _lower_qnn(args, *qnn, output=output, map_path=map_path, say=say)
@@ -240,9 +310,10 @@ def lower_command(args, say: Say) -> int:
     program = spec.export()
     expected = flat_tensors(spec.eager())
     reference = _reference(spec)
-    stock = run_and_check(lower_to_pte(program, "stock", say), spec.inputs, expected, reference=reference)
+    stock = run_and_check(lower_to_pte(program, "stock", say, modules=args.explorer), spec.inputs, expected,
+                          reference=reference)
     try:
-        ours = lower_to_pte(program, "edgefuse", say)
+        ours = lower_to_pte(program, "edgefuse", say, modules=args.explorer)
     except Unavailable as error:
         print(f"{spec.name} ({_dtype(spec)}), XNNPACK:")
         print("\n".join(comparison_lines(stock, None)))
@@ -256,6 +327,10 @@ def lower_command(args, say: Say) -> int:
     _write_map(map_path, [stock.summary, ours.summary], f"delegate map: {spec.name} ({_dtype(spec)})", say,
                named=args.map is not None)
     print(f"delegate map: {map_path}")
+    if args.explorer:
+        from edgefuse.compare.explorer import placement_norms
+
+        _write_explorer(output, [stock, ours], placement_norms(program, ours.manager))
     return _checked([stock, ours])
 
 

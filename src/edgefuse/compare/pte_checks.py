@@ -40,6 +40,10 @@ class CheckedProgram:
     user_outputs: int | None = None
     allowed: list[float] | None = None  # per output
     reference: str = "eager"  # what the outputs were compared with: "eager", or the saved "program"
+    #: Per method and instruction, the module paths of what it runs (:func:`edgefuse.compare.explorer.
+    #: instruction_modules`) and the lowered ``EdgeProgramManager``, when the lowering was asked for them.
+    modules: dict | None = None
+    manager: Any = None
 
     @property
     def ok(self) -> bool:
@@ -62,9 +66,11 @@ class CheckedProgram:
 
 
 def lower_to_pte(
-    program: ExportedProgram, how: str, say: Callable[[str], None] = lambda _: None, serialize: bool = True
+    program: ExportedProgram, how: str, say: Callable[[str], None] = lambda _: None, serialize: bool = True,
+    modules: bool = False,
 ) -> CheckedProgram:
-    """Lower ``program`` with ``how`` and serialize it (unless not ``serialize``, for a map alone).
+    """Lower ``program`` with ``how`` and serialize it (unless not ``serialize``, for a map alone); with
+    ``modules``, keep the lowered manager and what each instruction runs, for a Model Explorer overlay.
 
     Raises :class:`~edgefuse.inputs.errors.Unavailable` when edgefuse's flow is unavailable, and
     :class:`~edgefuse.inputs.errors.UsageError` when ExecuTorch's own (stock) flow rejects the program: then
@@ -76,8 +82,16 @@ def lower_to_pte(
     if not serialize:
         return CheckedProgram(how, summary, b"")
     say(f"serializing the {how} program to .pte")
-    pte = _stock_step(lambda: manager.to_executorch().buffer, how, "to_executorch")
-    return CheckedProgram(how, summary, pte, user_outputs=_user_outputs(manager))
+    if modules:
+        from edgefuse.compare.explorer import handle_modules, instruction_modules
+
+        handles = handle_modules(manager)  # before to_executorch writes over the handles
+    executorch = _stock_step(manager.to_executorch, how, "to_executorch")
+    pte = _stock_step(lambda: executorch.buffer, how, "to_executorch")
+    checked = CheckedProgram(how, summary, pte, user_outputs=_user_outputs(manager))
+    if modules:
+        checked.modules, checked.manager = instruction_modules(executorch, handles), manager
+    return checked
 
 
 def _user_outputs(manager) -> int:

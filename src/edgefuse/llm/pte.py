@@ -44,16 +44,25 @@ class PteContents:
         return self.count(CAST_KERNELS)
 
 
-def _plan(source: str | os.PathLike | bytes, method: str):
+def _program(source: str | os.PathLike | bytes):
     from executorch.exir._serialize._program import deserialize_pte_binary
 
     data = source if isinstance(source, bytes) else open(source, "rb").read()
     program = deserialize_pte_binary(data)
-    program = getattr(program, "program", program)  # newer releases wrap the program
+    return getattr(program, "program", program)  # newer releases wrap the program
+
+
+def _plan(source: str | os.PathLike | bytes, method: str):
+    program = _program(source)
     plans = {plan.name: plan for plan in program.execution_plan}
     if method not in plans:
         raise ValueError(f"the program has no method {method!r}; it has {', '.join(sorted(plans))}")
     return plans[method]
+
+
+def method_names(source: str | os.PathLike | bytes) -> list[str]:
+    """The names of the methods a ``.pte`` holds (its execution plans), in the program's order."""
+    return [plan.name for plan in _program(source).execution_plan]
 
 
 def instruction_labels(source: str | os.PathLike | bytes, method: str = "forward") -> list[list[tuple[str, str]]]:
