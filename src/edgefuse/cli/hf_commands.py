@@ -28,13 +28,13 @@ CASTS_NOTE = (
 
 
 def add_export_hf_arguments(parser: argparse.ArgumentParser) -> None:
-    """``MODEL_DIR``, ``-o``, ``--recipe``, ``--compare`` and optimum's own options, in optimum's spelling
-    (``--use_custom_sdpa``) and with dashes (``--use-custom-sdpa``), with optimum's choices."""
+    """``MODEL_DIR``, ``-o``, ``--recipe``, ``--compare`` and optimum's own options, spelt as optimum-cli spells
+    them (``--use_custom_sdpa``, ``--output_dir``) so that its command lines carry over, with its choices."""
     from edgefuse.hf.options import EDGEFUSE_RECIPE, OPTIONS, RECIPES
 
     parser.add_argument("model_dir", metavar="MODEL_DIR",
                         help="a folder a Hugging Face model was saved in with save_pretrained (config.json, weights)")
-    parser.add_argument("-o", "--output_dir", "--output-dir", dest="output_dir", required=True, metavar="DIR",
+    parser.add_argument("-o", "--output_dir", required=True, metavar="DIR",
                         help="where to write model.pte (and model.stock.pte with --compare); made when missing")
     parser.add_argument("--recipe", choices=RECIPES, default=EDGEFUSE_RECIPE,
                         help=f"the recipe: {EDGEFUSE_RECIPE} (default), or optimum-executorch's own xnnpack")
@@ -42,13 +42,13 @@ def add_export_hf_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"also export with stock's xnnpack recipe (kept as {STOCK_NAME}) and print both side by side")
     optimum = parser.add_argument_group("optimum-executorch's options (those of `optimum-cli export executorch`)")
     for option in OPTIONS.values():
-        spellings = [f"--{option.name}"] + ([f"--{option.name.replace('_', '-')}"] if "_" in option.name else [])
+        flag = f"--{option.name}"
         if option.kind is bool:
-            optimum.add_argument(*spellings, dest=option.name, action="store_true", help=option.help)
+            optimum.add_argument(flag, action="store_true", help=option.help)
         elif option.kind is int:
-            optimum.add_argument(*spellings, dest=option.name, type=int, metavar="N", help=option.help)
+            optimum.add_argument(flag, type=int, metavar="N", help=option.help)
         else:
-            optimum.add_argument(*spellings, dest=option.name, choices=option.choices, help=option.help)
+            optimum.add_argument(flag, choices=option.choices, help=option.help)
 
 
 def export_hf_command(args, say: Say) -> int:
