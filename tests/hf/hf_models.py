@@ -68,7 +68,8 @@ def program_logits(path: str, vocab: int) -> list[torch.Tensor]:
 
     load_llm_kernels()
     with open(path, "rb") as f:
-        method = LoadedProgram(f.read()).method
+        loaded = LoadedProgram(f.read())  # holds the program, which must outlive its method
+    method = loaded.method
     sequence = tokens(vocab)
     width = method.metadata.input_tensor_meta(0).sizes()[1]
 
