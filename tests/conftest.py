@@ -3,7 +3,7 @@ marker true.
 
 ``python -m pytest -m core`` (or ``python -m pytest tests/core``) runs the rewriting core's tests alone, and
 ``python -m pytest -m rules`` only its numbered rules' tests (``tests/core/test_rule*.py``, well under a minute);
-the other layers are ``runtime``, ``quant``, ``xnnpack``, ``qnn``, ``llm``, ``inputs``, ``compare``, ``console``, ``tools``,
+the other layers are ``runtime``, ``quant``, ``xnnpack``, ``qnn``, ``llm``, ``hf``, ``inputs``, ``compare``, ``console``, ``tools``,
 ``cli`` and ``fuzz``. ``tests`` is a package, so the shared helpers are imported by their full name
 (``from tests.harness import ...``) wherever a test file lives; pytest puts the repository root on ``sys.path``
 for it.
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-LAYERS = ("core", "runtime", "quant", "xnnpack", "qnn", "llm", "inputs", "compare", "console", "tools", "cli", "fuzz")
+LAYERS = ("core", "runtime", "quant", "xnnpack", "qnn", "llm", "hf", "inputs", "compare", "console", "tools", "cli", "fuzz")
 
 _HERE = Path(__file__).parent
 

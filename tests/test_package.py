@@ -73,6 +73,7 @@ UPWARD = {
     "xnnpack/policy.py": "edgefuse.qnn.socs",
     "qnn/socs.py": "edgefuse.llm.config",
     "llm/config.py": "edgefuse.inputs.errors",
+    "hf/options.py": "edgefuse.llm.pte",
     "inputs/errors.py": "edgefuse.console.tables",
     "console/tables.py": "edgefuse.compare.delegate_map",
     "compare/delegate_map.py": "edgefuse.fuzz.spec",

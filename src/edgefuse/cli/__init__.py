@@ -31,9 +31,11 @@ exit codes:
      edgefuse nor stock (QNN's reason is printed), a missing .pt2, an output path that cannot be written,
      a name edgefuse chose for its own file already taken, QNN libraries in a folder another user could
      write, a .pte bench-llm refuses or that crashes the runtime in its trial (the signal is named),
-     arguments llama.py refuses, a --soc_model QNN does not compile for or a --method the program lacks
+     arguments llama.py refuses, a --soc_model QNN does not compile for or a --method the program lacks,
+     a model folder without config.json or a model optimum cannot load, an option optimum does not take
   3  a part of edgefuse the command needs is unavailable (its XNNPACK lowering, the fuzzer, QNN's
-     libraries: not set up, or `edgefuse qnn setup` cannot set them up here; a package llama.py needs)
+     libraries: not set up, or `edgefuse qnn setup` cannot set them up here; a package llama.py needs;
+     optimum-executorch for export-hf)
   4  edgefuse itself failed (a bug: the traceback is printed)
 """
 
@@ -63,6 +65,8 @@ COMMANDS = {
     "fuzz": ("edgefuse.cli.commands", "fuzz_command", "fuzz: fuzzing edgefuse's rewrites against eager"),
     "export-llm": ("edgefuse.cli.llm_commands", "export_llm_command",
                    "export-llm: running ExecuTorch's export_llm with edgefuse inside"),
+    "export-hf": ("edgefuse.cli.hf_commands", "export_hf_command",
+                  "export-hf {model_dir}: running optimum-executorch's export"),
     "bench-llm": ("edgefuse.cli.llm_commands", "bench_llm_command", "bench-llm: timing {stock} against {edgefuse}"),
     "qnn-llama": ("edgefuse.cli.qnn_llama", "qnn_llama_command",
                   "qnn-llama: compiling ExecuTorch's static Llama for QNN with edgefuse's passes"),
@@ -208,6 +212,21 @@ def build_parser() -> argparse.ArgumentParser:
     export_llm.add_argument("overrides", nargs="*", metavar="OVERRIDE",
                             help="export_llm's overrides of LlmConfig's settings, e.g. base.model_class=qwen3_0_6b "
                             "backend.xnnpack.enabled=True (hydra's own settings are refused)")
+
+    from edgefuse.cli.hf_commands import add_export_hf_arguments
+
+    export_hf = commands.add_parser(
+        "export-hf", parents=[common],
+        help="Hugging Face's export (optimum-executorch's main_export) with the edgefuse-xnnpack recipe",
+        description="Export a Hugging Face model saved with save_pretrained through optimum-executorch's main_export "
+        "(task text-generation) with edgefuse's recipe edgefuse-xnnpack (optimum's xnnpack recipe with edgefuse's "
+        "XNNPACK lowering), and print the delegates, the means and casts left outside them and the kernels outside "
+        "by op; --compare exports with optimum's own xnnpack recipe too and prints both side by side. Example: "
+        "edgefuse export-hf qwen3-folder -o out --compare --use_custom_sdpa --qlinear 8da4w --qembedding 8w. "
+        "See docs/hf.md.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_export_hf_arguments(export_hf)
 
     bench_llm = commands.add_parser(
         "bench-llm", parents=[common],

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 #: Kernel names of a mean, and of a cast, as the program names its operators.
 MEAN_KERNELS = ("aten::mean",)
 CAST_KERNELS = ("aten::_to_copy", "dim_order_ops::_to_dim_order_copy", "aten::_to_dim_order_copy")
+
+#: The floating-point dtypes, as the program's schema names them (``ScalarType``).
+FLOAT_TYPES = ("HALF", "FLOAT", "DOUBLE", "BFLOAT16")
 
 
 @dataclass(frozen=True)
@@ -22,6 +25,8 @@ class PteContents:
     method: str
     delegates: Counter
     kernels: Counter
+    #: The casts outside the delegates by (input dtype, output dtype), as ``("LONG", "FLOAT")``.
+    cast_types: Counter = field(default_factory=Counter)
 
     @property
     def delegate_count(self) -> int:
@@ -42,6 +47,16 @@ class PteContents:
     @property
     def casts(self) -> int:
         return self.count(CAST_KERNELS)
+
+    @property
+    def float_casts(self) -> int:
+        """Casts from one floating-point dtype to another: the casts around a norm."""
+        return sum(n for (source, target), n in self.cast_types.items() if source in FLOAT_TYPES and target in FLOAT_TYPES)
+
+    @property
+    def integer_casts(self) -> int:
+        """Casts from or to an integer dtype, such as rotary position ids (int64) made float: no norm's."""
+        return self.casts - self.float_casts
 
 
 def _program(source: str | os.PathLike | bytes):
@@ -69,7 +84,11 @@ def instruction_labels(source: str | os.PathLike | bytes, method: str = "forward
     """Each chain's instructions in order, as (kind, name): ``("kernel", "aten::mean.out")``,
     ``("delegate", "XnnpackBackend")``, or the instruction's kind and an empty name (moves, jumps, frees).
     ETDump names its events by chain and instruction index; these say what each one ran."""
-    plan = _plan(source, method)
+    return [[(kind, name) for kind, name, _ in chain] for chain in _instructions(_plan(source, method))]
+
+
+def _instructions(plan) -> list[list[tuple[str, str, object]]]:
+    """:func:`instruction_labels` of an execution plan, each with its instruction's arguments."""
     operators = [op.name + (f".{op.overload}" if op.overload else "") for op in plan.operators]
     chains = []
     for chain in plan.chains:
@@ -78,23 +97,38 @@ def instruction_labels(source: str | os.PathLike | bytes, method: str = "forward
             args = instruction.instr_args
             kind = type(args).__name__
             if kind == "KernelCall":
-                labels.append(("kernel", operators[args.op_index]))
+                labels.append(("kernel", operators[args.op_index], args))
             elif kind == "DelegateCall":
-                labels.append(("delegate", plan.delegates[args.delegate_index].id))
+                labels.append(("delegate", plan.delegates[args.delegate_index].id, args))
             else:
-                labels.append((kind, ""))
+                labels.append((kind, "", args))
         chains.append(labels)
     return chains
+
+
+def _cast_types(plan, args) -> tuple[str, str]:
+    """The (input, output) dtype names of a cast kernel's call: its first argument and its out tensor."""
+    from executorch.exir.schema import ScalarType
+
+    def dtype(index: int) -> str:
+        value = plan.values[index].val
+        return ScalarType(value.scalar_type).name if hasattr(value, "scalar_type") else type(value).__name__
+
+    return dtype(args.args[0]), dtype(args.args[-1])
 
 
 def read_pte(source: str | os.PathLike | bytes, method: str = "forward") -> PteContents:
     """The delegates and kernels of ``method`` in a ``.pte`` given as a path or as bytes."""
     delegates: Counter = Counter()
     kernels: Counter = Counter()
-    for chain in instruction_labels(source, method):
-        for kind, name in chain:
+    cast_types: Counter = Counter()
+    plan = _plan(source, method)
+    for chain in _instructions(plan):
+        for kind, name, args in chain:
             if kind == "kernel":
                 kernels[name] += 1
+                if name.split(".", 1)[0] in CAST_KERNELS:
+                    cast_types[_cast_types(plan, args)] += 1
             elif kind == "delegate":
                 delegates[name] += 1
-    return PteContents(method, delegates, kernels)
+    return PteContents(method, delegates, kernels, cast_types)

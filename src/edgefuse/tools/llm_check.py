@@ -167,17 +167,14 @@ def check_programs(case: Case, paths: dict[str, str], config, prefill: int = 10,
                    decode: int = 12) -> dict[str, ProgramCheck]:
     """Check the ``.pte`` files ``paths`` (by lowering) of ``case`` against the eager module of ``config``."""
     from edgefuse.llm.eager import eager_model, eager_step, logits_sequence, prompt_and_steps
-    from edgefuse.llm.pte import read_pte
     from edgefuse.compare.llm_programs import load_llm_kernels
     from edgefuse.runtime import LoadedProgram
-    from edgefuse.core.verify import finite_tolerance
 
     load_llm_kernels()
     model = eager_model(config)
     prompt, steps = prompt_and_steps(case.params["vocab_size"], prefill, decode)
     expected = logits_sequence(eager_step(model), prompt, steps)
-    bound = [finite_tolerance(case.dtype, e, ULPS) for e in expected]
-    checks, logits = {}, {}
+    logits = {}
     for how, path in paths.items():
         with open(path, "rb") as f:
             loaded = LoadedProgram(f.read())
@@ -185,22 +182,36 @@ def check_programs(case: Case, paths: dict[str, str], config, prefill: int = 10,
             lambda tokens, position: loaded.method.execute([tokens, torch.tensor([position], dtype=torch.long)])[0],
             prompt, steps,
         )
+    return checked_logits(expected, logits, paths, case.dtype, case.quantized)
+
+
+def checked_logits(expected: list[torch.Tensor], logits: dict[str, list[torch.Tensor]], paths: dict[str, str],
+                   dtype: torch.dtype, quantized: bool) -> dict[str, ProgramCheck]:
+    """Each program's logits (by lowering: ``stock``, ``edgefuse``) at each step held to eager's ``expected``
+    by this module's rule: within :data:`ULPS` of ``dtype`` at the step's largest logit; quantized, within
+    stock's own error (plus the bound for edgefuse); in float, also within the bound of stock's logits."""
+    from edgefuse.core.verify import finite_tolerance
+    from edgefuse.llm.pte import read_pte
+
+    bound = [finite_tolerance(dtype, e, ULPS) for e in expected]
+    checks = {}
+    for how, path in paths.items():
         errors = [_error(e, a) for e, a in zip(expected, logits[how])]
         checks[how] = ProgramCheck(how, path, read_pte(path), errors, list(bound))
-    if case.quantized and "stock" in checks:
+    if quantized and "stock" in checks:
         stock = checks["stock"]
         stock.allowed = list(stock.errors)  # the reference of what the quantized runtime computes
         for how, check in checks.items():
             if how != "stock":
                 check.allowed = [s + b for s, b in zip(stock.errors, bound)]
-    if "stock" in logits and not case.quantized:
+    if "stock" in logits and not quantized:
         # A float program must give stock's logits within the dtype's bound. A quantized one need not: its
         # activations are quantized at run time, so a last-bit difference before a quantize (a mean
         # computed inside a delegate rather than by a portable kernel) moves a value by a whole step, and
         # the two programs are held to eager instead (edgefuse's error within stock's plus the bound).
         for how, check in checks.items():
             check.versus_stock = [_error(s, a) for s, a in zip(logits["stock"], logits[how])]
-            check.versus_stock_allowed = [finite_tolerance(case.dtype, s, ULPS) for s in logits["stock"]]
+            check.versus_stock_allowed = [finite_tolerance(dtype, s, ULPS) for s in logits["stock"]]
     return checks
 
 
