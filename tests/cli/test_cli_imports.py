@@ -4,27 +4,18 @@ and its public names: tests/test_package.py)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-
-from edgefuse.inputs.errors import OK, USAGE  # noqa: E402
+from edgefuse.inputs.errors import OK, USAGE
+from tests.first_import import fresh_python
 
 pytestmark = pytest.mark.slow  # each test starts a fresh interpreter to see what an import loads
 
 
 # --- what a command imports (subprocess: a fresh sys.modules) ---------------------------------------------
-
-def fresh_python(code: str) -> dict:
-    """Run ``code`` in a new interpreter; it prints one JSON object, returned here."""
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
 
 def test_import_edgefuse_xnnpack_does_not_import_executorch_and_its_names_still_work():
     """``python -m edgefuse.tools.xnnpack_bench`` imports the package before the command can silence torchao."""
