@@ -20,7 +20,7 @@ def cached_cia_ops() -> Iterator[None]:
     """Cache torch.export's list of CompositeImplicitAutograd ops while the block runs.
 
     The list only changes when new ops are registered, which a fuzz run does not do; the edge graphs are
-    the same with and without the cache (tests/fuzz/test_fuzz.py checks it).
+    the same with and without the cache (tests/fuzz/test_edge_programs.py checks it).
     """
     import torch._export.utils as export_utils
     import torch.export.decomp_utils as decomp_utils
