@@ -12,6 +12,12 @@ for it.
 emulator included), export an LLM (which lowers) or start the edgefuse command in a new process;
 ``python -m pytest -m "not slow"`` is the fast tier. While a test without the marker runs, those entry
 points raise `SlowCall`, and the test fails naming the call even when the code under test catches it.
+
+With several workers (``-n``, ``--dist loadgroup``), the tests of one file run on one worker, so that a
+module fixture is built once, and the files that share a costly session fixture (:data:`SHARED_FIXTURES`)
+run on the same worker. torch.export's list of CompositeImplicitAutograd ops, which it rebuilds from the
+dispatcher on every ``to_edge`` (a third of the call), is kept for the session, keyed by the registered
+ops (:func:`edgefuse.fuzz.edge_programs.cached_cia_ops`).
 """
 
 from __future__ import annotations
@@ -28,13 +34,22 @@ LAYERS = ("core", "runtime", "quant", "xnnpack", "qnn", "llm", "hf", "inputs", "
 _HERE = Path(__file__).parent
 
 
+#: Session fixtures several test files share, each a program lowered for QNN: the files that use one run on
+#: one worker, which builds it once.
+SHARED_FIXTURES = frozenset({"lowered_rms_norm", "lowered_rms_norm_16a8w"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    sharing = {item.path for item in items if SHARED_FIXTURES & set(getattr(item, "fixturenames", ()))}
     for item in items:
         parts = Path(item.path).relative_to(_HERE).parts
         if len(parts) > 1 and parts[0] in LAYERS:
             item.add_marker(getattr(pytest.mark, parts[0]))
         if parts[0] == "core" and parts[-1].startswith("test_rule"):
             item.add_marker(pytest.mark.rules)
+        # --dist loadgroup: a file's tests run on one worker, so its module fixtures are built once
+        item.add_marker(pytest.mark.xdist_group("shared-qnn-programs" if item.path in sharing else "/".join(parts)))
 
 
 class SlowCall(AssertionError):
@@ -109,6 +124,19 @@ def _slow_entry_points_guarded():
     yield
     for owner, name, original in reversed(saved):
         setattr(owner, name, original)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _cia_ops_cached():
+    """With several workers (``-n``, ``--dist loadgroup``), the tests of one file run on one worker, so that a
+module fixture is built once, and the files that share a costly session fixture (:data:`SHARED_FIXTURES`)
+run on the same worker.
+
+torch.export's list of CompositeImplicitAutograd ops, read once per set of registered ops."""
+    from edgefuse.fuzz.edge_programs import cached_cia_ops
+
+    with cached_cia_ops():
+        yield
 
 
 @pytest.hookimpl(wrapper=True)

@@ -1,4 +1,5 @@
-"""Run a command until it first imports torch or ExecuTorch, and see what it wrote to stderr before that.
+"""Run a command until it first imports torch or ExecuTorch, and see what it wrote to stderr before that;
+run code in a new interpreter, to see what it imports.
 
 A ``sitecustomize`` module in a folder put first on ``PYTHONPATH`` adds an import finder to the new
 process before any of its code runs; when the command first asks for ``torch`` or ``executorch`` the
@@ -8,6 +9,7 @@ second or two and without loading either library, what the command said before i
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -58,3 +60,10 @@ def until_first_heavy_import(argv: list[str], folder: Path) -> BeforeImport:
     if not marked:
         return BeforeImport(done.returncode, lines, None, done.stderr)
     return BeforeImport(done.returncode, lines[:marked[0]], lines[marked[0]].split()[-1], done.stderr)
+
+
+def fresh_python(code: str) -> dict:
+    """Run ``code`` in a new interpreter; it prints one JSON object, returned here."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])

@@ -396,24 +396,18 @@ def test_the_architecture_table_names_every_module():
     assert named - modules == set(), f"the layout table names modules that do not exist: {sorted(named - modules)}"
 
 
-def test_the_shared_fx_helpers_import_without_executorch():
-    """``edgefuse.core._fx`` (the ops outside a delegate among its helpers) serves the core, which must load
-    without ExecuTorch: importing it imports none of it."""
-    code = "import sys, edgefuse.core._fx; print(sorted(m for m in sys.modules if m.split('.')[0] == 'executorch'))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]"
-
-
 def test_the_names_people_type_work_after_import_edgefuse_without_importing_executorch():
     """``import edgefuse`` then ``edgefuse.passes``, ``edgefuse.xnnpack``, ``edgefuse.quant`` (and every
-    other public submodule, ``edgefuse.qnn`` among them once it exists), in a fresh interpreter."""
+    other public submodule, ``edgefuse.qnn`` among them once it exists), in a fresh interpreter. Before the
+    names, ``edgefuse.core._fx`` (the ops outside a delegate among its helpers) serves the core, which must
+    load without ExecuTorch: importing it imports none of it either."""
     code = textwrap.dedent(
         """
         import json, pkgutil, sys
         import edgefuse
         loaded = sorted(m for m in sys.modules if m.partition(".")[0] == "executorch")
+        import edgefuse.core._fx
+        fx_loaded = sorted(m for m in sys.modules if m.partition(".")[0] == "executorch")
         public = sorted(i.name for i in pkgutil.iter_modules(edgefuse.__path__) if not i.name.startswith("_"))
         kinds = {name: type(getattr(edgefuse, name)).__name__ for name in public}
         names = {
@@ -429,8 +423,8 @@ def test_the_names_people_type_work_after_import_edgefuse_without_importing_exec
             missing = "no error"
         except AttributeError as error:
             missing = str(error)
-        print(json.dumps({"loaded": loaded, "kinds": kinds, "names": names, "missing": missing,
-                          "dir": sorted(set(public) - set(dir(edgefuse))),
+        print(json.dumps({"loaded": loaded, "fx_loaded": fx_loaded, "kinds": kinds, "names": names,
+                          "missing": missing, "dir": sorted(set(public) - set(dir(edgefuse))),
                           "all": {name: getattr(edgefuse, name) is not None for name in edgefuse.__all__},
                           "public": edgefuse.recompose_rms_norm.__module__,
                           "config": type(edgefuse.edge_compile_config()).__name__}))
@@ -440,7 +434,7 @@ def test_the_names_people_type_work_after_import_edgefuse_without_importing_exec
                           env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
     assert done.returncode == 0, done.stderr[-3000:]
     data = json.loads(done.stdout.strip().splitlines()[-1])
-    assert data["loaded"] == []
+    assert data["loaded"] == [] and data["fx_loaded"] == []
     assert {"passes", "xnnpack", "quant"} <= set(data["kinds"])
     assert set(data["kinds"].values()) == {"module"}, data["kinds"]
     assert data["names"] == {

@@ -542,7 +542,8 @@ def test_the_export_llm_example_runs_with_executorch_shipped_config(tmp_path, mo
     checkpoint written where the line names them, with ExecuTorch's ``llama_xnnpack.yaml`` beside them:
     stock leaves means outside the delegate, edgefuse none."""
     from edgefuse import cli
-    from edgefuse.llm.eager import SMALL_LLAMA, write_small_model
+    from edgefuse.llm.eager import write_small_model
+    from edgefuse.llm.small import SMALL_LLAMA
     from tests.harness import side_by_side_counts
 
     found = _export_llm_example()

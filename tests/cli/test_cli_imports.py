@@ -4,27 +4,18 @@ and its public names: tests/test_package.py)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import textwrap
 
 import pytest
 
-
-from edgefuse.inputs.errors import OK, USAGE  # noqa: E402
+from edgefuse.inputs.errors import OK, USAGE
+from tests.first_import import fresh_python
 
 pytestmark = pytest.mark.slow  # each test starts a fresh interpreter to see what an import loads
 
 
 # --- what a command imports (subprocess: a fresh sys.modules) ---------------------------------------------
-
-def fresh_python(code: str) -> dict:
-    """Run ``code`` in a new interpreter; it prints one JSON object, returned here."""
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout.strip().splitlines()[-1])
-
 
 def test_import_edgefuse_xnnpack_does_not_import_executorch_and_its_names_still_work():
     """``python -m edgefuse.tools.xnnpack_bench`` imports the package before the command can silence torchao."""
@@ -56,14 +47,21 @@ def test_no_name_a_package_imports_on_first_use_is_also_its_submodule(package):
     assert submodules and not set(module._PUBLIC) & submodules
 
 
-@pytest.mark.parametrize("command", ["edgefuse.tools.xnnpack_bench", "edgefuse.tools.check_models", "edgefuse.fuzz"])
+@pytest.mark.parametrize("command, argv", [
+    ("edgefuse.tools.quant", ["--models", "nope"]),  # checked against the tables of the quantizers' modules
+    ("edgefuse.fuzz", ["--replay", "missing.py"]),  # a file read after the fuzzer's imports
+])
 @pytest.mark.slow
-def test_the_module_commands_say_nothing_on_stderr_as_they_import(command):
+def test_the_module_commands_say_nothing_on_stderr_as_they_import(command, argv, tmp_path):
     """torchao logs two "Failed to load" lines and torch's pytree a deprecation as they are imported;
-    a command run with ``python -m`` silences them before its package or its own imports load them."""
-    done = subprocess.run([sys.executable, "-m", command, "--help"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr
-    assert done.stderr == "", done.stderr
+    a command run with ``python -m`` silences them before its package or its own imports load them. Each
+    command here imports torch and ExecuTorch, then stops at a usage error: stderr holds the command's own
+    lines alone (its notice of what it is doing, and the error)."""
+    done = subprocess.run([sys.executable, "-m", command, *argv], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert done.returncode == USAGE, done.stderr
+    own = ("[", "usage:", " ", f"python -m {command}", "cannot replay", "still loading torch")
+    assert [line for line in done.stderr.splitlines() if not line.startswith(own)] == [], done.stderr
 
 
 def test_help_and_usage_errors_do_not_import_torch():

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -14,19 +12,21 @@ import torch
 from edgefuse.core._fx import dtype_name
 from edgefuse.compare import quant_tables as table
 from edgefuse.tools.quant import _json_safe, main
+from tests.first_import import until_first_heavy_import
 
 
-@pytest.mark.slow
-def test_a_bad_option_is_a_usage_error_before_any_work_with_no_traceback():
-    done = subprocess.run([sys.executable, "-m", "edgefuse.tools.quant", "--models", "tiny-lama"],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 2, done.stderr
-    said = [line for line in done.stderr.splitlines() if "python -m edgefuse.tools.quant: measuring" not in line]
-    assert said[0].startswith("usage:"), done.stderr  # after the tool's notice of what it is doing, if any
-    assert "--models: unknown 'tiny-lama'; choose from tiny-llama" in done.stderr and "Traceback" not in done.stderr
+@pytest.mark.slow  # starts python -m edgefuse.tools.quant
+def test_a_bad_option_is_a_usage_error_before_any_work_with_no_traceback(tmp_path):
+    """The command as a user runs it: the usage error comes first, with no notice of loading torch, which
+    it never imports (the process would end there: :mod:`tests.first_import`)."""
+    ran = until_first_heavy_import(["-m", "edgefuse.tools.quant", "--json", "/nonexistent/dir/out.json"], tmp_path)
+    assert ran.code == 2 and ran.importing is None, ran.stderr
+    assert ran.said[0].startswith("usage:") and "Traceback" not in ran.stderr, ran.stderr
+    assert ran.said[-1].endswith("--json /nonexistent/dir/out.json: not a file in an existing directory"), ran.stderr
 
 
 @pytest.mark.parametrize("argv, message", [
+    (["--models", "tiny-lama"], "--models: unknown 'tiny-lama'; choose from tiny-llama"),
     (["--dtypes", "float8"], "--dtypes: unknown 'float8'"),
     (["--schemes", "qs4"], "--schemes: unknown 'qs4'"),
     (["--xnnpack-dtypes", ","], "--xnnpack-dtypes: nothing given"),

@@ -27,7 +27,7 @@ def test_xnnpack_bench_times_both_programs_through_the_timer(monkeypatch):
     def loaded(k):  # a stand-in loaded program: a full call and the program alone, each noted
         return SimpleNamespace(execute=lambda flat: ran.append(k), run_again=lambda: ran.append(k))
 
-    monkeypatch.setattr(xnnpack_bench, "alternate", _recording(timer.alternate, handed))
+    monkeypatch.setattr(timer, "alternate", _recording(timer.alternate, handed))
     programs = [SimpleNamespace(loaded=loaded(k)) for k in (0, 1)]
     medians, runs = xnnpack_bench._time(programs, torch.zeros(1), runs=5, budget=60.0)
     assert len(medians) == 2 and runs == 5

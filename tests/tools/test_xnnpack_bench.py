@@ -2,7 +2,7 @@
 
 The benchmark is not part of the test run: this runs two small workloads for ten rounds and checks
 the table's structure (the thread count stated, what each lowering left outside, ratios that parse) and
-the usage errors. It asserts no time.
+the usage errors, which come before torch is imported. It asserts no time.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import sys
 import pytest
 
 from edgefuse.tools.xnnpack_bench import main
-
-pytestmark = pytest.mark.slow
+from tests.first_import import until_first_heavy_import
 
 
 #: The last cells of every row, in the header's order ("stock us" and "edgefuse us" are one cell each).
 TIMING = ("runs", "stock us", "edgefuse us", "ratio", "wall", "call", "floor", "fwall", "load")
 
 
+@pytest.mark.slow  # lowers and runs the workloads
 def test_the_table_has_a_row_per_shape_and_policy_with_the_thread_count_and_the_blocks_floor():
     done = subprocess.run(
         [sys.executable, "-m", "edgefuse.tools.xnnpack_bench", "--quick", "--only", "mean,blocks-512", "--runs", "10",
@@ -71,3 +71,12 @@ def test_bad_options_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(argv)
     assert exit_.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow  # starts python -m edgefuse.tools.xnnpack_bench
+def test_a_usage_error_comes_first_with_no_notice_of_loading_torch(tmp_path):
+    """The command as a user runs it never imports torch before its usage error (the process would end
+    there: :mod:`tests.first_import`), so it prints no notice of loading it."""
+    ran = until_first_heavy_import(["-m", "edgefuse.tools.xnnpack_bench", "--runs", "5"], tmp_path)
+    assert ran.code == 2 and ran.importing is None, ran.stderr
+    assert ran.said[0].startswith("usage:") and ran.said[-1].endswith("--runs must be at least 10"), ran.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 from typing import Iterator
 
 import edgefuse
@@ -17,17 +16,27 @@ import edgefuse
 
 @contextlib.contextmanager
 def cached_cia_ops() -> Iterator[None]:
-    """Cache torch.export's list of CompositeImplicitAutograd ops while the block runs.
+    """Cache torch.export's list of CompositeImplicitAutograd ops while the block runs, keyed by the ops
+    registered and the op namespaces Python has opened, so that an op registered inside the block (a
+    library loaded by an import) is listed as torch lists it.
 
-    The list only changes when new ops are registered, which a fuzz run does not do; the edge graphs are
-    the same with and without the cache (tests/fuzz/test_fuzz.py checks it).
+    The edge graphs are the same with and without the cache (tests/fuzz/test_edge_programs.py checks it).
     """
+    import torch
     import torch._export.utils as export_utils
     import torch.export.decomp_utils as decomp_utils
     import torch.export.exported_program as exported_program
 
     original = export_utils._collect_all_valid_cia_ops
-    cached = functools.lru_cache(maxsize=1)(original)
+    lists: dict[tuple, set] = {}
+
+    def cached() -> set:
+        key = (len(torch._C._dispatch_get_all_op_names()), tuple(torch.ops._dir))
+        if key not in lists:
+            lists.clear()
+            lists[key] = original()
+        return lists[key]
+
     patched = [(m, m._collect_all_valid_cia_ops) for m in (exported_program, decomp_utils)]
     for module, _ in patched:
         module._collect_all_valid_cia_ops = cached

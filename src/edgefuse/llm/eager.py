@@ -4,7 +4,7 @@ The reference for an exported LLM: :func:`eager_model` builds the module ``expor
 same loading, source transforms, quantization and dtype, through ``export_llama_lib``'s own
 preparation), and :func:`logits_sequence` runs any program, eager or loaded, through the same prompt
 and decode steps. :func:`write_small_model` writes params and a random checkpoint for small models
-(a model without a checkpoint reads uninitialised memory).
+(a model without a checkpoint reads uninitialised memory), such as those of :mod:`edgefuse.llm.small`.
 """
 
 from __future__ import annotations
@@ -15,17 +15,6 @@ import os
 from typing import Callable, Sequence
 
 import torch
-
-#: Small Llama params (ExecuTorch's ``ModelArgs``): the export's max context comes from its config.
-SMALL_LLAMA = {
-    "dim": 64, "n_layers": 1, "n_heads": 4, "n_kv_heads": 2, "vocab_size": 256, "hidden_dim": 128,
-    "norm_eps": 1e-5, "rope_theta": 500000.0,
-}
-#: Small Qwen3 params: QK norm before RoPE, Hugging Face RoPE, as ExecuTorch's Qwen3 configs set them.
-SMALL_QWEN3 = {
-    **SMALL_LLAMA, "norm_eps": 1e-6, "rope_theta": 1000000.0, "use_qk_norm": True, "qk_norm_before_rope": True,
-    "use_hf_rope": True, "head_dim": 16,
-}
 
 
 def write_small_model(directory: str, params: dict, seed: int = 0) -> tuple[str, str]:

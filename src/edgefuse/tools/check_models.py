@@ -8,8 +8,8 @@ a delegate. A *norm op* is any op whose innermost ``nn_module_stack`` entry is a
 whose name ends in ``Norm``: ``LlamaRMSNorm``, ``T5LayerNorm``, ``Gemma3RMSNorm`` ...); its casts are
 norm casts. The check fails if any ``mean.dim`` or norm op is left outside, or if the ``.pte``, run in
 the released ``executorch.runtime``, differs from eager by more than the dtype's tolerance
-(:func:`edgefuse.core.verify.tolerance` at :data:`ULPS` units in the last place of the largest logit; the
-models stack tens of ops, each of which may round once differently in the delegate). ``--stock`` also
+(:func:`edgefuse.core.verify.tolerance` at the units in the last place of the largest logit that
+:data:`edgefuse.core.verify.TOLERANCES` allows ``model logits``; the models stack tens of ops, each of which may round once differently in the delegate). ``--stock`` also
 lowers with stock ``XnnpackPartitioner`` and prints its figures for comparison.
 """
 
@@ -18,32 +18,31 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from typing import TYPE_CHECKING
 
 if __name__ == "__main__":  # run as a command: torchao and torch log warnings as they are imported below
     from edgefuse.runtime.quiet import quiet_libraries
 
     quiet_libraries()
 
-import torch
-from torch.export import export
-
-from edgefuse.core._fx import dtype_name, module_class_name
-from edgefuse.core.verify import TOLERANCES, finite_tolerance, max_error
-from edgefuse.core._fx import call_name, nodes_outside
-from edgefuse.xnnpack.inspect import lowered_modules, run_pte, to_pte
-from edgefuse.xnnpack.lowering import lower, lower_stock
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_MODELS = ("tiny-llama", "tiny-qwen3", "tiny-gemma3", "tiny-t5", "tiny-olmo2")
-ULPS = TOLERANCES["model logits"].ulps
+DTYPES = ("float32", "float16", "bfloat16")
 
 
 def _norm_module(node) -> str | None:
+    from edgefuse.core._fx import module_class_name
+
     name = module_class_name(node)
     return name if name is not None and name.endswith("Norm") else None
 
 
 def outside_report(manager) -> tuple[list[str], list[str], int]:
     """(means outside, norm ops outside as ``op in Module``, count of all ops outside) of a lowered program."""
+    from edgefuse.core._fx import call_name, nodes_outside
+
     means, norm_ops = [], []
     outside = nodes_outside(manager)
     for node in outside:
@@ -57,12 +56,19 @@ def outside_report(manager) -> tuple[list[str], list[str], int]:
 
 
 def check(name: str, dtype: torch.dtype, stock: bool, out=sys.stdout) -> bool:
+    import torch
+    from torch.export import export
+
+    from edgefuse.core._fx import dtype_name
+    from edgefuse.core.verify import TOLERANCES, finite_tolerance, max_error
     from edgefuse.inputs.models import build_model
+    from edgefuse.xnnpack.inspect import lowered_modules, run_pte, to_pte
+    from edgefuse.xnnpack.lowering import lower, lower_stock
 
     module, inputs = build_model(name, dtype, 0)
     with torch.no_grad():
         expected = module(*inputs)
-    allowed = finite_tolerance(dtype, expected, ULPS)
+    allowed = finite_tolerance(dtype, expected, TOLERANCES["model logits"].ulps)
     rows = []
     lowerings = [("edgefuse", lambda ep: lower(ep))]
     if stock:
@@ -97,11 +103,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,float16")
     parser.add_argument("--stock", action="store_true", help="also lower with stock XnnpackPartitioner")
     args = parser.parse_args(argv)
-    dtypes = []
-    for d in args.dtypes.split(","):
-        if d not in ("float32", "float16", "bfloat16"):
+    names = args.dtypes.split(",")
+    for d in names:
+        if d not in DTYPES:
             parser.error(f"unknown dtype {d!r}: choose float32, float16 or bfloat16")
-        dtypes.append(getattr(torch, d))
+    import torch
+
+    dtypes = [getattr(torch, d) for d in names]
     torch.set_num_threads(1)
     from edgefuse.runtime.quiet import quiet_libraries
 

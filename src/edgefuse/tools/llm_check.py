@@ -6,8 +6,8 @@ For each case: write small params and a random checkpoint, export with ExecuTorc
 (KV cache, custom SDPA, XNNPACK with extended ops) stock and with edgefuse, read each ``.pte``'s
 delegates and the kernels outside them, and run each in ``executorch.runtime`` through a prefill and
 decode steps against the eager module ``export_llm`` exported (:mod:`edgefuse.llm.eager`). A program
-passes when every step's logits are within :data:`ULPS` units in the last place of the model's dtype at
-the step's largest logit (:func:`edgefuse.core.verify.finite_tolerance`): the delegate sums in its own order
+passes when every step's logits are within the units in the last place of the model's dtype at the step's
+largest logit that :data:`edgefuse.core.verify.TOLERANCES` allows ``model logits`` (:func:`edgefuse.core.verify.finite_tolerance`): the delegate sums in its own order
 through the model's tens of ops, each of which may round once differently, as the tiny models'
 acceptance check allows. In 8da4w the runtime quantizes activations with XNNPACK's own kernels, not as
 torchao's eager reference does, and stock's program is itself far from eager (2% of the largest logit
@@ -27,19 +27,17 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 if __name__ == "__main__":
     from edgefuse.runtime.quiet import quiet_libraries
 
     quiet_libraries()
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from edgefuse.core.verify import TOLERANCES
-from edgefuse.llm.eager import SMALL_LLAMA, SMALL_QWEN3
-
-#: Units in the last place of the dtype at the largest logit of a step.
-ULPS = TOLERANCES["model logits"].ulps
+from edgefuse.llm.small import SMALL_LLAMA, SMALL_QWEN3
 
 #: The overrides of every case: ExecuTorch's Llama with a KV cache and custom SDPA, lowered for XNNPACK.
 BASE_OVERRIDES = (
@@ -62,7 +60,7 @@ class Case:
     params: dict
     model_class: str
     overrides: tuple[str, ...]
-    dtype: torch.dtype = torch.float32
+    dtype: str = "float32"  # the logits' dtype, by torch's name
 
     @property
     def quantized(self) -> bool:
@@ -74,10 +72,10 @@ CASES = {
     for case in (
         Case("llama-fp32", SMALL_LLAMA, "llama3", FP32),
         Case("llama-8da4w", SMALL_LLAMA, "llama3", Q8DA4W),
-        Case("llama-bf16", SMALL_LLAMA, "llama3", BF16, torch.bfloat16),
+        Case("llama-bf16", SMALL_LLAMA, "llama3", BF16, "bfloat16"),
         Case("qwen3-fp32", SMALL_QWEN3, "qwen3_0_6b", FP32),
         Case("qwen3-8da4w", SMALL_QWEN3, "qwen3_0_6b", Q8DA4W),
-        Case("qwen3-bf16", SMALL_QWEN3, "qwen3_0_6b", BF16, torch.bfloat16),
+        Case("qwen3-bf16", SMALL_QWEN3, "qwen3_0_6b", BF16, "bfloat16"),
     )
 }
 
@@ -166,6 +164,8 @@ def check_case(case: Case, directory: str, prefill: int = 10, decode: int = 12,
 def check_programs(case: Case, paths: dict[str, str], config, prefill: int = 10,
                    decode: int = 12) -> dict[str, ProgramCheck]:
     """Check the ``.pte`` files ``paths`` (by lowering) of ``case`` against the eager module of ``config``."""
+    import torch
+
     from edgefuse.llm.eager import eager_model, eager_step, logits_sequence, prompt_and_steps
     from edgefuse.compare.llm_programs import load_llm_kernels
     from edgefuse.runtime import LoadedProgram
@@ -182,18 +182,19 @@ def check_programs(case: Case, paths: dict[str, str], config, prefill: int = 10,
             lambda tokens, position: loaded.method.execute([tokens, torch.tensor([position], dtype=torch.long)])[0],
             prompt, steps,
         )
-    return checked_logits(expected, logits, paths, case.dtype, case.quantized)
+    return checked_logits(expected, logits, paths, getattr(torch, case.dtype), case.quantized)
 
 
 def checked_logits(expected: list[torch.Tensor], logits: dict[str, list[torch.Tensor]], paths: dict[str, str],
                    dtype: torch.dtype, quantized: bool) -> dict[str, ProgramCheck]:
     """Each program's logits (by lowering: ``stock``, ``edgefuse``) at each step held to eager's ``expected``
-    by this module's rule: within :data:`ULPS` of ``dtype`` at the step's largest logit; quantized, within
-    stock's own error (plus the bound for edgefuse); in float, also within the bound of stock's logits."""
+    by this module's rule: within the ``model logits`` units of ``dtype`` at the step's largest logit;
+    quantized, within stock's own error (plus the bound for edgefuse); in float, also within the bound of
+    stock's logits."""
     from edgefuse.core.verify import finite_tolerance
     from edgefuse.llm.pte import read_pte
 
-    bound = [finite_tolerance(dtype, e, ULPS) for e in expected]
+    bound = [finite_tolerance(dtype, e, _ulps()) for e in expected]
     checks = {}
     for how, path in paths.items():
         errors = [_error(e, a) for e, a in zip(expected, logits[how])]
@@ -211,8 +212,15 @@ def checked_logits(expected: list[torch.Tensor], logits: dict[str, list[torch.Te
         # the two programs are held to eager instead (edgefuse's error within stock's plus the bound).
         for how, check in checks.items():
             check.versus_stock = [_error(s, a) for s, a in zip(logits["stock"], logits[how])]
-            check.versus_stock_allowed = [finite_tolerance(dtype, s, ULPS) for s in logits["stock"]]
+            check.versus_stock_allowed = [finite_tolerance(dtype, s, _ulps()) for s in logits["stock"]]
     return checks
+
+
+def _ulps() -> float:
+    """Units in the last place of the dtype at the largest logit of a step."""
+    from edgefuse.core.verify import TOLERANCES
+
+    return TOLERANCES["model logits"].ulps
 
 
 def _error(expected: torch.Tensor, actual: torch.Tensor) -> float:
@@ -248,9 +256,10 @@ RECIPE_MODELS = {"llama": SMALL_LLAMA, "qwen3": SMALL_QWEN3}
 RECIPE_TOKENS = 8
 
 
-def recipe_model(params: dict, dtype: torch.dtype = torch.float32, seed: int = 0):
+def recipe_model(params: dict, dtype: torch.dtype, seed: int = 0):
     """ExecuTorch's transformer of ``params`` with random weights (norm weights near 1), in ``dtype``, and
     its example inputs (tokens ``[1, 8]``)."""
+    import torch
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
@@ -301,9 +310,10 @@ def check_recipe(recipe_type, model_name: str) -> RecipeCheck:
     """Export ``model_name`` with the edgefuse recipe ``recipe_type`` and with the stock recipe it mirrors
     (stock FP32 for FP16 and BF16), run both in the runtime and compare with eager and with each other.
 
-    Float recipes are held to :data:`ULPS` units of the model's dtype at the largest output; quantized
+    Float recipes are held to the ``model logits`` units of the model's dtype at the largest output; quantized
     ones to stock's own error against the quantized eager module plus that bound, and to stock's output
     within the bound (the programs differ only in where means and casts run)."""
+    import torch
     from executorch.backends.xnnpack.recipes import XNNPackRecipeType
     from executorch.export import ExportRecipe, export
 
@@ -323,14 +333,14 @@ def check_recipe(recipe_type, model_name: str) -> RecipeCheck:
         outputs[label] = LoadedProgram(pte).run(list(inputs))[0]
         with torch.no_grad():
             references[label] = _quantized_reference(session, model)(*inputs)
-    bound = finite_tolerance(dtype, references["edgefuse"], ULPS)
+    bound = finite_tolerance(dtype, references["edgefuse"], _ulps())
     stock_error = _error(references["stock"], outputs["stock"])
     error = _error(references["edgefuse"], outputs["edgefuse"])
     quantized = recipe_type.stock is not None and recipe_type.stock is not XNNPackRecipeType.FP32
     return RecipeCheck(
         recipe_type.name, model_name, stock_type.name, contents["stock"], contents["edgefuse"], stock_error, error,
         stock_error + bound if quantized else bound,
-        _error(outputs["stock"], outputs["edgefuse"]), finite_tolerance(dtype, outputs["stock"], ULPS),
+        _error(outputs["stock"], outputs["edgefuse"]), finite_tolerance(dtype, outputs["stock"], _ulps()),
     )
 
 
@@ -370,8 +380,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--layers must be at least 1")
     if args.prefill < 1 or args.decode < 0 or args.prefill + args.decode > 127:
         parser.error("--prefill at least 1, --decode at least 0, together at most 127 (the default context is 128)")
-    from edgefuse.console.tables import format_table
+    import torch
 
+    from edgefuse.console.tables import format_table
     from edgefuse.runtime.quiet import quiet_root_logger
     from edgefuse.llm.export import ConfigRejected
 
@@ -400,6 +411,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def recipes_main() -> int:
     """Every edgefuse recipe type on each recipe model, against stock's recipe and eager."""
+    import torch
+
     from edgefuse.xnnpack.recipes import EdgefuseRecipeType
     from edgefuse.console.tables import format_table
 

@@ -64,14 +64,12 @@ REPEAT_AT = 0.99
 
 def dtype_case(size: str, dtype: str):
     """llm_check's Llama case of ``dtype`` at ``size`` (``DIMxLAYERS``)."""
-    import torch
-
     from edgefuse.tools.llm_check import BF16, CASES, FP16, Case, sized
 
     overrides = {"fp32": (), "fp16": FP16, "bf16": BF16, "8da4w": CASES["llama-8da4w"].overrides}[dtype]
     dim, layers = parse_size(size)
     case = Case(f"llama-{size}-{dtype}", CASES["llama-fp32"].params, "llama3", overrides,
-                getattr(torch, LOGITS[dtype]))
+                LOGITS[dtype])
     return sized(case, dim, layers)
 
 

@@ -43,15 +43,17 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 if __name__ == "__main__":
     from edgefuse.runtime.quiet import quiet_libraries
 
     quiet_libraries()
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
-from edgefuse.llm.eager import SMALL_LLAMA, SMALL_QWEN3
+from edgefuse.llm.small import SMALL_LLAMA, SMALL_QWEN3
 
 #: The overrides of every case: ExecuTorch's Llama with a KV cache and static shapes, lowered for QNN.
 BASE_OVERRIDES = (
@@ -134,6 +136,8 @@ def counted_step(reference):
     (:func:`edgefuse.qnn.emulator.output_tolerances`: the logits' step and the roundings on their longest
     path, or what the module carries to them, on that call's inputs). The tolerance is read after the
     call, on the same tokens and position; reading it puts the module's KV cache back as it was."""
+    import torch
+
     from edgefuse.llm.eager import eager_step
     from edgefuse.qnn.emulator import output_tolerances
 
@@ -153,6 +157,8 @@ def counted_step(reference):
 def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
                lowerings=("stock", "edgefuse")) -> dict[str, QnnProgramCheck]:
     """Export ``case`` with each lowering in ``directory`` and check each program on the emulator."""
+    import torch
+
     from edgefuse.compare.qnn_flows import FP16_ULPS, told_apart
     from edgefuse.llm.eager import eager_model, eager_step, logits_sequence, prompt_and_steps, write_small_model
     from edgefuse.llm.export import run_export_llm
@@ -262,6 +268,8 @@ def _main(argv: list[str] | None) -> int:
     except Unavailable as error:
         print(f"error: {error}", file=sys.stderr)
         return UNAVAILABLE
+    import torch
+
     torch.set_num_threads(1)
     ok, table = True, []
     with tempfile.TemporaryDirectory(prefix="edgefuse-llm-qnn-check-") as directory:

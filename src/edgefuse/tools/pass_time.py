@@ -23,11 +23,10 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch
-from torch.export import export
-from torch.fx import GraphModule
+if TYPE_CHECKING:
+    from torch.fx import GraphModule
 
 EXIT_OK, EXIT_USAGE, EXIT_UNAVAILABLE = 0, 2, 3
 
@@ -44,6 +43,8 @@ class PassTime:
 
 def capture_graph(layers: int, tokens: int):
     """The exported program of a tiny Qwen3 with ``layers`` layers reading ``tokens`` token ids."""
+    from torch.export import export
+
     from edgefuse.inputs.models import build_model
 
     module, inputs = build_model("tiny-qwen3", layers=layers, seq_len=tokens, vocab_size=256)
@@ -60,6 +61,7 @@ def _edgefuse(gm: GraphModule) -> tuple[int, int]:
 
 
 def _stock(gm: GraphModule) -> tuple[int, None]:
+    import torch
     from executorch.backends.qualcomm._passes.recompose_rms_norm import RecomposeRmsNorm
     from executorch.backends.qualcomm._passes.remove_redundancy import RemoveRedundancy
 
@@ -136,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
               f"{ours.wall_ms / stock.wall_ms:>6.2f}", flush=True)
     print("norms: rebuilt by edgefuse / its candidates (rebuilt by stock); times: ms, median of "
           f"{args.runs} runs after a warm-up run; ratio: edgefuse / stock")
+    import torch
+
     print(conditions(torch.get_num_threads()))
     if len(rows) > 1:
         low, high = min(rows), max(rows)

@@ -3,9 +3,8 @@ torch's schemas make them, to paste into that module when torch changes (its tes
 
 from __future__ import annotations
 
+import argparse
 import sys
-
-from edgefuse.inputs.pt2_ops import allowed_by_rule
 
 
 def _wrapped(overloads: list[str], indent: str = "    ") -> str:
@@ -19,8 +18,11 @@ def _wrapped(overloads: list[str], indent: str = "    ") -> str:
     return "\n".join(lines)
 
 
-def main() -> int:
-    """Print the lists as this torch's schemas make them."""
+def main(argv: list[str] | None = None) -> int:
+    """Print the lists as this torch's schemas make them (``argv`` takes only ``--help``)."""
+    argparse.ArgumentParser(prog="python -m edgefuse.tools.pt2_ops", description=__doc__.split("\n\n")[0]).parse_args(argv)
+    from edgefuse.inputs.pt2_ops import allowed_by_rule
+
     functional, in_place = allowed_by_rule()
     for title, table in (("FUNCTIONAL", functional), ("IN_PLACE", in_place)):
         print(f"{title}")

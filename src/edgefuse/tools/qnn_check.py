@@ -34,7 +34,6 @@ if __name__ == "__main__":  # run as a command: torchao and torch log warnings a
 
 from edgefuse.inputs.errors import CHECK_FAILED, OK, USAGE
 from edgefuse.console.command import run_command
-from edgefuse.inputs.qnn_models import QNN_MODEL_NAMES
 
 PRECISIONS = ("fp16", "16a8w")
 PROG = "python -m edgefuse.tools.qnn_check"
@@ -120,13 +119,15 @@ def _main(argv: list[str] | None) -> int:
         description="The QNN model table: edgefuse beside stock through ExecuTorch's QNN flow, compiled, run on "
         "the x86 HTP emulator and compared with eager.",
     )
-    parser.add_argument("--models", default=",".join(QNN_MODEL_NAMES), help="comma-separated (default: all)")
+    parser.add_argument("--models", help="comma-separated (default: all)")
     parser.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated: fp16, 16a8w, 16a16w, 8a8w")
     parser.add_argument("--soc", default="SM8650", help="the Qualcomm SoC to compile for (default SM8650)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
-    models = args.models.split(",")
+    from edgefuse.inputs.qnn_models import QNN_MODEL_NAMES
+
+    models = args.models.split(",") if args.models is not None else list(QNN_MODEL_NAMES)
     precisions = args.precisions.split(",")
     unknown = [m for m in models if m not in QNN_MODEL_NAMES]
     if unknown:

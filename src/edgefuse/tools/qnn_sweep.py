@@ -290,15 +290,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None) -> int:
-    from edgefuse.qnn.pipeline import PRECISIONS
-
     parser = argparse.ArgumentParser(prog=PROG, description="Which input shapes QNN's RmsNorm computes wrong on "
                                      "the x86 HTP emulator, plan by plan.")
     parser.add_argument("plan", nargs="?", choices=sorted(PLANS))
     parser.add_argument("--out", help="the folder the JSON lines go to (made if missing)")
     parser.add_argument("--table", action="store_true", help="print the SoC table of the qnn profile and stop")
     parser.add_argument("--soc", default="SM8650", help="the Qualcomm SoC to compile for (default SM8650)")
-    parser.add_argument("--precision", default="fp16", choices=PRECISIONS)
+    parser.add_argument("--precision", default="fp16", help="fp16 (default) or a quantized precision of "
+                        "edgefuse's QNN pipeline (16a8w, ...)")
     parser.add_argument("--flow", default="stock", choices=FLOWS, help="stock: QNN's op on the shape as written "
                         "(default); edgefuse: what edgefuse hands QNN")
     parser.add_argument("--runs", type=int, default=3, help="runs of each program (the worst counts)")
@@ -311,6 +310,10 @@ def _main(argv: list[str] | None) -> int:
         raise UsageError("give a PLAN and --out DIR (or --table)")
     if args.runs < 1:
         raise UsageError("--runs must be 1 or more")
+    from edgefuse.qnn.pipeline import PRECISIONS
+
+    if args.precision not in PRECISIONS:
+        raise UsageError(f"--precision {args.precision}: choose from {', '.join(PRECISIONS)}")
     from edgefuse.qnn.socs import htp_arch, soc_problem
 
     problem = soc_problem(args.soc, args.precision)

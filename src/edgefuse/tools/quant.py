@@ -36,6 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write every measurement as JSON")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
+    if args.no_qnn and args.no_xnnpack:
+        parser.error("--no-qnn and --no-xnnpack leave nothing to measure")
+    if args.json and (os.path.isdir(args.json) or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
+        parser.error(f"--json {args.json}: not a file in an existing directory")
 
     from edgefuse.console.progress import Progress
     from edgefuse.runtime.quiet import quiet_libraries, quiet_root_logger
@@ -45,15 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     from edgefuse.qnn.quantizer import QUANT_DTYPES
     from edgefuse.xnnpack.quantizer import SCHEMES
 
-    if args.no_qnn and args.no_xnnpack:
-        parser.error("--no-qnn and --no-xnnpack leave nothing to measure")
     models = _choices(parser, "--models", args.models, MODEL_NAMES)
     dtypes = _choices(parser, "--dtypes", args.dtypes, DTYPES)
     xnnpack_dtypes = _choices(parser, "--xnnpack-dtypes", args.xnnpack_dtypes, DTYPES)
     schemes = _choices(parser, "--schemes", args.schemes, SCHEMES)
     _choices(parser, "--quant-dtype", args.quant_dtype, QUANT_DTYPES)
-    if args.json and (os.path.isdir(args.json) or not os.path.isdir(os.path.dirname(os.path.abspath(args.json)))):
-        parser.error(f"--json {args.json}: not a file in an existing directory")
 
     import torch
 

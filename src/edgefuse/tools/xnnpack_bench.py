@@ -45,103 +45,41 @@ import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 if __name__ == "__main__":  # run as a command: torchao and torch log warnings as they are imported below
     from edgefuse.runtime.quiet import quiet_libraries
 
     quiet_libraries()
 
-import torch
-from torch import nn
-from torch.export import export
+if TYPE_CHECKING:
+    import torch
 
-from edgefuse.core._fx import dtype_name, ops_outside
-from edgefuse.core.verify import max_error
-from edgefuse.runtime import LoadedProgram, set_threads
+    from edgefuse.runtime import LoadedProgram
+
 from edgefuse.runtime.threads import threads_problem
-from edgefuse.runtime.timer import Task, alternate, conditions
-from edgefuse.xnnpack.inspect import lowered_modules, to_pte
-from edgefuse.xnnpack.lowering import lower, lower_stock
-from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY
-
-EPS = 1e-6
-
-
-class LastDimMean(nn.Module):
-    """A mean over the last dim, keeping it: the reduction of every RMSNorm, alone."""
-
-    def __init__(self, width: int):
-        super().__init__()
-
-    def forward(self, x):
-        return x.mean(-1, keepdim=True)
-
-
-class LlamaRMSNorm(nn.Module):
-    """Hugging Face Llama's RMSNorm, as transformers 5 writes it."""
-
-    def __init__(self, width: int):
-        super().__init__()
-        self.weight = nn.Parameter(1.0 + 0.1 * torch.randn(width))
-
-    def forward(self, x):
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + EPS)
-        return self.weight * h.to(x.dtype)
-
-
-class NormLinear(nn.Module):
-    def __init__(self, width: int):
-        super().__init__()
-        self.norm = LlamaRMSNorm(width)
-        self.linear = nn.Linear(width, width, bias=False)
-
-    def forward(self, x):
-        return self.linear(self.norm(x))
-
-
-class Blocks(nn.Module):
-    def __init__(self, width: int, count: int = 4):
-        super().__init__()
-        self.blocks = nn.ModuleList(NormLinear(width) for _ in range(count))
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = x + block(x)
-        return x
-
-
-class Linears(nn.Module):
-    """``Blocks`` without their norms, sharing their linears: ``x + Linear(x)`` four times."""
-
-    def __init__(self, blocks: Blocks):
-        super().__init__()
-        self.linears = nn.ModuleList(block.linear for block in blocks.blocks)
-
-    def forward(self, x):
-        for linear in self.linears:
-            x = x + linear(x)
-        return x
 
 
 @dataclass(frozen=True)
 class Workload:
+    """A timed module, by the name of its class in :mod:`edgefuse.inputs.workloads` (built from its width),
+    so that the table is read before torch is imported."""
+
     name: str
-    build: Callable[[int], nn.Module]
+    build: str
     width: int
     rows: tuple[int, ...]
     quick_rows: tuple[int, ...]
-    #: Builds, from the workload's module, the part no norm lowering changes (timed as ``floor``).
-    floor: Optional[Callable[[nn.Module], nn.Module]] = None
+    #: The class built from the workload's module: the part no norm lowering changes (timed as ``floor``).
+    floor: Optional[str] = None
 
 
 WORKLOADS: tuple[Workload, ...] = (
-    Workload("mean", LastDimMean, 2048, (1, 32, 128), (1, 32)),
-    Workload("rmsnorm", LlamaRMSNorm, 2048, (1, 32, 128), (1, 32)),
-    Workload("rmsnorm+linear", NormLinear, 512, (1, 32, 128), (1, 32)),
-    Workload("blocks", Blocks, 2048, (1, 64), (1,), floor=Linears),
-    Workload("blocks-512", Blocks, 512, (1, 32, 128), (32,), floor=Linears),
+    Workload("mean", "LastDimMean", 2048, (1, 32, 128), (1, 32)),
+    Workload("rmsnorm", "LlamaRMSNorm", 2048, (1, 32, 128), (1, 32)),
+    Workload("rmsnorm+linear", "NormLinear", 512, (1, 32, 128), (1, 32)),
+    Workload("blocks", "Blocks", 2048, (1, 64), (1,), floor="Linears"),
+    Workload("blocks-512", "Blocks", 512, (1, 32, 128), (32,), floor="Linears"),
 )
 
 
@@ -157,7 +95,14 @@ class TimedProgram:
     error: float
 
 
-def _lower(label: str, module: nn.Module, x: torch.Tensor, expected: torch.Tensor, how) -> TimedProgram:
+def _lower(label: str, module: torch.nn.Module, x: torch.Tensor, expected: torch.Tensor, how) -> TimedProgram:
+    from torch.export import export
+
+    from edgefuse.core._fx import ops_outside
+    from edgefuse.core.verify import max_error
+    from edgefuse.runtime import LoadedProgram
+    from edgefuse.xnnpack.inspect import lowered_modules, to_pte
+
     manager = how(export(module, (x,)))
     delegates, outside = len(lowered_modules(manager)), ops_outside(manager)
     loaded = LoadedProgram(to_pte(manager))
@@ -183,6 +128,8 @@ def _time(programs: list[TimedProgram], x: torch.Tensor, runs: int, budget: floa
     that ``runs`` of them would take more than ``budget`` seconds; the count used is returned. CPU time
     is the process's (all threads), so it stays right with a threadpool of several threads.
     """
+    from edgefuse.runtime.timer import Task, alternate
+
     tasks = []
     for k, timed in enumerate(programs):
         tasks.append(Task(k, lambda mark, loaded=timed.loaded: loaded.execute([x])))
@@ -220,6 +167,15 @@ def _load() -> str:
 def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list[str]] = None, out=sys.stdout) -> None:
     # Eager PyTorch (the reference outputs) leaves OpenMP workers spinning, which on 2 cores slowed every
     # runtime call here to about 8 ms; set_threads gives the reference one thread.
+    import torch
+
+    from edgefuse.core._fx import dtype_name
+    from edgefuse.inputs import workloads as modules
+    from edgefuse.runtime import set_threads
+    from edgefuse.runtime.timer import conditions
+    from edgefuse.xnnpack.lowering import lower, lower_stock
+    from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY
+
     actual = set_threads(threads)
     print(
         f"threads: {actual} (reset with _unsafe_reset_threadpool({threads}) before loading); "
@@ -249,7 +205,7 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
         for dtype in (torch.float32, torch.float16):
             for count in workload.quick_rows if quick else workload.rows:
                 torch.manual_seed(0)
-                module = workload.build(workload.width).to(dtype).eval()
+                module = getattr(modules, workload.build)(workload.width).to(dtype).eval()
                 x = torch.randn(1, count, workload.width).to(dtype)
                 with torch.no_grad():
                     expected = module(x)
@@ -262,7 +218,7 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
                 ]
                 timed = [stock, *ours]
                 if workload.floor is not None:
-                    floor_module = workload.floor(module).eval()
+                    floor_module = getattr(modules, workload.floor)(module).eval()
                     with torch.no_grad():
                         floor_expected = floor_module(x)
                     timed.append(_lower("floor", floor_module, x, floor_expected, lower_stock))
