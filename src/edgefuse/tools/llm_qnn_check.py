@@ -241,7 +241,7 @@ def passed(checks: dict[str, QnnProgramCheck]) -> bool:
 
 HEADER = ("case", "lowering", "delegates", "kernels outside", "QNN RmsNorm", "rebuilt", "reference",
           "err", "allowed", "steps = max(roundings, carried) (coarsest step, in logit steps)", "vs float eager",
-          "clipped (worst ops, levels beyond range)", "ok")
+          "clipped (ops, per op: how many, most levels beyond range)", "ok")
 
 
 def rows(case: QnnCase, checks: dict[str, QnnProgramCheck]) -> list[list[object]]:
@@ -258,14 +258,19 @@ def rows(case: QnnCase, checks: dict[str, QnnProgramCheck]) -> list[list[object]
     return result
 
 
-def _clipped(check: QnnProgramCheck, worst: int = 3) -> str:
-    """``12 ops (aten.rsqrt.default 1.8e+05, ...)``: how many quantize ops of a quantized program's module
-    clipped a value on the checked calls, by more than half a level, and the ``worst`` of them."""
+def _clipped(check: QnnProgramCheck) -> str:
+    """``30 ops: mul 18 (1.6e+09), rsqrt 2 (1.8e+05), ...``: how many quantize ops of a quantized program's
+    module clipped a value on the checked calls by more than half a level, and per op they quantize the
+    output of, how many and the most levels beyond range, worst first."""
     if not check.tolerances:
         return "-"
-    clipping = sorted((beyond, op) for op, beyond in check.clipped.values() if beyond > 0.5)[::-1]
-    named = ", ".join(f"{op} {beyond:.2g}" for beyond, op in clipping[:worst])
-    return f"{len(clipping)} ops ({named})" if clipping else "0 ops"
+    kinds: dict[str, list[float]] = {}
+    for op, beyond in check.clipped.values():
+        if beyond > 0.5:
+            kinds.setdefault(op.split(".")[-2] if op.count(".") >= 2 else op, []).append(beyond)
+    ranked = sorted(kinds.items(), key=lambda kind: -max(kind[1]))
+    named = ", ".join(f"{op} {len(levels)} ({max(levels):.2g})" for op, levels in ranked)
+    return f"{sum(len(levels) for levels in kinds.values())} ops: {named}" if kinds else "0 ops"
 
 
 def _roundings(check: QnnProgramCheck, i: int) -> str:
