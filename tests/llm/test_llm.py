@@ -116,3 +116,31 @@ def test_export_llms_edge_config_keeps_rms_norm_whole_only_for_a_quantized_qnn_c
         kept = torch.ops.aten.rms_norm.default in (LLMEdgeManager._get_edge_config(manager).preserve_ops or [])
     assert kept == quantized
     assert LLMEdgeManager.__dict__["_get_edge_config"] is released
+
+
+def test_the_qnn_causal_mask_adds_the_value_asked_for_where_a_token_may_not_look_and_is_put_back():
+    import torch
+    from executorch.examples.models.llama import export_llama_lib
+
+    from edgefuse.llm.qnn import qnn_causal_mask
+
+    released = export_llama_lib.replace_causal_mask
+    attention = torch.nn.Module()
+    attention.register_buffer("mask", torch.tril(torch.ones(3, 3, dtype=torch.bool)))
+    model = torch.nn.Sequential(attention)
+    with qnn_causal_mask(-255.0):
+        export_llama_lib.replace_causal_mask(model)
+    assert torch.equal(attention.mask, torch.tensor([[0.0, -255, -255], [0, 0, -255], [0, 0, 0]]))
+    assert export_llama_lib.replace_causal_mask is released
+
+
+def test_the_token_tokenizer_reads_its_text_as_the_tokens_and_never_ends_a_calibration(tmp_path):
+    import torch
+    from pytorch_tokenizers import get_tokenizer
+
+    from edgefuse.llm.eager import token_text, write_token_tokenizer
+
+    tokenizer = get_tokenizer(write_token_tokenizer(str(tmp_path), 256))
+    tokens = torch.tensor([5, 17, 255, 0])
+    assert tokenizer.encode(token_text(tokens), bos=True, eos=False) == tokens.tolist()
+    assert tokenizer.eos_id is None  # export_llm's calibration stops at an end token: it has none

@@ -41,7 +41,7 @@ exit codes:
 
 #: The QNN precisions ``--precision`` takes: float16 on the HTP, or PT2E quantization (activation bits
 #: ``a``, weight bits ``w``) calibrated on the example inputs.
-PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w")
+PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w", "16a4w")
 DEFAULT_SOC = "SM8650"
 
 
@@ -320,7 +320,7 @@ def _qnn_arguments(parser: argparse.ArgumentParser, when: str) -> None:
                         help=f"{when}the Qualcomm SoC to compile for (default {DEFAULT_SOC})")
     parser.add_argument(
         "--precision", choices=PRECISIONS, default=None,
-        help=f"{when}fp16 (default) runs float16 on the HTP; 16a8w, 16a16w and 8a8w quantize with QNN's "
+        help=f"{when}fp16 (default) runs float16 on the HTP; 16a8w, 16a16w, 8a8w and 16a4w quantize with QNN's "
         "quantizer, calibrated on the example inputs",
     )
 

@@ -31,6 +31,28 @@ def write_small_model(directory: str, params: dict, seed: int = 0) -> tuple[str,
     return params_path, checkpoint_path
 
 
+def write_token_tokenizer(directory: str, vocab: int) -> str:
+    """Write ``tokenizer.json`` in ``directory``: a word-level Hugging Face tokenizer whose words
+    ``t0 ... t{vocab - 1}``, joined by ``_`` (a command line's override takes no space), are the token
+    ids ``0 ... vocab - 1``, and no end-of-text token. export_llm's
+    own calibration (``quantization.calibration_data``, ``base.tokenizer_path``) then runs a small model
+    on the tokens :func:`token_text` writes; returns the path."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import CharDelimiterSplit
+
+    tokenizer = Tokenizer(WordLevel({f"t{i}": i for i in range(vocab)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = CharDelimiterSplit("_")
+    path = os.path.join(directory, "tokenizer.json")
+    tokenizer.save(path)
+    return path
+
+
+def token_text(tokens: torch.Tensor) -> str:
+    """The text :func:`write_token_tokenizer`'s tokenizer reads as ``tokens``."""
+    return "_".join(f"t{int(t)}" for t in tokens.reshape(-1))
+
+
 def random_state(model: torch.nn.Module, seed: int = 0) -> dict:
     """A random float32 state dict for ``model``: norm weights ``1 + 0.1 N(0, 1)``, other weights
     ``N(0, 1) / sqrt(fan_in)`` (logits of order one); tensors that are not floats kept."""

@@ -111,12 +111,53 @@ def rms_norm_kept_at_edge(when: Callable[[], bool]) -> Iterator[None]:
             config.preserve_ops = [*config.preserve_ops, torch.ops.aten.rms_norm.default]
         return config
 
-    _get_edge_config.__wrapped__ = released
-    setattr(owner, name, _get_edge_config)
+    with _replaced(owner, name, _get_edge_config):
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(owner: Any, name: str, replacement: Callable) -> Iterator[None]:
+    """``owner.name`` is ``replacement`` (its ``__wrapped__`` the released one) within the block, put back
+    on exit."""
+    released = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+    replacement.__wrapped__ = released
+    setattr(owner, name, replacement)
     try:
         yield
     finally:
         setattr(owner, name, released)
+
+
+#: Where export_llm's QNN path puts its causal mask in place of the model's boolean one.
+CAUSAL_MASK = ("executorch.examples.models.llama.export_llama_lib", "replace_causal_mask")
+
+
+@contextlib.contextmanager
+def qnn_causal_mask(masked: float) -> Iterator[None]:
+    """Within the block, export_llm's QNN path adds ``masked`` where a token may not look, in place of the
+    -inf of its ``replace_causal_mask`` (0 where it may look, as there); put back on exit.
+
+    Quantized at 16 bits, a -inf mask (which QNN clips to -65535) sets the attention scores' step at
+    1.0; ExecuTorch's own QNN Llama example masks with -255
+    (:data:`edgefuse.inputs.qnn_models.QNN_LLAMA_MASKED`), which softmax gives nothing too. The eager model
+    of the config, built inside the block, gets the same mask."""
+    import importlib
+
+    import torch
+
+    module_name, name = CAUSAL_MASK
+    module = importlib.import_module(module_name)
+
+    def replace_causal_mask(model: torch.nn.Module) -> torch.nn.Module:
+        for owner in model.modules():
+            mask = owner._buffers.get("mask")
+            if mask is not None:
+                size = mask.shape[-1]
+                owner.register_buffer("mask", torch.triu(torch.full((size, size), float(masked)), diagonal=1))
+        return model
+
+    with _replaced(module, name, replace_causal_mask):
+        yield
 
 
 @contextlib.contextmanager

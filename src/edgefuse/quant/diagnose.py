@@ -175,3 +175,29 @@ def own_errors(ours: dict[str, list[NormRun]], theirs: dict[str, list[NormRun]])
                 worst[i] = max(worst[i], _largest((run.got.clamp(low, high) - run.exact.clamp(low, high)).abs()))
         result[key] = OwnError(key, *worst)
     return result
+
+
+def beyond_range(converted: GraphModule, inputs: Sequence[Any]) -> dict[str, tuple[str, float]]:
+    """How far outside its range each quantize op of ``converted`` that quantizes a computed value finds
+    it on ``inputs``, in its levels (0 within range), by the quantize op's name, with the op whose output
+    it quantizes.
+
+    A value the calibration did not see is clipped there: the converted module, and a program that
+    matches it, go on with the clipped value. The module's buffers (a KV cache it writes) are put back.
+    """
+    from torch.utils import _pytree as pytree
+
+    from edgefuse.core.fresh import kept_state
+
+    quantizes = [n for n in converted.graph.nodes
+                 if is_quantize(n) and n.args and getattr(n.args[0], "op", None) == "call_function"]
+    recorder = Recorder(converted, {q.args[0].name for q in quantizes}, keep=lambda value: value.detach().clone())
+    with torch.no_grad(), kept_state(converted):
+        recorder.run(*pytree.tree_leaves(tuple(inputs)))
+    result = {}
+    for quantize in quantizes:
+        low, high = _range(quantize)
+        value = recorder.values[quantize.args[0].name].double()
+        beyond = max(low - float(value.min()), float(value.max()) - high, 0.0) / float(quantize.args[1])
+        result[quantize.name] = (str(quantize.args[0].target), beyond)
+    return result

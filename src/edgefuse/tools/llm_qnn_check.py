@@ -1,7 +1,8 @@
 """Acceptance check of ``export-llm`` for QNN: ExecuTorch's Llama and Qwen3 from small params through
 export_llm's own QNN path, stock beside edgefuse, run on QNN's x86 HTP emulator.
 
-``python -m edgefuse.tools.llm_qnn_check [--cases llama-fp16,...] [--prefill 4] [--decode 6]``
+``python -m edgefuse.tools.llm_qnn_check [--cases llama-fp16,...] [--prefill 4] [--decode 6] [--mask -255]
+[--calibration 16]``
 
 For each case: write small params and a random checkpoint, export with ExecuTorch's ``export_llm``
 (``backend.qnn.enabled=True``, KV cache, static shapes, SM8650) with the released QNN passes and with
@@ -26,11 +27,13 @@ prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) an
   quantized at 16 bits it sets the scores' step at 1.0: 9962 logit steps (measured on QNN 2.51's
   emulator, SM8650, 4 prompt tokens and 6 decode steps: stock 0.74 and edgefuse 2.08 off the
   fake-quantized module, where 33 and 22 roundings allow 0.0033 and 0.0022; the module carries its
-  levels to 0.68 and 2.26). With that mask replaced by ExecuTorch's QNN Llama example's -255, the
-  scores are no longer the coarsest: the 8-bit KV cache of the 16a4w recipe is, at 0.0202, 202 logit
-  steps (stock 0.12, edgefuse 0.36 off; the module carries 0.13 and 0.54). Neither program can be told
-  apart from a wrong one on these logits. edgefuse's program is further off than stock's and stays within
-  what its own module carries (0.54 at the worst call, stock's 0.13).
+  levels to 0.68 and 2.26). ``--mask -255`` puts ExecuTorch's QNN Llama example's mask in its place;
+  then the 8-bit KV cache of the 16a4w recipe is the coarsest step, 202 logit steps, and neither program
+  can be told apart from a wrong one on these logits. export_llm calibrates on one call (its example
+  input) unless given calibration data, so every later call leaves ranges that call set, and the norms
+  stock leaves in pieces clip their ``rsqrt``: the ``clipped`` column says which ops and how far.
+  ``--calibration 16`` has export_llm calibrate over 16 calls instead. docs/qnn-16a4w.md has the
+  measurements and what they show about the norms.
 
 A case passes when edgefuse's program rebuilds every norm it decided on into one QNN ``RmsNorm``, has no
 fewer RmsNorm ops than stock's, and stays within its bound at every step, as stock's is held to.
@@ -106,6 +109,7 @@ class QnnProgramCheck:
     allowed: list[float] = field(default_factory=list)
     versus_float: list[float] = field(default_factory=list)  # quantized programs: against float eager
     tolerances: list = field(default_factory=list)  # quantized programs: (step, Roundings) per compared call
+    clipped: dict = field(default_factory=dict)  # quantized programs: quantize op -> (op, most levels beyond range)
 
     @property
     def within(self) -> bool:
@@ -130,22 +134,29 @@ def one_token_at_a_time(step):
     return fed
 
 
-def counted_step(reference):
+def counted_step(reference, clipped: dict[str, tuple[str, float]] | None = None):
     """A step of the converted (fake-quantized) module ``reference`` as :func:`eager_step` makes it, and the
     list it appends each call's derived tolerance of the logits to
     (:func:`edgefuse.qnn.emulator.output_tolerances`: the logits' step and the roundings on their longest
     path, or what the module carries to them, on that call's inputs). The tolerance is read after the
-    call, on the same tokens and position; reading it puts the module's KV cache back as it was."""
+    call, on the same tokens and position; reading it puts the module's KV cache back as it was.
+    ``clipped``, when given, gathers per quantize op the most levels beyond its range a call put it
+    (:func:`edgefuse.quant.diagnose.beyond_range`)."""
     import torch
 
     from edgefuse.llm.eager import eager_step
     from edgefuse.qnn.emulator import output_tolerances
+    from edgefuse.quant.diagnose import beyond_range
 
     step, tolerances = eager_step(reference), []
 
     def counting(tokens: torch.Tensor, position: int) -> torch.Tensor:
+        inputs = (tokens, {"input_pos": torch.tensor([position], dtype=torch.long)})
+        if clipped is not None:
+            for name, (op, beyond) in beyond_range(reference, inputs).items():
+                clipped[name] = (op, max(beyond, clipped.get(name, (op, 0.0))[1]))
         logits = step(tokens, position)
-        (tolerance,) = output_tolerances(reference, (tokens, {"input_pos": torch.tensor([position], dtype=torch.long)}))[:1]
+        (tolerance,) = output_tolerances(reference, inputs)[:1]
         if tolerance is None:
             raise AssertionError("the converted module's logits come from no dequantize: no quantization step to compare at")
         tolerances.append(tolerance)
@@ -154,29 +165,54 @@ def counted_step(reference):
     return counting, tolerances
 
 
+def calibration_arguments(directory: str, vocab: int, calls: int) -> list[str]:
+    """The overrides that have export_llm calibrate over ``calls`` calls, one token each: a prompt of
+    :data:`CALIBRATION_PROMPT` tokens (not the checked prompt), then the model's own next tokens, read
+    through a word-level tokenizer written in ``directory``. None (export_llm's default): one call on
+    its example input, token 1 at position 0."""
+    from edgefuse.llm.eager import prompt_and_steps, token_text, write_token_tokenizer
+
+    prompt, _ = prompt_and_steps(vocab, CALIBRATION_PROMPT, 0, seed=1)
+    return [f"base.tokenizer_path={write_token_tokenizer(directory, vocab)}",
+            f"quantization.calibration_data={token_text(prompt)}", f"quantization.calibration_seq_length={calls}"]
+
+
+#: The tokens of the prompt export_llm calibrates on when asked to (``--calibration``).
+CALIBRATION_PROMPT = 8
+
+
 def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
-               lowerings=("stock", "edgefuse")) -> dict[str, QnnProgramCheck]:
-    """Export ``case`` with each lowering in ``directory`` and check each program on the emulator."""
+               lowerings=("stock", "edgefuse"), mask: float | None = None,
+               calibration: int = 0) -> dict[str, QnnProgramCheck]:
+    """Export ``case`` with each lowering in ``directory`` and check each program on the emulator.
+
+    ``mask`` replaces the -inf of export_llm's QNN causal mask (:func:`edgefuse.llm.qnn.qnn_causal_mask`);
+    ``calibration`` calls (:func:`calibration_arguments`) replace its one calibration call."""
+    import contextlib
+
     import torch
 
     from edgefuse.compare.qnn_flows import FP16_ULPS, told_apart
     from edgefuse.llm.eager import eager_model, eager_step, logits_sequence, prompt_and_steps, write_small_model
     from edgefuse.llm.export import run_export_llm
     from edgefuse.llm.pte import read_pte
+    from edgefuse.llm.qnn import qnn_causal_mask
     from edgefuse.qnn.emulator import compare_at_steps
     from edgefuse.runtime import LoadedProgram
     from edgefuse.core.verify import compare, max_error
 
     params_path, checkpoint_path = write_small_model(directory, case.params)
     prompt, steps = prompt_and_steps(case.params["vocab_size"], prefill, decode)
+    calibrated = calibration_arguments(directory, case.params["vocab_size"], calibration) if calibration else []
     checks, float_logits = {}, None
     for how in lowerings:
         path = os.path.join(directory, f"{how}.pte")
-        export = run_export_llm([*case.arguments(params_path, checkpoint_path), f"export.output_name={path}"],
-                                lowering=how)
+        arguments = [*case.arguments(params_path, checkpoint_path), *calibrated, f"export.output_name={path}"]
+        with qnn_causal_mask(mask) if mask is not None else contextlib.nullcontext():
+            export = run_export_llm(arguments, lowering=how)
+            if float_logits is None:
+                float_logits = logits_sequence(one_token_at_a_time(eager_step(eager_model(export.config))), prompt, steps)
         record = export.swap.qnn
-        if float_logits is None:
-            float_logits = logits_sequence(one_token_at_a_time(eager_step(eager_model(export.config))), prompt, steps)
         with open(path, "rb") as f:
             loaded = LoadedProgram(f.read())
         actual = logits_sequence(one_token_at_a_time(lambda t, p: loaded.run([t, torch.tensor([p])])[0]), prompt, steps)
@@ -184,7 +220,7 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
         check = QnnProgramCheck(how, path, read_pte(path), record.rms_norms, sum(d.rebuilt for d in decisions),
                                 len(decisions), "fake-quantized" if record.quantized else "eager")
         if record.quantized:
-            counting, tolerances = counted_step(record.reference)
+            counting, tolerances = counted_step(record.reference, check.clipped)
             expected = logits_sequence(one_token_at_a_time(counting), prompt, steps)
             tolerances = tolerances[prompt.shape[1] - 1:]  # those of the calls whose logits are compared
             comparisons = [compare_at_steps(e, a, step, counted.steps)
@@ -210,7 +246,8 @@ def passed(checks: dict[str, QnnProgramCheck]) -> bool:
 
 
 HEADER = ("case", "lowering", "delegates", "kernels outside", "QNN RmsNorm", "rebuilt", "reference",
-          "err", "allowed", "steps = max(roundings, carried) (coarsest step, in logit steps)", "vs float eager", "ok")
+          "err", "allowed", "steps = max(roundings, carried) (coarsest step, in logit steps)", "vs float eager",
+          "clipped (ops, per op: how many, most levels beyond range)", "ok")
 
 
 def rows(case: QnnCase, checks: dict[str, QnnProgramCheck]) -> list[list[object]]:
@@ -221,10 +258,25 @@ def rows(case: QnnCase, checks: dict[str, QnnProgramCheck]) -> list[list[object]
             case.name, how, dict(check.contents.delegates), dict(check.contents.kernels), check.rms_norms,
             f"{check.rebuilt}/{check.decisions}" if how == "edgefuse" else "-", check.reference,
             f"{check.errors[worst]:.3g}", f"{check.allowed[worst]:.3g}", _roundings(check, worst),
-            f"{max(check.versus_float):.3g}" if check.versus_float else "-",
+            f"{max(check.versus_float):.3g}" if check.versus_float else "-", _clipped(check),
             "yes" if check.ok else ("NOT TOLD APART" if check.within else "NO"),
         ])
     return result
+
+
+def _clipped(check: QnnProgramCheck) -> str:
+    """``30 ops: mul 18 (1.6e+09), rsqrt 2 (1.8e+05), ...``: how many quantize ops of a quantized program's
+    module clipped a value on the checked calls by more than half a level, and per op they quantize the
+    output of, how many and the most levels beyond range, worst first."""
+    if not check.tolerances:
+        return "-"
+    kinds: dict[str, list[float]] = {}
+    for op, beyond in check.clipped.values():
+        if beyond > 0.5:
+            kinds.setdefault(op.split(".")[-2] if op.count(".") >= 2 else op, []).append(beyond)
+    ranked = sorted(kinds.items(), key=lambda kind: -max(kind[1]))
+    named = ", ".join(f"{op} {len(levels)} ({max(levels):.2g})" for op, levels in ranked)
+    return f"{sum(len(levels) for levels in kinds.values())} ops: {named}" if kinds else "0 ops"
 
 
 def _roundings(check: QnnProgramCheck, i: int) -> str:
@@ -252,6 +304,12 @@ def _main(argv: list[str] | None) -> int:
                              "cannot be told apart from a wrong program, see the module doc)")
     parser.add_argument("--prefill", type=int, default=4, help="prompt tokens, one per call (default 4)")
     parser.add_argument("--decode", type=int, default=6, help="decode steps (default 6)")
+    parser.add_argument("--mask", type=float, default=None, metavar="VALUE",
+                        help="what the causal mask adds where a token may not look, in place of export_llm's "
+                             "-inf (ExecuTorch's QNN Llama example: -255)")
+    parser.add_argument("--calibration", type=int, default=0, metavar="CALLS",
+                        help="quantized cases: calibrate over CALLS calls of a prompt and the model's own "
+                             "tokens (default: export_llm's one call on its example input)")
     args = parser.parse_args(argv)
     names = args.cases.split(",")
     unknown = [n for n in names if n not in CASES]
@@ -259,6 +317,10 @@ def _main(argv: list[str] | None) -> int:
         parser.error(f"unknown cases {', '.join(unknown)}; known: {', '.join(CASES)}")
     if args.prefill < 1 or args.decode < 0 or args.prefill + args.decode > 127:
         parser.error("--prefill at least 1, --decode at least 0, together at most 127 (the default context is 128)")
+    if not 0 <= args.calibration <= 128:
+        parser.error("--calibration from 0 to 128 calls (the default context is 128)")
+    if args.mask is not None and not -65504 <= args.mask < 0:
+        parser.error("--mask is a negative float16 value, from -65504 to below 0")
     from edgefuse.inputs.errors import UNAVAILABLE, Unavailable
     from edgefuse.compare.qnn_flows import require_libraries
     from edgefuse.console.tables import format_table
@@ -276,7 +338,8 @@ def _main(argv: list[str] | None) -> int:
         for name in names:
             sub = os.path.join(directory, name)
             os.makedirs(sub)
-            checks = check_case(CASES[name], sub, args.prefill, args.decode)
+            checks = check_case(CASES[name], sub, args.prefill, args.decode, mask=args.mask,
+                                calibration=args.calibration)
             ok = passed(checks) and ok
             table += rows(CASES[name], checks)
             print(format_table(HEADER, rows(CASES[name], checks)), file=sys.stderr, flush=True)
