@@ -93,5 +93,5 @@ def test_a_whole_rank_5_norm_quantized_is_viewed_during_capture_and_adds_no_requ
 
 
 def test_a_soc_qnn_does_not_compile_float16_for_is_refused_before_any_work():
-    with pytest.raises(QnnLoweringFailed, match="does not compile an RmsNorm in float for QCM6490"):
+    with pytest.raises(QnnLoweringFailed, match="does not compile an RmsNorm in fp16 for QCM6490"):
         lower(QkNorms(1), (_x((1, 8, 32)),), soc="QCM6490", precision="fp16")

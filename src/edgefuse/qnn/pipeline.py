@@ -28,8 +28,8 @@ from edgefuse.core.legalize import Legalized
 from edgefuse.core.recompose import Decision
 
 #: The precisions :func:`lower` compiles for: HTP float16, or the ``QuantDtype`` of ``QnnQuantizer``.
-PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w")
-_QUANT_DTYPES = {"16a8w": "use_16a8w", "16a16w": "use_16a16w", "8a8w": "use_8a8w"}
+PRECISIONS = ("fp16", "16a4w", "16a8w", "16a16w", "8a8w")
+_QUANT_DTYPES = {"16a4w": "use_16a4w", "16a8w": "use_16a8w", "16a16w": "use_16a16w", "8a8w": "use_8a8w"}
 #: Whose passes run in QNN's pipelines: edgefuse's, or the released ones untouched.
 RECOMPOSE = ("edgefuse", "stock")
 _EDGEFUSE = str(Path(__file__).resolve().parents[1])
