@@ -42,7 +42,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch.fx import GraphModule, Node
 
-from edgefuse.core.profiles import QUANTIZED, Precision
+from edgefuse.core.profiles import PRECISIONS, QUANTIZED, Precision
 from edgefuse.quant.facts import DEQUANTIZE_CAST, NORM_KEY, NormQuantization, is_dequantize, is_quantize, mark_norms, norm_quantization
 
 QUANTIZER_MODULE = "executorch.backends.qualcomm.quantizer.quantizer"
@@ -59,8 +59,10 @@ RECOMPOSE_MODES = ("edgefuse", "stock", "none", "casts")
 
 
 def precision_name(quant_dtype: object) -> str:
-    """edgefuse's name of a ``QuantDtype`` (the member or its name): ``use_8a8w`` is ``8a8w``."""
-    return str(getattr(quant_dtype, "name", quant_dtype)).removeprefix("use_")
+    """edgefuse's name of a ``QuantDtype`` (the member or its name): ``use_8a8w`` is ``8a8w``; one edgefuse
+    does not know is :data:`~edgefuse.core.profiles.QUANTIZED`, a precision not known."""
+    name = str(getattr(quant_dtype, "name", quant_dtype)).removeprefix("use_")
+    return name if name in PRECISIONS else QUANTIZED
 
 
 def norm_precision(quantizer) -> Precision:
