@@ -131,7 +131,3 @@ def test_a_whole_norm_at_8a8w_is_wrong_with_stock_and_right_with_edgefuse(soc):
         ("annotation", "8a8w"), ("to_edge", "fp16")]
     assert [op.inputs[0][0] for g in lowered.graphs.delegates for op in g.ops if op.type == "RmsNorm"] == [(1, 32, 32)]
 
-
-def test_an_unknown_precision_is_refused_before_any_work():
-    with pytest.raises(ValueError, match="unknown precision '4a4w': choose one of fp16, 16a4w, 16a8w, 16a16w, 8a8w"):
-        lower(QkNorms(1), (_x((2, 16, 32)),), precision="4a4w")
