@@ -22,7 +22,7 @@ from edgefuse.core._fx import module_path
 from edgefuse.core.casts import tensor_meta
 from edgefuse.core.ops import OpTable, Role, table_for
 from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, Precision, check_precision, get_profile, precision_of
-from edgefuse.core.recompose import _properties, _viewed
+from edgefuse.core.recompose import ROWS_VIEW, _properties, _viewed
 from edgefuse.core.signature import sync_signature
 
 #: What the pass did with one norm.
@@ -170,3 +170,4 @@ def _view(
     for node, value in ((source, viewed), (norm, normalized), (restored, back)):
         node.meta.update(copied)
         node.meta["val"] = value
+    source.meta[ROWS_VIEW] = restored.meta[ROWS_VIEW] = True

@@ -38,6 +38,9 @@ UNREADABLE = "edgefuse could not read this graph here"
 #: Why a norm inside a subgraph (a branch or body of ``torch.cond``, ``while_loop``, ``map``, or a
 #: grad-mode or autocast region a captured graph keeps apart) is left.
 NESTED = "inside the subgraph {name}, which {op} runs: edgefuse rewrites the top-level graph only"
+#: ``node.meta`` key marking a view a backend's shape limit added around an ``rms_norm`` (its input viewed
+#: as ``[1, rows, D]``, or its output viewed back): layout, part of the norm, which computes nothing.
+ROWS_VIEW = "edgefuse_rows_view"
 
 
 @dataclass(frozen=True)
@@ -434,6 +437,7 @@ class _Rewriter:
             made = [node]
             if rows is not None:  # the backend's limit: the rebuilt output viewed back in the input's shape
                 made.append(add(self.table.view, (node, list(rows.shape)), value))
+                source.meta[ROWS_VIEW] = made[-1].meta[ROWS_VIEW] = True
             if permuted is not None:  # rule 9: the model's permutation, now of the rebuilt output
                 view, out_value = permuted
                 made.append(add(view.target, (made[-1], *view.args[1:]), out_value, dict(view.kwargs)))
