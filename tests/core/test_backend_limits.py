@@ -304,7 +304,8 @@ def test_a_rebuilt_norm_at_8a8w_is_viewed_and_its_note_names_the_precision():
 def test_a_rebuilt_norm_of_a_precision_not_known_carries_the_limits_note():
     target, result = _capture(QkNorm(), (_x((1, 16, 4, 32)),))
     [decision] = result.decisions
-    assert decision.rebuilt and decision.note.startswith("rebuilt as it is, yet htp-fp16-rms-norm-layout: ")
+    assert decision.rebuilt and decision.note.startswith(
+        f"no limit of qnn covers [1, 16, 4, 32] in {QUANTIZED}; yet htp-fp16-rms-norm-layout: ")
     assert "the precision it is quantized at was not known to edgefuse" in decision.note
     [node] = rms_norm_nodes(target)
     assert cast_path(node.args[0]) == ("x", ())

@@ -370,8 +370,10 @@ class _Planner:
         there remedies, as its decision's note, or None."""
         x = tensor_meta(match.input)
         shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
-        unremedied = self.profile.unremedied(shape, precision_of(self.precision, match.output))
-        return None if unremedied is None else f"rebuilt as it is, yet {unremedied}"
+        precision = precision_of(self.precision, match.output)
+        unremedied = self.profile.unremedied(shape, precision)
+        covers = f"no limit of {self.profile.name} covers {list(x.shape)} in {precision}"
+        return None if unremedied is None else f"{covers}; yet {unremedied}"
 
     def _rows_for(
         self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor
