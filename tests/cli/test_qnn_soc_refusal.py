@@ -30,7 +30,7 @@ def test_lowering_for_a_soc_without_float16_exits_2_with_the_reason(tmp_path, ca
     argv = ["lower", f"{path}:norm", "-o", str(out), "--backend", "qnn", "--soc", "SM8350", "--precision", "fp16"]
     assert cli.main(argv) == USAGE
     err = capsys.readouterr().err
-    assert "--soc SM8350 at fp16: QNN 2.51 does not compile an RmsNorm in float for SM8350" in err
+    assert "--soc SM8350 at fp16: QNN 2.51 does not compile an RmsNorm in fp16 for SM8350" in err
     assert "Traceback" not in err and not out.exists()
 
 

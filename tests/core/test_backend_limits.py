@@ -113,7 +113,7 @@ def test_a_leave_limit_keeps_the_norm_and_names_it(mode):
     assert rms_norm_nodes(rewritten.graph_module) == []
     [decision] = rewritten.result.decisions
     assert not decision.rebuilt
-    assert "computes rms_norm wrong for an input of shape [1, 16, 4, 32] (test-limit: a measurement)" in decision.reason
+    assert "computes rms_norm wrong for an input of shape [1, 16, 4, 32] in fp16 (test-limit: a measurement)" in decision.reason
     assert_matches_eager(rewritten, ulps=0)
 
 
@@ -281,3 +281,47 @@ def test_a_pow_by_a_tensor_in_a_half_dtype_is_rebuilt_for_any_backend(dtype):
     [decision] = rewritten.result.decisions
     assert decision.rebuilt, decision.reason
     assert_matches_eager(rewritten)
+
+
+def _capture(module, inputs, **options):
+    import edgefuse
+
+    target = torch.export.export(module, inputs).module()
+    return target, edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, **options)
+
+
+def test_a_rebuilt_norm_at_8a8w_is_viewed_and_its_note_names_the_precision():
+    module, inputs = QkNorm(), (_x((1, 16, 4, 32)),)
+    target, result = _capture(module, inputs, precision="8a8w")
+    [decision] = result.decisions
+    assert decision.rebuilt and "in 8a8w (htp-fp16-rms-norm-layout:" in decision.note
+    [node] = rms_norm_nodes(target)
+    assert _view_source(node.args[0])[1] == [1, 64, 32]
+    comparison = compare_elementwise(module(*inputs), target(*inputs), 2.0)
+    assert comparison.dtype_ok and comparison.ok, comparison
+
+
+def test_a_rebuilt_norm_of_a_precision_not_known_carries_the_limits_note():
+    target, result = _capture(QkNorm(), (_x((1, 16, 4, 32)),))
+    [decision] = result.decisions
+    assert decision.rebuilt and decision.note.startswith(
+        f"no limit of qnn covers [1, 16, 4, 32] in {QUANTIZED}; yet htp-fp16-rms-norm-layout: ")
+    assert "the precision it is quantized at was not known to edgefuse" in decision.note
+    [node] = rms_norm_nodes(target)
+    assert cast_path(node.args[0]) == ("x", ())
+    _, measured_right = _capture(QkNorm(), (_x((1, 16, 4, 32)),), precision="16a8w")
+    assert measured_right.decisions[0].note is None
+
+
+def test_a_precision_that_does_not_fit_quantization_capture_or_is_unknown_is_a_clear_error():
+    import edgefuse
+
+    target = torch.export.export(QkNorm(), (_x((1, 16, 4, 32)),)).module()
+    code = target.code
+    with pytest.raises(ValueError, match="precision '8a8w' does not fit quantization_capture=False"):
+        edgefuse.recompose_rms_norm(target, backend="qnn", precision="8a8w")
+    with pytest.raises(ValueError, match="precision 'fp16' does not fit quantization_capture=True"):
+        edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, precision="fp16")
+    with pytest.raises(ValueError, match="unknown precision '4a4w'"):
+        edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, precision="4a4w")
+    assert target.code == code

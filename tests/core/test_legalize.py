@@ -163,17 +163,66 @@ def test_a_limit_whose_remedy_is_leave_leaves_a_whole_norm_with_its_reason():
     assert held.action == LEFT and "its remedy is 'leave'" in held.reason
 
 
-def test_during_quantization_capture_only_quantized_limits_hold():
+def test_a_quantized_norm_of_a_precision_not_known_is_kept_and_the_reason_says_so():
     float_layout = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
-    [held] = legalize_rms_norm(float_layout, backend="qnn", quantization_capture=True).norms
-    assert held.action == KEPT and held.limit is None
+    code = float_layout.code
+    [held] = legalize_rms_norm(float_layout, backend="qnn", precision=QUANTIZED).norms
+    assert held.action == KEPT and held.limit is None and float_layout.code == code
     # kept as written, yet not called safe: 8a8w was measured wrong on the float16 layout's shapes
     assert held.reason.startswith(f"no limit of qnn covers [1, 16, 4, 32] in {QUANTIZED}; yet {LAYOUT}: ")
-    assert "8a8w, QNN was measured wrong on these shapes too" in held.reason
-    assert "edgefuse does not remedy it" in held.reason
+    assert "the precision it is quantized at was not known to edgefuse" in held.reason
+    assert "at 8a8w QNN was measured wrong on these shapes" in held.reason
     rank5 = _graph(nn.RMSNorm(64).eval(), (_x((1, 2, 4, 4, 64)),), "capture")
-    [held] = legalize_rms_norm(rank5, backend="qnn", quantization_capture=True).norms
+    [held] = legalize_rms_norm(rank5, backend="qnn", precision=QUANTIZED).norms
     assert (held.action, held.limit) == (VIEWED, RANK)
+
+
+def test_at_8a8w_the_layout_limit_views_a_whole_norm_and_says_in_which_precision():
+    target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
+    [held] = legalize_rms_norm(target, backend="qnn", precision="8a8w").norms
+    assert (held.action, held.limit) == (VIEWED, LAYOUT)
+    assert "wrong for an input of shape [1, 16, 4, 32] in 8a8w" in held.reason
+    [norm] = [n for n in target.graph.nodes if n.target == torch.ops.aten.rms_norm.default]
+    assert list(norm.args[0].meta["val"].shape) == [1, 64, 32]
+
+
+@pytest.mark.parametrize("precision", ["16a4w", "16a8w", "16a16w"])
+def test_a_precision_measured_right_keeps_the_norm_with_no_note(precision):
+    target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
+    [held] = legalize_rms_norm(target, backend="qnn", precision=precision).norms
+    assert (held.action, held.reason) == (KEPT, f"no limit of qnn covers [1, 16, 4, 32] in {precision}")
+
+
+def test_a_precision_not_measured_is_kept_and_the_reason_says_so():
+    target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
+    [held] = legalize_rms_norm(target, backend="qnn", precision="8a4w").norms
+    assert held.action == KEPT and f"{LAYOUT}: 8a4w was not measured on these shapes" in held.reason
+
+
+class TwoNorms(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = nn.RMSNorm(32), nn.RMSNorm(32)
+
+    def forward(self, x):
+        return self.second(self.first(x))
+
+
+def test_a_function_gives_each_norm_its_own_precision():
+    target = _graph(TwoNorms(), (_x((1, 16, 4, 32)),), "capture")
+    by_node = {name: p for name, p in zip(("rms_norm", "rms_norm_1"), ("8a8w", "16a8w"))}
+    held = legalize_rms_norm(target, backend="qnn", precision=lambda node: by_node[node.name]).norms
+    assert [h.action for h in held] == [VIEWED, KEPT]
+
+
+def test_an_unknown_precision_is_a_clear_error_and_changes_nothing():
+    target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
+    code = target.code
+    with pytest.raises(ValueError, match="unknown precision '4a4w': edgefuse knows fp16, 16a16w"):
+        legalize_rms_norm(target, backend="qnn", precision="4a4w")
+    with pytest.raises(ValueError, match="unknown precision 'int8'"):
+        legalize_rms_norm(target, backend="qnn", precision=lambda node: "int8")
+    assert target.code == code
 
 
 class Dequantized(nn.Module):

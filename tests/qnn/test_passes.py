@@ -209,3 +209,70 @@ def test_missing_libraries_name_the_command_that_sets_them_up(tmp_path):
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     line = [l for l in done.stdout.splitlines() if l.startswith("EXIT")]
     assert line and line[0].startswith("EXIT") and "edgefuse qnn setup" in line[0], done.stdout + done.stderr
+
+
+class TwoQkNorms(nn.Module):
+    """Two whole norms on a shape QNN computes wrong at 8a8w, in two submodules."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_norm, self.k_norm = nn.RMSNorm(32), nn.RMSNorm(32)
+
+    def forward(self, x):
+        return self.q_norm(x), self.k_norm(x)
+
+
+def _held_while_annotating(quantizer):
+    """What the edgefuse passes held each whole norm to while ``quantizer`` annotated :class:`TwoQkNorms`."""
+    from torchao.quantization.pt2e.quantize_pt2e import prepare_pt2e
+
+    x = torch.randn(2, 16, 32)
+    captured = torch.export.export(TwoQkNorms(), (x,)).module()
+    with edgefuse.qnn.patched() as patch:
+        prepare_pt2e(captured, quantizer)
+    return [(n.module_path, n.action, n.reason.split(" (")[0]) for n in patch.legalized]
+
+
+def _quantizer(quant_dtype):
+    from edgefuse.qnn.quantizer import qnn_quantizer
+
+    return qnn_quantizer(stock_recompose=True, quant_dtype=quant_dtype)
+
+
+def test_the_quantizer_tells_the_annotation_pipeline_its_precision():
+    viewed = "qnn computes rms_norm wrong for an input of shape [2, 16, 32] in 8a8w"
+    assert _held_while_annotating(_quantizer("use_8a8w")) == [("q_norm", "viewed", f"normalized on a [1, 32, 32] view of its input: {viewed}"),
+                                                  ("k_norm", "viewed", f"normalized on a [1, 32, 32] view of its input: {viewed}")]
+    kept = [(path, "kept", "no limit of qnn covers [2, 16, 32] in 16a8w") for path in ("q_norm", "k_norm")]
+    assert _held_while_annotating(_quantizer("use_16a8w")) == kept
+
+
+def test_a_submodule_config_sets_one_norm_apart():
+    from executorch.backends.qualcomm.quantizer.quantizer import ModuleQConfig, QuantDtype, get_submodule_name_predicate
+
+    quantizer = _quantizer("use_16a8w")
+    quantizer.set_submodule_qconfig_list([(get_submodule_name_predicate("k_norm"), ModuleQConfig(QuantDtype.use_8a8w))])
+    assert [(path, action) for path, action, _ in _held_while_annotating(quantizer)] == [("q_norm", "kept"), ("k_norm", "viewed")]
+
+
+def test_a_recipe_sets_one_norm_apart():
+    from executorch.backends.qualcomm.quantizer.quant_recipe import QuantGranularity, QuantRecipe
+    from executorch.backends.qualcomm.quantizer.quantizer import QuantDtype
+    from torchao.quantization.pt2e import MinMaxObserver
+
+    quantizer = _quantizer("use_16a8w")
+    recipe = QuantRecipe(QuantDtype.use_16a4w, False, act_observer=MinMaxObserver, granularity=QuantGranularity.PER_TENSOR)
+    recipe.add_regex({r"q_norm"}, QuantDtype.use_8a8w, False, act_observer=MinMaxObserver, granularity=QuantGranularity.PER_TENSOR)
+    quantizer.set_recipe(recipe)
+    assert [(path, action) for path, action, _ in _held_while_annotating(quantizer)] == [("q_norm", "viewed"), ("k_norm", "kept")]
+
+
+def test_outside_a_block_the_quantizer_is_the_released_one():
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer
+
+    released = QnnQuantizer.__dict__["transform_for_annotation"]
+    with edgefuse.qnn.patched():
+        with edgefuse.qnn.patched():
+            assert QnnQuantizer.__dict__["transform_for_annotation"].__wrapped__ is released
+        assert QnnQuantizer.__dict__["transform_for_annotation"].__wrapped__ is released
+    assert QnnQuantizer.__dict__["transform_for_annotation"] is released

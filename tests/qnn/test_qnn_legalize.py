@@ -93,5 +93,41 @@ def test_a_whole_rank_5_norm_quantized_is_viewed_during_capture_and_adds_no_requ
 
 
 def test_a_soc_qnn_does_not_compile_float16_for_is_refused_before_any_work():
-    with pytest.raises(QnnLoweringFailed, match="does not compile an RmsNorm in float for QCM6490"):
+    with pytest.raises(QnnLoweringFailed, match="does not compile an RmsNorm in fp16 for QCM6490"):
         lower(QkNorms(1), (_x((1, 8, 32)),), soc="QCM6490", precision="fp16")
+
+
+#: The two HTP generations beside SM8650's on which 8a8w was measured wrong on the float16 layout's shapes.
+SOCS_8A8W = ("SM8650", "SM8750")
+
+
+def _at_8a8w(x, soc, recompose):
+    """The program lowered at 8a8w, its output on the emulator, its fake-quantized module's, and the step."""
+    lowered = lower(QkNorms(1), (x,), soc=soc, precision="8a8w", recompose=recompose)
+    [actual] = run_on_emulator(lowered.to_pte(), (x,))
+    with torch.no_grad():
+        [expected] = lowered.reference(x)
+    [step] = output_steps(lowered.reference)
+    return lowered, actual, expected, step
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("soc", SOCS_8A8W)
+def test_a_whole_norm_at_8a8w_is_wrong_with_stock_and_right_with_edgefuse(soc):
+    """``[2, 16, 32]``: stock's program is far off its fake-quantized module (124 steps on SM8650); edgefuse
+    views the norm during capture as ``[1, 32, 32]``, and its program lands within a few steps of its own.
+    The view costs nothing: edgefuse's fake-quantized module gives stock's values exactly."""
+    x = _x((2, 16, 32))
+    steps = TOLERANCES["qnn sweep quantized"].ulps
+    _, theirs, stock_reference, stock_step = _at_8a8w(x, soc, "stock")
+    assert not compare_at_steps(stock_reference, theirs, stock_step, steps).ok, soc
+    lowered, ours, reference, step = _at_8a8w(x, soc, "edgefuse")
+    assert compare_at_steps(reference, ours, step, steps).ok, (soc, float((ours - reference).abs().max()) / step)
+    assert step == stock_step and torch.equal(reference, stock_reference)
+    capture = [n for run in lowered.runs if run.pipeline == "annotation" for n in run.legalized]
+    assert [(n.action, n.limit) for n in capture] == [(VIEWED, "htp-fp16-rms-norm-layout")]
+    assert "wrong for an input of shape [2, 16, 32] in 8a8w" in capture[0].reason
+    assert [(run.pipeline, run.precision) for run in lowered.runs if run.name == "RecomposeRmsNorm"] == [
+        ("annotation", "8a8w"), ("to_edge", "fp16")]
+    assert [op.inputs[0][0] for g in lowered.graphs.delegates for op in g.ops if op.type == "RmsNorm"] == [(1, 32, 32)]
+

@@ -117,3 +117,36 @@ def test_a_rank_5_norm_rebuilt_on_its_rows_lowers_and_runs_right(without):
     without(RANK)
     with pytest.raises(QnnLoweringFailed):
         _fp16_error(QkNorm(64), x)
+
+
+def _8a8w_steps_off(module, x):
+    """How many quantization steps of its output the 8a8w program is off its fake-quantized module on the
+    emulator, and the lowering."""
+    from edgefuse.qnn.emulator import output_steps
+
+    lowered = lower(module, (x,), precision="8a8w")
+    actual = LoadedProgram(lowered.to_pte()).run((x,))[0]
+    with torch.no_grad():
+        expected = lowered.reference(x)
+    [step] = output_steps(lowered.reference)
+    return lowered, float((actual - expected).abs().max()) / step
+
+
+@pytest.mark.parametrize("module", [StockRmsNorm(32), QkNorm(32)], ids=["whole", "rebuilt"])
+def test_at_8a8w_the_layout_limit_views_the_norm_and_the_program_is_right(monkeypatch, module):
+    """The 8a8w rule: a whole norm and a rebuilt one on ``[2, 16, 32]`` are viewed as ``[1, 32, 32]`` during
+    capture and land within the sweep's threshold; with 8a8w taken out of the limit's precisions the
+    same norm reaches QNN as written and is over a hundred steps off."""
+    from edgefuse.core.verify import TOLERANCES
+
+    x, threshold = _x((2, 16, 32)), TOLERANCES["qnn sweep quantized"].ulps
+    lowered, steps = _8a8w_steps_off(module, x)
+    assert steps <= threshold, steps
+    assert [op.inputs[0][0] for g in lowered.graphs.delegates for op in g.ops if op.type == "RmsNorm"] == [(1, 32, 32)]
+    qnn = PROFILES["qnn"]
+    limits = tuple(
+        dataclasses.replace(l, precisions=l.precisions - {"8a8w"}) if l.name == LAYOUT else l for l in qnn.limits
+    )
+    monkeypatch.setitem(edgefuse.core.profiles.PROFILES, "qnn", dataclasses.replace(qnn, limits=limits))
+    _, wrong = _8a8w_steps_off(module, x)
+    assert wrong > threshold * 10, wrong

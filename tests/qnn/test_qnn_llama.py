@@ -228,13 +228,13 @@ def test_the_command_prints_what_the_legalize_pass_did_beside_the_decisions(caps
     from edgefuse.qnn import PassRun
 
     legalized = (
-        Legalized("rms_norm", "layers.0.attention_norm", (1, 16, 64), KEPT, "no limit of qnn covers [1, 16, 64] in float"),
+        Legalized("rms_norm", "layers.0.attention_norm", (1, 16, 64), KEPT, "no limit of qnn covers [1, 16, 64] in fp16"),
         Legalized("rms_norm_1", None, (2, 16, 64), VIEWED, "normalized on a [1, 32, 64] view of its input", "htp-fp16-rms-norm-layout"),
     )
     _print_decisions(SimpleNamespace(patch=SimpleNamespace(runs=[PassRun("to_edge", "RecomposeRmsNorm", legalized=legalized)])))
     out = capsys.readouterr().out
     assert "norms decided: 0; whole norms held to the limits: 2" in out
-    assert "  to_edge: layers.0.attention_norm (whole norm): kept, no limit of qnn covers [1, 16, 64] in float" in out
+    assert "  to_edge: layers.0.attention_norm (whole norm): kept, no limit of qnn covers [1, 16, 64] in fp16" in out
     assert "  to_edge: rms_norm_1 (whole norm): viewed, normalized on a [1, 32, 64] view of its input" in out
 
 

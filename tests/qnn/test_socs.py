@@ -70,7 +70,7 @@ def test_a_precision_qnn_does_not_compile_for_a_soc_is_a_problem_before_any_work
     assert soc_problem("SM8650", "fp16") is None and soc_problem("QCM6490", "16a8w") is None
     for soc in ("QCM6490", "SAR2230P", "SM8350", "SSG2115P", "SSG2125P", "SW6100", "SXR1230P"):
         problem = soc_problem(soc, "fp16")
-        assert problem.startswith(f"--soc {soc} at fp16: QNN 2.51 does not compile an RmsNorm in float for {soc}")
+        assert problem.startswith(f"--soc {soc} at fp16: QNN 2.51 does not compile an RmsNorm in fp16 for {soc}")
     assert soc_problem("SM0000", "fp16").startswith("--soc SM0000: ExecuTorch's QNN backend knows")
 
 

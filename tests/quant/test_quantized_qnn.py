@@ -539,3 +539,41 @@ def test_building_the_quantizer_downloads_nothing_and_restores_the_environment()
     assert os.environ.get("QNN_SDK_ROOT") == before
     if before is None:
         assert not qnn_sdk_setup._sdk_ready
+
+
+def test_at_8a8w_a_rebuilt_norm_on_a_shape_qnn_gets_wrong_is_viewed_and_its_pairs_are_the_programs():
+    """On ``[2, 8, 64]`` (dims before the last two not all 1) QNN computes 8a8w norms wrong, so the norm is
+    rebuilt on a ``[1, 16, 64]`` view. Each view gets a quantize/dequantize pair with its input's encoding:
+    the norm's window holds the views and counts their pairs inside it, so the pairs the norms are said to
+    save are the pairs the program saves; the converted norm stays within its one-op bound, and gives
+    exactly what the same norm rebuilt without the views gives (the views round nothing)."""
+    import dataclasses
+
+    import edgefuse.core.profiles
+    from edgefuse.core.profiles import PROFILES
+
+    dtype = torch.float32
+    module, x = LlamaNorm(dtype).eval(), 2 * torch.randn(2, 8, DIM, generator=torch.Generator().manual_seed(1))
+    ours = quantize_for_qnn(module, (x,), [(x,)], recompose="edgefuse", quant_dtype="use_8a8w")
+    (decision,) = ours.decisions
+    assert decision.rebuilt and "[1, 16, 64] view" in decision.note and "in 8a8w" in decision.note
+    (norm,) = ours.norms
+    assert norm.how == "one op" and norm.views == 2 and norm.ops == ("view", "rms_norm", "view"), norm.describe()
+    assert (norm.pairs_in, norm.pairs_inside, norm.pairs_out, norm.pairs_constant) == (1, 2, 1, 1), norm.describe()
+    pieces = quantize_for_qnn(module, (x,), [(x,)], recompose="casts", quant_dtype="use_8a8w")
+    saved = sum(n.pairs for n in pieces.norms) - sum(n.pairs for n in ours.norms)
+    assert saved == program_pairs(pieces.converted) - program_pairs(ours.converted) > 0
+
+    with torch.no_grad():
+        expected, actual = module(x).double(), ours.converted(x).double()
+    bound = one_op_bound(x, module.weight, *one_op_scales(ours.converted), dtype)
+    assert bool(((actual - expected).abs() <= bound).all())
+
+    qnn = PROFILES["qnn"]
+    limits = tuple(dataclasses.replace(l, precisions=l.precisions - {"8a8w"}) for l in qnn.limits)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(edgefuse.core.profiles.PROFILES, "qnn", dataclasses.replace(qnn, limits=limits))
+        unviewed = quantize_for_qnn(module, (x,), [(x,)], recompose="edgefuse", quant_dtype="use_8a8w")
+    assert unviewed.norms[0].views == 0
+    with torch.no_grad():
+        assert torch.equal(ours.converted(x), unviewed.converted(x))

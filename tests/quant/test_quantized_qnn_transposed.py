@@ -61,7 +61,7 @@ def test_tiny_gemma3_for_qnn_rebuilds_every_norm_as_one_op_and_keeps_each_qk_nor
     # the graph the quantizer annotated, before annotation rewrites it: as quantize_for_qnn makes it
     model, graph = capture(module, inputs), capture(module, inputs)
     edgefuse.remove_redundant_casts(graph)
-    decisions = edgefuse.recompose_rms_norm(graph, backend="qnn", quantization_capture=True).decisions
+    decisions = edgefuse.recompose_rms_norm(graph, backend="qnn", quantization_capture=True, precision="16a8w").decisions
     assert decisions == quantized.decisions
     qk = [d for d in decisions if d.module_path.endswith(("q_norm", "k_norm"))]
     assert len(qk) == 4 and all("permuted by transpose" in d.note for d in qk)

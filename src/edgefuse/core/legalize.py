@@ -21,8 +21,8 @@ from torch.fx import GraphModule, Node
 from edgefuse.core._fx import module_path
 from edgefuse.core.casts import tensor_meta
 from edgefuse.core.ops import OpTable, Role, table_for
-from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, get_profile
-from edgefuse.core.recompose import _properties, _viewed
+from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, Precision, check_precision, get_profile, precision_of
+from edgefuse.core.recompose import ROWS_VIEW, _properties, _viewed
 from edgefuse.core.signature import sync_signature
 
 #: What the pass did with one norm.
@@ -64,16 +64,17 @@ def legalize_rms_norm(
     graph_module: GraphModule | ExportedProgram,
     *,
     backend: str | BackendProfile = "aten",
-    quantization_capture: bool = False,
+    precision: Precision = FLOAT,
 ) -> LegalizeResult:
     """Hold every top-level ``rms_norm`` of the graph to the shape limits of ``backend``, in place.
 
-    A norm is computed in :data:`~edgefuse.core.profiles.QUANTIZED` when the graph is about to be
-    quantized (``quantization_capture``) or when it reads a dequantized tensor, else in
-    :data:`~edgefuse.core.profiles.FLOAT`. A quantized norm found after quantization is never viewed: a
-    view there would sit between the norm and the quantize and dequantize ops QNN reads its encodings from,
-    so quantized limits are applied during capture, where the quantizer has views share their input's
-    encoding.
+    ``precision`` is what each norm is computed in (:data:`~edgefuse.core.profiles.PRECISIONS`): ``fp16``
+    for a float graph, the quantizer's precision for a graph about to be quantized, or
+    :data:`~edgefuse.core.profiles.QUANTIZED` when that precision is not known; a function gives each norm
+    node its own. A norm that reads a dequantized tensor is quantized already (in ``QUANTIZED`` when
+    ``precision`` says ``fp16``) and is never viewed: a view there would sit between the norm and the
+    quantize and dequantize ops QNN reads its encodings from, so quantized limits are applied during
+    capture, where the quantizer has views share their input's encoding.
     """
     program = graph_module if isinstance(graph_module, ExportedProgram) else None
     if program is not None:
@@ -83,9 +84,11 @@ def legalize_rms_norm(
             f"legalize_rms_norm takes a torch.fx.GraphModule or an ExportedProgram, not {type(graph_module).__name__}"
         )
     profile = get_profile(backend)
+    if not callable(precision):
+        check_precision(precision)
     table = table_for(graph_module.graph)
     norms = [n for n in graph_module.graph.nodes if table.is_a(n, Role.RMS_NORM)]
-    result = LegalizeResult(graph_module, [_legalize(norm, table, profile, quantization_capture) for norm in norms])
+    result = LegalizeResult(graph_module, [_legalize(norm, table, profile, precision) for norm in norms])
     if result.viewed:
         graph_module.graph.lint()
         graph_module.recompile()
@@ -94,7 +97,7 @@ def legalize_rms_norm(
     return result
 
 
-def _legalize(norm: Node, table: OpTable, profile: BackendProfile, capture: bool) -> Legalized:
+def _legalize(norm: Node, table: OpTable, profile: BackendProfile, precision: Precision) -> Legalized:
     """Decide on one norm and, when it is to be viewed, view it; the graph changes only then."""
     x = norm.args[0] if norm.args else None
     value, out = tensor_meta(x), tensor_meta(norm)
@@ -103,20 +106,25 @@ def _legalize(norm: Node, table: OpTable, profile: BackendProfile, capture: bool
         return Legalized(norm.name, path, None, LEFT, "its input or output has no metadata (meta['val'])")
     shape = tuple(int(d) if isinstance(d, int) else None for d in value.shape)
     after_quantization = isinstance(x, Node) and table.is_a(x, Role.DEQUANTIZE)
-    precision = QUANTIZED if capture or after_quantization else FLOAT
-    limit = profile.limit_for(shape, precision)
+    computed = precision_of(precision, norm)
+    if after_quantization and computed == FLOAT:
+        computed = QUANTIZED
+    limit = profile.limit_for(shape, computed)
     if limit is None:
-        kept = f"no limit of {profile.name} covers {list(value.shape)} in {precision}"
-        unremedied = profile.unremedied(shape, precision)
+        kept = f"no limit of {profile.name} covers {list(value.shape)} in {computed}"
+        unremedied = profile.unremedied(shape, computed)
         return Legalized(norm.name, path, shape, KEPT, kept if unremedied is None else f"{kept}; yet {unremedied}")
-    wrong = f"{profile.name} computes rms_norm wrong for an input of shape {list(value.shape)} ({limit.name}: {limit.measured})"
+    wrong = (
+        f"{profile.name} computes rms_norm wrong for an input of shape {list(value.shape)} in {computed} "
+        f"({limit.name}: {limit.measured})"
+    )
 
     def left(why: str) -> Legalized:
         return Legalized(norm.name, path, shape, LEFT, f"{wrong}, and {why}", limit.name)
 
     if limit.remedy != "rows":
         return left(f"its remedy is {limit.remedy!r}: a whole norm has no pieces to leave it in")
-    if after_quantization and not capture:
+    if after_quantization:
         return left("it is quantized already: a view would sit between it and the quantize and dequantize ops around it")
     if None in shape:
         return left("the rows of this one are not known when the program is built")
@@ -162,3 +170,4 @@ def _view(
     for node, value in ((source, viewed), (norm, normalized), (restored, back)):
         node.meta.update(copied)
         node.meta["val"] = value
+    source.meta[ROWS_VIEW] = restored.meta[ROWS_VIEW] = True

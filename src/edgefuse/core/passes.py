@@ -13,7 +13,7 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 
-from edgefuse.core.profiles import BackendProfile
+from edgefuse.core.profiles import BackendProfile, Precision
 from edgefuse.core.recompose import Decision, recompose_rms_norm
 from edgefuse.core.redundant_casts import remove_redundant_casts
 from edgefuse.core.signature import sync_signature
@@ -37,13 +37,18 @@ class _DualPass(ExportedProgramPassBase):
 class RecomposeRmsNorm(_DualPass):
     """Rebuild decomposed RMSNorm for ``backend``; ``decisions`` holds the last run's decisions."""
 
-    def __init__(self, backend: str | BackendProfile = "aten", quantization_capture: bool = False):
+    def __init__(
+        self, backend: str | BackendProfile = "aten", quantization_capture: bool = False, precision: Precision | None = None
+    ):
         self.backend = backend
         self.quantization_capture = quantization_capture
+        self.precision = precision
         self.decisions: list[Decision] = []
 
     def _run(self, target: ExportedProgram | GraphModule) -> bool:
-        result = recompose_rms_norm(target, backend=self.backend, quantization_capture=self.quantization_capture)
+        result = recompose_rms_norm(
+            target, backend=self.backend, quantization_capture=self.quantization_capture, precision=self.precision
+        )
         self.decisions = result.decisions
         return bool(result.rebuilt)
 

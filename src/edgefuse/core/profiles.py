@@ -4,16 +4,38 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Callable, Union
 
 import torch
+from torch.fx import Node
 
 from edgefuse.core._fx import dtype_name
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
-#: The precisions a :class:`ShapeLimit` may hold for: a norm in a graph about to be quantized, and any other.
+#: The precisions a norm is computed in: float16 (the HTP computes a float graph in float16), and the
+#: quantized precisions as QNN's ``QuantDtype`` names them without ``use_`` (``8a8w``: 8-bit activations,
+#: 8-bit weights).
+FLOAT = "fp16"
+QUANTIZED_PRECISIONS = ("16a16w", "16a8w", "16a4w", "16a4w_block", "8a8w", "8a4w", "fp16a8w", "16a2w")
+#: A norm in a graph about to be quantized, or quantized already, at a precision edgefuse was not told.
 QUANTIZED = "quantized"
-FLOAT = "float"
+PRECISIONS = (FLOAT, *QUANTIZED_PRECISIONS, QUANTIZED)
+#: The precision of a graph's norms: one name of :data:`PRECISIONS` for all, or a function that gives a
+#: norm's node its own (a quantizer that quantizes some modules at another precision).
+Precision = Union[str, Callable[[Node], str]]
+
+
+def check_precision(name: object) -> str:
+    """``name`` when it is one of :data:`PRECISIONS`; a ValueError that lists them otherwise."""
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name!r}: edgefuse knows {', '.join(PRECISIONS)}")
+    return name
+
+
+def precision_of(precision: Precision, node: Node) -> str:
+    """The precision ``node``'s norm is computed in under ``precision``, checked."""
+    return check_precision(precision(node) if callable(precision) else precision)
 #: What edgefuse does with a norm a :class:`ShapeLimit` covers: rebuild it on a ``[1, rows, D]`` view of
 #: its input (then view the result back; such a view has no dims before the last two but a 1, so a limit
 #: with ``min_outer`` above 1 never covers it), or leave it decomposed.
@@ -26,10 +48,11 @@ class ShapeLimit:
 
     It covers an input whose rank is in ``ranks``, whose last dim is at most ``max_last_dim`` (None: any), and whose
     dims before the last two multiply to at least ``min_outer``, when the backend computes the norm in one
-    of ``precisions`` (:data:`FLOAT`, :data:`QUANTIZED`). ``remedy`` says what edgefuse does then (one of
-    :data:`REMEDIES`); ``measured`` says what was seen, for the decision's reason or note.
-    ``unremedied`` says what was measured wrong on the shapes it covers in a precision it does not hold
-    for, which edgefuse does not remedy (empty: nothing).
+    of ``precisions`` (names of :data:`PRECISIONS`). ``remedy`` says what edgefuse does then (one of
+    :data:`REMEDIES`); ``measured`` says what was seen, for the decision's reason or note. ``right`` are
+    the precisions measured right on the shapes it covers; for any other precision it does not hold for
+    (one not measured, or :data:`QUANTIZED`, a precision not known), ``unremedied`` says what was
+    measured on those shapes, which edgefuse then does not remedy (empty: nothing).
     """
 
     name: str
@@ -40,6 +63,7 @@ class ShapeLimit:
     remedy: str
     measured: str
     unremedied: str = ""
+    right: frozenset[str] = frozenset()
 
     def covers(self, shape: tuple[int | None, ...]) -> bool:
         """Whether an input of ``shape`` may be one this limit is about (a dim not known when the program
@@ -121,15 +145,23 @@ class BackendProfile:
         return next((r for r in self.refusals if r.chip == chip and r.precision == precision), None)
 
     def limit_for(self, shape: tuple[int | None, ...], precision: str) -> ShapeLimit | None:
-        """The limit that covers a norm over an input of ``shape`` computed in ``precision`` (:data:`FLOAT`
-        or :data:`QUANTIZED`), or None."""
+        """The limit that covers a norm over an input of ``shape`` computed in ``precision`` (one of
+        :data:`PRECISIONS`), or None."""
         return next((l for l in self.limits if precision in l.precisions and l.covers(shape)), None)
 
     def unremedied(self, shape: tuple[int | None, ...], precision: str) -> str | None:
         """What was measured wrong for a norm over ``shape`` in ``precision`` that no limit held there
         remedies, or None: a norm no limit covers is not thereby one the backend computes right."""
-        found = next((l for l in self.limits if precision not in l.precisions and l.covers(shape) and l.unremedied), None)
-        return None if found is None else f"{found.name}: {found.unremedied}"
+        found = next(
+            (l for l in self.limits if l.unremedied and l.covers(shape) and precision not in l.precisions | l.right),
+            None,
+        )
+        if found is None:
+            return None
+        unknown = "the precision it is quantized at was not known to edgefuse" if precision == QUANTIZED else (
+            f"{precision} was not measured on these shapes"
+        )
+        return f"{found.name}: {unknown}, and {found.unremedied}"
 
     def dtype_reason(self, dtype: torch.dtype, quantization_capture: bool) -> str | None:
         """Why this backend cannot take a norm in ``dtype``, or None when it can."""
@@ -153,17 +185,15 @@ class BackendProfile:
 #: What QNN's HTP computes wrong or rejects, measured on QNN 2.51's x86 HTP emulator through ExecuTorch
 #: 1.5.1's QNN flow (``python -m edgefuse.tools.qnn_sweep``; docs/qnn-limits.md has the plans and counts);
 #: ``tests/qnn/test_qnn_limits.py`` holds each to that emulator, so a QNN that fixes one fails a test there.
-#: 8a8w gets the float16 layout's norms wrong too (docs/qnn-limits.md), 16a8w and 16a16w do not; a norm is
-#: rebuilt before the quantizer applies its precision, and a view there gets a quantize/dequantize pair of
-#: its own in the converted graph, which edgefuse's quantized checks do not yet account for: no quantized
-#: layout limit is held.
+#: A quantized norm is viewed during capture, before the quantizer annotates it: the quantizer has a view
+#: share its input's encoding, so the view's quantize/dequantize pair rounds nothing.
 QNN_LIMITS = (
     ShapeLimit(
         name="htp-fp16-rms-norm-layout",
         ranks=frozenset({3, 4}),
         max_last_dim=None,
         min_outer=2,
-        precisions=frozenset({FLOAT}),
+        precisions=frozenset({FLOAT, "8a8w"}),
         remedy="rows",
         measured=(
             "in float16 the HTP returns wrong values for inputs of rank 3 or 4 whose dims before the last two "
@@ -171,20 +201,22 @@ QNN_LIMITS = (
             "[10, 32, 200]): 895 of 4,099 norms measured on SM8650 were wrong, each with those dims "
             "multiplying to 2 or more, and none of the 583 measured as [rows, D], [1, rows, D] or "
             "[1, 1, rows, D]; the wrong region within them fits no simpler rule, so only [1, rows, D] is "
-            "trusted"
+            "trusted; at 8a8w the same shapes are wrong (39 of 327 norms on SM8650, the same 49 of 117 on "
+            "V79 and V69 as in float16, by 92 to 255 steps of the output's encoding)"
         ),
         unremedied=(
-            "quantized at 8a8w, QNN was measured wrong on these shapes too (39 of 327 norms on SM8650, the same "
-            "49 of 117 on V79 and V69 as in float16), and edgefuse does not remedy it; 16a8w and 16a16w were "
-            "measured right"
+            "at 8a8w QNN was measured wrong on these shapes (39 of 327 norms on SM8650, the same 49 of 117 on "
+            "V79 and V69 as in float16), so edgefuse views a norm there when it is told the precision; "
+            "16a4w, 16a8w and 16a16w were measured right"
         ),
+        right=frozenset({"16a4w", "16a8w", "16a16w"}),
     ),
     ShapeLimit(
         name="htp-rms-norm-rank",
         ranks=frozenset(range(5, 9)),
         max_last_dim=None,
         min_outer=1,
-        precisions=frozenset({FLOAT, QUANTIZED}),
+        precisions=frozenset(PRECISIONS),
         remedy="rows",
         measured="the HTP takes no rms_norm of rank above 4, and a program that holds one does not lower",
     ),

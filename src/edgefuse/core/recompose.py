@@ -28,7 +28,7 @@ from edgefuse.core.casts import (
 from edgefuse.core.constants import GraphConstants
 from edgefuse.core.match import Failure, NormMatch, Permuted, Rejection, match_rms_norm, permuted_input
 from edgefuse.core.ops import OpTable, Role, table_for
-from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, get_profile
+from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, Precision, check_precision, get_profile, precision_of
 from edgefuse.core.signature import sync_signature
 
 
@@ -38,6 +38,9 @@ UNREADABLE = "edgefuse could not read this graph here"
 #: Why a norm inside a subgraph (a branch or body of ``torch.cond``, ``while_loop``, ``map``, or a
 #: grad-mode or autocast region a captured graph keeps apart) is left.
 NESTED = "inside the subgraph {name}, which {op} runs: edgefuse rewrites the top-level graph only"
+#: ``node.meta`` key marking a view a backend's shape limit added around an ``rms_norm`` (its input viewed
+#: as ``[1, rows, D]``, or its output viewed back): layout, part of the norm, which computes nothing.
+ROWS_VIEW = "edgefuse_rows_view"
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,18 @@ def recompose_rms_norm(
     *,
     backend: str | BackendProfile = "aten",
     quantization_capture: bool = False,
+    precision: Precision | None = None,
 ) -> RecomposeResult:
     """Rebuild every decomposed RMSNorm that ``backend`` can run, in place; one decision per candidate.
 
     ``graph_module`` is a captured ATen graph (``ExportedProgram.module()``) or an edge graph; pass an
     ``ExportedProgram`` to let edgefuse read lifted constants (edge graphs lift eps and the weights into
     program inputs). ``quantization_capture`` says that a captured graph is about to be quantized, which
-    lets backends such as QNN take dtypes they would not run in float.
+    lets backends such as QNN take dtypes they would not run in float. ``precision`` is the precision the
+    quantizer will quantize the norms at (a quantized name of :data:`~edgefuse.core.profiles.PRECISIONS`,
+    or a function giving a norm's output node its own), so the profile's limits for it hold; without it
+    a graph about to be quantized is in :data:`~edgefuse.core.profiles.QUANTIZED` (not known), any other
+    in ``fp16``.
     """
     program = None
     if isinstance(graph_module, ExportedProgram):
@@ -103,6 +111,7 @@ def recompose_rms_norm(
         )
     if not isinstance(quantization_capture, bool):
         raise TypeError(f"quantization_capture is True or False, got {quantization_capture!r}")
+    precision = _checked_precision(precision, quantization_capture)
     if any(_traced_not_captured(node) for node in graph_module.graph.nodes):
         raise ValueError(
             "recompose_rms_norm reads ATen graphs (torch.export) and ExecuTorch edge graphs; this graph calls "
@@ -116,20 +125,38 @@ def recompose_rms_norm(
             "quantization_capture=True is for captured ATen graphs about to be quantized, "
             "but this graph holds ExecuTorch edge ops"
         )
-    run = _Pass(graph_module, table, profile, quantization_capture, GraphConstants(graph_module, program))
+    run = _Pass(graph_module, table, profile, quantization_capture, precision, GraphConstants(graph_module, program))
     decisions = run.run() + _nested_decisions(graph_module)
     if program is not None and any(d.rebuilt for d in decisions):
         sync_signature(program)
     return RecomposeResult(graph_module, decisions, program)
 
 
+def _checked_precision(precision: Precision | None, capture: bool) -> Precision:
+    """The precision a run holds norms to: ``precision`` checked against ``capture``, or its default."""
+    if precision is None:
+        return QUANTIZED if capture else FLOAT
+    if callable(precision):
+        return precision
+    if (check_precision(precision) == FLOAT) == capture:
+        need = "a quantized precision" if capture else "fp16"
+        raise ValueError(
+            f"precision {precision!r} does not fit quantization_capture={capture}: a graph "
+            f"{'about to be quantized' if capture else 'not about to be quantized'} takes {need}"
+        )
+    return precision
+
+
 class _Pass:
     """One run over one graph under one backend profile: each mean is matched, each match planned
     (:class:`_Planner`, which changes nothing) and the first plan applied (:class:`_Rewriter`)."""
 
-    def __init__(self, gm: GraphModule, table: OpTable, profile: BackendProfile, capture: bool, constants: GraphConstants):
+    def __init__(
+        self, gm: GraphModule, table: OpTable, profile: BackendProfile, capture: bool, precision: Precision,
+        constants: GraphConstants,
+    ):
         self.gm, self.table = gm, table
-        self.planner = _Planner(table, profile, capture, constants)
+        self.planner = _Planner(table, profile, capture, precision, constants)
         self.rewriter = _Rewriter(gm, table, constants)
 
     def run(self) -> list[Decision]:
@@ -191,8 +218,11 @@ class _Plan:
 class _Planner:
     """Decides, for one match under one backend profile, whether and how it is rebuilt; changes nothing."""
 
-    def __init__(self, table: OpTable, profile: BackendProfile, capture: bool, constants: GraphConstants):
+    def __init__(
+        self, table: OpTable, profile: BackendProfile, capture: bool, precision: Precision, constants: GraphConstants
+    ):
         self.table, self.profile, self.capture, self.constants = table, profile, capture, constants
+        self.precision = precision
         #: The fake values of the norms planned so far, by what they depend on (see ``_rms_norm_meta``).
         self.made: dict[tuple, torch.Tensor] = {}
 
@@ -229,12 +259,13 @@ class _Planner:
             match, value, permuted = found
         try:  # a backend's shape limit, on the input the rebuilt norm reads (after rule 9's swap)
             rows = self._rows_for(match, weight, value)
+            note = rows.note if isinstance(rows, _Rows) else self._unremedied(match) if rows is None else None
         except Exception as error:
             rows = Failure(f"{UNREADABLE}: {error!r}")
         if isinstance(rows, Failure):
             return rows
-        if rows is not None:
-            match = replace(match, note=f"{match.note}; {rows.note}" if match.note else rows.note)
+        if note is not None:
+            match = replace(match, note=f"{match.note}; {note}" if match.note else note)
         blocker = self.constants.mutations.between(_reads(match, self.table), match.output)
         if blocker is not None:
             return Failure(
@@ -334,6 +365,16 @@ class _Planner:
             )
         return rebuilt, value, (found.permute, out)
 
+    def _unremedied(self, match: NormMatch) -> str | None:
+        """What was measured wrong on the rebuilt norm's input shape in its precision that no limit held
+        there remedies, as its decision's note, or None."""
+        x = tensor_meta(match.input)
+        shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
+        precision = precision_of(self.precision, match.output)
+        unremedied = self.profile.unremedied(shape, precision)
+        covers = f"no limit of {self.profile.name} covers {list(x.shape)} in {precision}"
+        return None if unremedied is None else f"{covers}; yet {unremedied}"
+
     def _rows_for(
         self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor
     ) -> _Rows | Failure | None:
@@ -342,11 +383,12 @@ class _Planner:
         (``value``, the rebuilt norm's metadata, is what the view back must produce), or why it stays."""
         x = tensor_meta(match.input)
         shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
-        limit = self.profile.limit_for(shape, QUANTIZED if self.capture else FLOAT)
+        precision = precision_of(self.precision, match.output)
+        limit = self.profile.limit_for(shape, precision)
         if limit is None:
             return None
         wrong = (
-            f"{self.profile.name} computes rms_norm wrong for an input of shape {list(x.shape)} "
+            f"{self.profile.name} computes rms_norm wrong for an input of shape {list(x.shape)} in {precision} "
             f"({limit.name}: {limit.measured})"
         )
         if limit.remedy == "leave":
@@ -397,6 +439,7 @@ class _Rewriter:
             made = [node]
             if rows is not None:  # the backend's limit: the rebuilt output viewed back in the input's shape
                 made.append(add(self.table.view, (node, list(rows.shape)), value))
+                source.meta[ROWS_VIEW] = made[-1].meta[ROWS_VIEW] = True
             if permuted is not None:  # rule 9: the model's permutation, now of the rebuilt output
                 view, out_value = permuted
                 made.append(add(view.target, (made[-1], *view.args[1:]), out_value, dict(view.kwargs)))

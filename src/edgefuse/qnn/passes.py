@@ -26,6 +26,8 @@ Every run's decisions land in the :class:`QnnPatch` the block yields.
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import functools
 import importlib
 import sys
 import threading
@@ -38,8 +40,9 @@ from torch.fx.passes.infra.pass_base import PassResult
 
 from edgefuse.core.legalize import Legalized, legalize_rms_norm
 from edgefuse.core.passes import RecomposeRmsNorm, RemoveRedundantCasts
-from edgefuse.core.profiles import BackendProfile
+from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, Precision
 from edgefuse.core.recompose import Decision
+from edgefuse.qnn.quantizer import QUANTIZER_MODULE, norm_precision
 
 #: The package whose modules refer to the stock passes, and the modules that define them.
 QNN_PACKAGE = "executorch.backends.qualcomm"
@@ -64,7 +67,8 @@ class PassRun:
 
     ``pipeline`` is ``"annotation"`` (a captured graph about to be quantized) or ``"to_edge"``;
     ``decisions`` are the norm decisions of a recomposition and ``legalized`` what the profile's limits
-    did to each ``rms_norm`` after it; ``removed`` the nodes a cast removal removed.
+    did to each ``rms_norm`` after it; ``removed`` the nodes a cast removal removed; ``precision`` the
+    precision the norms were held to (``by node`` when the quantizer sets some nodes apart).
     """
 
     pipeline: str
@@ -72,6 +76,7 @@ class PassRun:
     decisions: tuple[Decision, ...] = ()
     removed: tuple[str, ...] = ()
     legalized: tuple[Legalized, ...] = ()
+    precision: str = ""
 
 
 @dataclass
@@ -100,20 +105,36 @@ def _pipeline(quantization_capture: bool) -> str:
     return "annotation" if quantization_capture else "to_edge"
 
 
+#: The ``QnnQuantizer`` whose annotation pipeline is running in this thread (set by :func:`patched`'s
+#: wrapper of ``QnnQuantizer.transform_for_annotation``), or None.
+_ANNOTATING: contextvars.ContextVar = contextvars.ContextVar("edgefuse_qnn_annotating", default=None)
+
+
+def capture_precision() -> Precision:
+    """The precision the quantizer whose annotation pipeline is running quantizes norms at
+    (:func:`~edgefuse.qnn.quantizer.norm_precision`), or :data:`~edgefuse.core.profiles.QUANTIZED` when no
+    quantizer edgefuse can read is running."""
+    quantizer = _ANNOTATING.get()
+    return QUANTIZED if quantizer is None else norm_precision(quantizer)
+
+
 class QnnRecomposeRmsNorm(RecomposeRmsNorm):
     """edgefuse's recomposition as a QNN pass, then every ``rms_norm`` held to the profile's limits: the
     ``qnn`` profile (a subclass made by :func:`patched` holds its SoC's), and the program wherever weights
     are lifted.
 
-    Its ``__init__`` takes the keywords ``QnnPassManager`` passes by name; a subclass made by
-    :func:`patched` records each run in its :class:`QnnPatch`.
+    In an annotation pipeline the norms are held to the precision of the ``QnnQuantizer`` running it
+    (:func:`capture_precision`; :func:`patched` lets it be known), else to ``fp16``. Its ``__init__``
+    takes the keywords ``QnnPassManager`` passes by name; a subclass made by :func:`patched` records each
+    run in its :class:`QnnPatch`.
     """
 
     patch: QnnPatch | None = None
 
     def __init__(self, quantization_capture: bool = False, edge_program: ExportedProgram | None = None):
         profile = self.patch.profile if self.patch is not None else "qnn"
-        super().__init__(backend=profile, quantization_capture=bool(quantization_capture))
+        capture = bool(quantization_capture)
+        super().__init__(backend=profile, quantization_capture=capture, precision=capture_precision() if capture else FLOAT)
         self.edge_program = edge_program
         self.legalized: list[Legalized] = []
 
@@ -122,12 +143,12 @@ class QnnRecomposeRmsNorm(RecomposeRmsNorm):
         if isinstance(target, GraphModule) and program is not None and program.graph_module is target:
             target = program  # the pass manager hands over the program's own graph: read its signature
         changed = super()._run(target)
-        held = legalize_rms_norm(target, backend=self.backend, quantization_capture=self.quantization_capture)
+        held = legalize_rms_norm(target, backend=self.backend, precision=self.precision)
         self.legalized = held.norms
         if self.patch is not None:
             self.patch.runs.append(PassRun(
                 _pipeline(self.quantization_capture), "RecomposeRmsNorm", tuple(self.decisions),
-                legalized=tuple(self.legalized),
+                legalized=tuple(self.legalized), precision=self.precision if isinstance(self.precision, str) else "by node",
             ))
         return changed or bool(held.viewed)
 
@@ -182,6 +203,31 @@ _LOCK = threading.RLock()
 _OPEN: list[dict[str, type]] = []
 
 
+def _annotating(transform_for_annotation):
+    """``QnnQuantizer.transform_for_annotation`` that lets the passes it runs know its quantizer."""
+
+    @functools.wraps(transform_for_annotation)
+    def wrapper(self, model):
+        token = _ANNOTATING.set(self)
+        try:
+            return transform_for_annotation(self, model)
+        finally:
+            _ANNOTATING.reset(token)
+
+    return wrapper
+
+
+def _quantizer_told(on: bool) -> None:
+    """Put the wrapper of :func:`_annotating` on the released ``QnnQuantizer`` (``on``), or take it off."""
+    cls = importlib.import_module(QUANTIZER_MODULE).QnnQuantizer
+    current = cls.__dict__["transform_for_annotation"]
+    wrapped = getattr(current, "__wrapped__", None)
+    if on and wrapped is None:
+        cls.transform_for_annotation = _annotating(current)
+    elif not on and wrapped is not None:
+        cls.transform_for_annotation = wrapped
+
+
 def _referring_modules(values: dict[str, object]) -> list[tuple[object, str, object]]:
     """``(module, name, value)`` for every loaded QNN module whose ``name`` holds ``values[name]``, except
     the modules that define the stock classes (they keep them, for anyone who needs the stock pass)."""
@@ -202,7 +248,9 @@ def patched(soc: str | None = None) -> Iterator[QnnPatch]:
     """Within the block, ExecuTorch's QNN pipelines run edgefuse's recomposition and cast removal.
 
     The norms are held to the limits measured on the HTP generation of ``soc``; with no SoC, or one of a
-    generation not measured, to every limit measured on any generation (``QnnPatch.note`` says which).
+    generation not measured, to every limit measured on any generation (``QnnPatch.note`` says which). A
+    ``QnnQuantizer`` tells the passes of its annotation pipeline the precision it quantizes at (its
+    default quant config, its submodule configs or its recipe), so the limits of that precision hold.
 
     Every QNN module that refers to the stock ``RecomposeRmsNorm`` or ``RemoveRedundancy`` refers to
     edgefuse's while the block runs, and to the stock ones again afterwards, also when the block raises.
@@ -233,6 +281,7 @@ def patched(soc: str | None = None) -> Iterator[QnnPatch]:
         for module, name, _ in _referring_modules(current):
             setattr(module, name, ours[name])
         _OPEN.append(ours)
+        _quantizer_told(True)
     try:
         yield patch
     finally:
@@ -244,3 +293,5 @@ def patched(soc: str | None = None) -> Iterator[QnnPatch]:
             # before a newer one changes nothing the newer one put in place
             for module, name, _ in _referring_modules(ours):
                 setattr(module, name, after[name])
+            if not _OPEN:
+                _quantizer_told(False)

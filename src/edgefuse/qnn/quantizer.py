@@ -42,6 +42,7 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch.fx import GraphModule, Node
 
+from edgefuse.core.profiles import PRECISIONS, QUANTIZED, Precision
 from edgefuse.quant.facts import DEQUANTIZE_CAST, NORM_KEY, NormQuantization, is_dequantize, is_quantize, mark_norms, norm_quantization
 
 QUANTIZER_MODULE = "executorch.backends.qualcomm.quantizer.quantizer"
@@ -55,6 +56,37 @@ QUANT_DTYPES = ("use_16a16w", "use_16a8w", "use_16a4w", "use_16a4w_block", "use_
 #: the casts that change nothing are removed (``casts``: the graph edgefuse's differs from by its
 #: rebuilt norms alone, so comparing the two measures what recomposition does).
 RECOMPOSE_MODES = ("edgefuse", "stock", "none", "casts")
+
+
+def precision_name(quant_dtype: object) -> str:
+    """edgefuse's name of a ``QuantDtype`` (the member or its name): ``use_8a8w`` is ``8a8w``; one edgefuse
+    does not know is :data:`~edgefuse.core.profiles.QUANTIZED`, a precision not known."""
+    name = str(getattr(quant_dtype, "name", quant_dtype)).removeprefix("use_")
+    return name if name in PRECISIONS else QUANTIZED
+
+
+def norm_precision(quantizer) -> Precision:
+    """The precision a released ``QnnQuantizer`` quantizes a norm at, as edgefuse names it
+    (:data:`~edgefuse.core.profiles.PRECISIONS`): its default quant config's, or, when a recipe or a
+    submodule config list sets some nodes apart, a function that picks the config a node gets as the
+    quantizer does (a recipe's strategies by priority, then its default; the first submodule predicate
+    that holds, then the default config). A quantizer whose configuration edgefuse cannot read gives
+    :data:`~edgefuse.core.profiles.QUANTIZED`: the precision is not known."""
+    try:
+        recipe = getattr(quantizer, "recipe", None)
+        if recipe is not None:
+            ranked = sorted(enumerate(recipe._strategies), key=lambda pair: (pair[1].priority, pair[0]), reverse=True)
+            strategies, default = [s for _, s in ranked], precision_name(recipe._default_quant_dtype)
+
+            def by_recipe(node: Node) -> str:
+                return next((precision_name(s.quant_dtype) for s in strategies if s._matches(node)), default)
+
+            return by_recipe
+        if quantizer.submodule_qconfig_list:
+            return lambda node: precision_name(quantizer._get_submodule_qconfig(node).quant_dtype)
+        return precision_name(quantizer.default_quant_config.quant_dtype)
+    except AttributeError:  # a quantizer of another release, or not a QnnQuantizer
+        return QUANTIZED
 
 
 class QnnUnavailable(RuntimeError):
@@ -323,7 +355,8 @@ def quantize_for_qnn(
 
     ``module`` is an eager module (exported here) or a captured graph module (used as is, rewritten in
     place). ``recompose="edgefuse"`` removes casts that change nothing and rebuilds with
-    ``edgefuse.recompose_rms_norm(backend="qnn", quantization_capture=True)``, then annotates without
+    ``edgefuse.recompose_rms_norm(backend="qnn", quantization_capture=True)`` at the quantizer's precision
+    (:func:`norm_precision`, so a limit of that precision views a rebuilt norm), then annotates without
     the released ``RecomposeRmsNorm``; ``"stock"`` leaves the norms to the released pass inside the
     quantizer; ``"none"`` rebuilds nothing; ``"casts"`` removes the casts and rebuilds nothing.
     ``quantizer`` replaces the one :func:`qnn_quantizer` builds from ``quantizer_options``. The
@@ -343,7 +376,9 @@ def quantize_for_qnn(
         removed = edgefuse.remove_redundant_casts(gm)
     if recompose == "edgefuse":
         mark_norms(gm)  # the decomposed windows, whose kept casts each rebuilt norm then takes
-        decisions = edgefuse.recompose_rms_norm(gm, backend="qnn", quantization_capture=True).decisions
+        decisions = edgefuse.recompose_rms_norm(
+            gm, backend="qnn", quantization_capture=True, precision=norm_precision(quantizer)
+        ).decisions
     mark_norms(gm, decisions)
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):  # the released quantizer prints one line per op it skips

@@ -13,7 +13,11 @@ tags the nodes of every candidate norm (one per ``mean`` of a square, and every 
   neighbours'), or ``"float"`` (no quantize/dequantize pair touches it);
 - the quantize/dequantize pairs it costs: ``pairs_in`` (activations entering it), ``pairs_inside``
   (tensors it computes and reads again), ``pairs_out`` (tensors it computes and hands on) and
-  ``pairs_constant`` (its weight and any scalar a quantizer lifted into a tensor, such as eps).
+  ``pairs_constant`` (its weight and any scalar a quantizer lifted into a tensor, such as eps);
+- ``views``: the ``[1, rows, D]`` views a backend's shape limit put around a rebuilt ``rms_norm``
+  (:data:`~edgefuse.core.recompose.ROWS_VIEW`). They belong to the norm, and the pair the quantizer gives
+  each (with its input's encoding: it rounds nothing) counts inside it; a norm of one ``rms_norm`` is
+  still one op.
 
 A pair is one quantize node (the dequantize nodes a converted graph duplicates per user share it), or
 one folded constant read by a dequantize. An op's output is quantized when a reader of it quantizes it.
@@ -32,6 +36,7 @@ from edgefuse.core.constants import GraphConstants
 from edgefuse.core.match import Rejection, match_rms_norm
 from edgefuse.core.ops import TABLES, Role, table_for
 from edgefuse.core.paths import nodes_between
+from edgefuse.core.recompose import ROWS_VIEW
 
 #: ``node.meta`` key holding the key of the norm a node belongs to.
 NORM_KEY = "edgefuse_norm"
@@ -103,6 +108,13 @@ def _between(source: Node, sink: Node) -> set[Node]:
     return set(nodes_between(source, sink)) or {sink}
 
 
+def _rows_views(norm: Node) -> list[Node]:
+    """The views a backend's shape limit added around ``norm`` (:data:`~edgefuse.core.recompose.ROWS_VIEW`):
+    the one it reads and the one that views its output back."""
+    around = [norm.args[0], *norm.users] if norm.args else list(norm.users)
+    return [n for n in around if isinstance(n, Node) and n.meta.get(ROWS_VIEW)]
+
+
 def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str, list[str]]:
     """Tag the nodes of every candidate norm with the norm's key; returns the tagged node names by key.
 
@@ -144,7 +156,7 @@ def mark_norms(graph_module: GraphModule, decisions: Iterable = ()) -> dict[str,
             mean = decision.mean if decision is not None else node.name
             key = decision.module_path if decision is not None and decision.module_path else _key_of(node, mean)
             kept = tagged_before.get(mean, []) if decision is not None else []
-            add(key, mean, [node, *(n for n in kept if nodes_between(n, node) or nodes_between(node, n))])
+            add(key, mean, [node, *_rows_views(node), *(n for n in kept if nodes_between(n, node) or nodes_between(node, n))])
         elif table.is_a(node, Role.MEAN):
             try:
                 found = match_rms_norm(node, table, constants)
@@ -189,6 +201,7 @@ class NormQuantization:
     pairs_constant: int
     nodes: tuple[str, ...] = field(default=(), repr=False)
     quantized_nodes: tuple[str, ...] = field(default=(), repr=False)
+    views: int = 0
 
     @property
     def rebuilt(self) -> bool:
@@ -205,8 +218,10 @@ class NormQuantization:
         if self.how == "float":
             return f"float: {len(self.ops)} op{'s' if len(self.ops) != 1 else ''}, no quantize/dequantize pair"
         if self.how == "one op":
-            casts = len(self.ops) - 1
+            views = self.views
+            casts = len(self.ops) - 1 - views
             head = "one op (rms_norm)" + (f" with {casts} cast{'s' if casts != 1 else ''}" if casts else "")
+            head += f" on a [1, rows, D] view ({views} views)" if views else ""
         elif self.how == "pieces":
             head = f"{len(self.ops)} ops quantized one by one ({', '.join(self.ops)})"
         elif len(self.ops) == 1 and not self.annotated_ops:
@@ -286,7 +301,7 @@ def _facts(key: str, compute: list[Node]) -> NormQuantization:
             elif source.op == "placeholder":
                 entering.add(source)
     quantized = [n for n in compute if _quantizers_of(n)]
-    core = [n for n in compute if not is_model_cast(n)]
+    core = [n for n in compute if not is_model_cast(n) and not n.meta.get(ROWS_VIEW)]
     if not (inside or out or entering or constant):
         how = "float"
     elif len(core) == 1 and _short(core[0]) == "rms_norm" and _annotated(core[0]) and entering and _quantizers_of(core[0]):
@@ -307,4 +322,5 @@ def _facts(key: str, compute: list[Node]) -> NormQuantization:
         pairs_constant=len(constant),
         nodes=tuple(n.name for n in compute),
         quantized_nodes=tuple(n.name for n in quantized),
+        views=sum(1 for n in compute if n.meta.get(ROWS_VIEW)),
     )
