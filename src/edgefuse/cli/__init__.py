@@ -14,6 +14,7 @@ import sys
 
 from edgefuse.console.command import run_command
 from edgefuse.inputs.pt2_bounds import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, byte_count
+from edgefuse.qnn.precisions import PRECISIONS
 
 MODEL_HELP = (
     "a built-in model (tiny-llama, tiny-qwen3, tiny-gemma3, tiny-t5, tiny-olmo2, ...; an unknown name "
@@ -39,9 +40,6 @@ exit codes:
   4  edgefuse itself failed (a bug: the traceback is printed)
 """
 
-#: The QNN precisions ``--precision`` takes: float16 on the HTP, or PT2E quantization (activation bits
-#: ``a``, weight bits ``w``) calibrated on the example inputs.
-PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w", "16a4w")
 DEFAULT_SOC = "SM8650"
 
 

@@ -23,13 +23,11 @@ from edgefuse.qnn.emulator import to_pte
 from edgefuse.qnn.sdk import QnnSdkUnavailable, ensure_in_process
 from edgefuse.qnn.graphs import QnnGraphs, qnn_graphs, recording_compiled_graphs
 from edgefuse.qnn.passes import PassRun, patched
+from edgefuse.qnn.precisions import PRECISIONS, QUANT_DTYPES
 from edgefuse.qnn.socs import soc_problem
 from edgefuse.core.legalize import Legalized
 from edgefuse.core.recompose import Decision
 
-#: The precisions :func:`lower` compiles for: HTP float16, or the ``QuantDtype`` of ``QnnQuantizer``.
-PRECISIONS = ("fp16", "16a8w", "16a16w", "8a8w", "16a4w")
-_QUANT_DTYPES = {"16a8w": "use_16a8w", "16a16w": "use_16a16w", "8a8w": "use_8a8w", "16a4w": "use_16a4w"}
 #: Whose passes run in QNN's pipelines: edgefuse's, or the released ones untouched.
 RECOMPOSE = ("edgefuse", "stock")
 _EDGEFUSE = str(Path(__file__).resolve().parents[1])
@@ -132,7 +130,7 @@ def lower(
         with _qnn_reason(soc, precision):
             if precision != "fp16":
                 calibrated = [tuple(c) for c in calibration] if calibration is not None else [example_inputs]
-                reference = _quantize(model, example_inputs, calibrated, soc, _QUANT_DTYPES[precision])
+                reference = _quantize(model, example_inputs, calibrated, soc, QUANT_DTYPES[precision])
             edge = _to_edge_and_lower(reference, example_inputs, specs)
     runs = list(patch.runs) if patch is not None else []
     decisions = [d for run in runs for d in run.decisions]
