@@ -12,12 +12,12 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
 
 import edgefuse
+from tests.project import pyproject
 
 PACKAGE = Path(edgefuse.__file__).parent
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,7 +32,7 @@ PUBLIC_FACE = {"__init__.py", "__main__.py", "passes.py", "programs.py"}
 def _layers() -> list[list[str]]:
     """The layers of the one contract, top to bottom, each the packages in it (``a | b``: siblings that do
     not import each other)."""
-    [contract] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    [contract] = pyproject()["tool"]["importlinter"]["contracts"]
     assert contract["type"] == "layers" and contract["containers"] == ["edgefuse"], contract
     return [[f"edgefuse.{name.strip()}" for name in layer.split("|")] for layer in contract["layers"]]
 
