@@ -111,10 +111,18 @@ def test_the_models_extra_takes_a_transformers_every_built_in_model_builds_with(
 
 def test_the_test_extra_takes_the_models_and_the_test_tools():
     extras = set(_distribution().metadata.get_all("Provides-Extra") or [])
-    assert extras == {"models", "test"}
+    assert extras == {"models", "test", "explorer", "hf"}
     test = installed("test")
     assert {"pytest", "pytest-xdist", "jsonschema", "import-linter", "grimp"} <= set(test), sorted(test)
     assert test["edgefuse"].extras == {"models"}
+
+
+def test_the_hf_extra_takes_the_optimum_executorch_the_recipe_is_written_against():
+    """edgefuse-xnnpack wraps optimum-executorch 1.1's xnnpack recipe (docs/hf.md): 1.x, not 2."""
+    hf = installed("hf")
+    assert set(hf) == {"optimum-executorch"}, sorted(hf)
+    optimum = hf["optimum-executorch"].specifier
+    assert [optimum.contains(v) for v in ("1.1.0", "1.9.0", "1.0.0", "2.0.0")] == [True, True, False, False], optimum
 
 
 def test_no_requirement_is_an_exact_pin():

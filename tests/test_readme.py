@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.optional import require_optimum
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCUMENTS = (README, *sorted((ROOT / "docs").glob("*.md")))
@@ -295,14 +297,28 @@ def _edgefuse_examples() -> list[tuple[str, str]]:
     ]
 
 
+#: The optional flows' packages an example may import, and the skip that names their install.
+OPTIONAL_IMPORTS = {"optimum": require_optimum}
+
+
+def run_imports(where: str, tree: ast.Module) -> dict:
+    """Run the example's import statements alone, in a namespace of their own; an example that imports an
+    optional flow's package skips where that package is absent, naming its install."""
+    namespace: dict = {}
+    for statement in ast.walk(tree):
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in statement.names] if isinstance(statement, ast.Import) else [statement.module or ""]
+            for module in modules:
+                OPTIONAL_IMPORTS.get(module.split(".")[0], lambda: None)()
+            exec(compile(ast.Module([statement], []), where, "exec"), namespace)
+    return namespace
+
+
 @pytest.mark.parametrize("where, code", _edgefuse_examples(), ids=[where for where, _ in _edgefuse_examples()])
 def test_every_python_example_imports_what_it_uses(where, code):
     """The example's imports run, and each attribute chain from an imported edgefuse name resolves."""
-    namespace: dict = {}
     tree = ast.parse(code)
-    for statement in ast.walk(tree):
-        if isinstance(statement, (ast.Import, ast.ImportFrom)):
-            exec(compile(ast.Module([statement], []), where, "exec"), namespace)
+    namespace = run_imports(where, tree)
     unresolved = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
@@ -391,11 +407,8 @@ def edgefuse_calls(where: str, code: str) -> tuple[list[str], list[str]]:
     wrong (a renamed keyword, a missing argument, a literal outside its :data:`KNOWN_VALUES`)."""
     import inspect
 
-    namespace: dict = {}
     tree = ast.parse(code)
-    for statement in ast.walk(tree):
-        if isinstance(statement, (ast.Import, ast.ImportFrom)):
-            exec(compile(ast.Module([statement], []), where, "exec"), namespace)
+    namespace = run_imports(where, tree)
     checked, wrong = [], []
     for call in (node for node in ast.walk(tree) if isinstance(node, ast.Call)):
         called = _called(call.func, namespace)

@@ -4,7 +4,6 @@ claims against edgefuse's report, and the page Model Explorer draws with it in a
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -21,8 +20,7 @@ import pytest
 from edgefuse.compare import explorer
 from edgefuse.compare.explorer import HOLDS_NORMS, NORM_OUTSIDE, OUTSIDE, claim, node_data
 
-INSTALL_EXPLORER = "pip install -e '.[explorer]'"
-INSTALL_CHROMIUM = "apt-get install chromium"
+from tests.optional import INSTALL_CHROMIUM, INSTALL_EXPLORER, installed, require
 
 NORMS = {"layers.0.norm": "left outside (edgefuse: rebuilt for qnn)"}
 
@@ -216,8 +214,7 @@ def test_the_overlays_claims_match_the_report(reported):
 
 def _adapter():
     """ExecuTorch's PTE adapter for Model Explorer, or a skip that names the install."""
-    if importlib.util.find_spec("pte_adapter_model_explorer") is None:
-        pytest.skip(f"Model Explorer's PTE adapter is not installed: {INSTALL_EXPLORER}")
+    require("pte_adapter_model_explorer", INSTALL_EXPLORER, "Model Explorer's PTE adapter")
     from pte_adapter_model_explorer.main import PTEAdapter
 
     return PTEAdapter()
@@ -252,7 +249,7 @@ def test_model_explorer_draws_the_stock_program_with_the_overlay(reported, tmp_p
     claim, and the graph shows the overlay's colour of a norm op outside."""
     _adapter()
     server = Path(sys.executable).parent / "model-explorer"
-    if importlib.util.find_spec("playwright") is None or not server.exists():
+    if not installed("playwright") or not server.exists():
         pytest.skip(f"Model Explorer or Playwright is not installed: {INSTALL_EXPLORER}")
     if shutil.which("chromium") is None:
         pytest.skip(f"no Chromium to draw the page in: {INSTALL_CHROMIUM}")

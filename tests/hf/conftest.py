@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from tests.hf.hf_models import save_model
+from tests.optional import require_optimum
 
 #: Each model with the options it is exported with: every dtype the recipe takes, one per model.
 CASES = {
@@ -50,6 +51,7 @@ class HfRun:
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory) -> dict[str, str]:
     """The four models saved with ``save_pretrained`` in a temporary folder, by name."""
+    require_optimum()
     folder = str(tmp_path_factory.mktemp("hf-models"))
     return {name: save_model(folder, name) for name in CASES}
 

@@ -7,15 +7,12 @@ import inspect
 import json
 import os
 import sys
-import time
 
 import pytest
 
 from edgefuse.hf.flow import OptimumUnavailable, check_export, check_installed, export
 from edgefuse.hf.options import OPTIONS, HfInputError, check_model_folder, check_options, check_recipe
-
-#: How long a refusal may take in this process: it reads a config.json at most, and loads no model.
-REFUSAL_SECONDS = 2.0
+from tests.optional import require_optimum
 
 
 @pytest.fixture
@@ -62,6 +59,7 @@ def test_the_options_are_optimums_own_and_its_text_generation_task_reads_each():
     """Each option of :data:`OPTIONS` is one of ``optimum-cli export executorch``'s, of the same kind, with
     choices among optimum's; and optimum-executorch's text-generation task reads it (the group sizes, which
     it does not pass on, are not offered)."""
+    require_optimum()
     import argparse
 
     from optimum.commands.export.executorch import parse_args_executorch
@@ -126,6 +124,7 @@ def test_without_optimum_executorch_the_export_says_how_to_install_it(monkeypatc
 def test_the_custom_kv_cache_is_refused_where_transformers_has_no_hybrid_cache():
     """optimum-executorch 1.1.0's custom KV cache imports transformers' HybridCache (5.0.0rc1 has it; 5.0.0
     and later do not): refused up front where it would fail after the model is loaded."""
+    require_optimum()
     import transformers.cache_utils
 
     if hasattr(transformers.cache_utils, "HybridCache"):
@@ -143,14 +142,13 @@ def test_the_custom_kv_cache_is_refused_where_transformers_has_no_hybrid_cache()
     ("edgefuse-xnnpack", {"qlinear": "8da3w"}, "not one of its choices"),
 ])
 def test_the_python_api_refuses_bad_requests_at_once(model_dir, tmp_path, recipe, options, message):
-    start = time.perf_counter()
     with pytest.raises(HfInputError, match=message):
         export(model_dir, tmp_path / "out", recipe, **options)
-    assert time.perf_counter() - start < REFUSAL_SECONDS
     assert not (tmp_path / "out").exists()
 
 
 def test_register_puts_edgefuses_recipe_in_optimums_registry():
+    require_optimum()
     from optimum.exporters.executorch.recipe_registry import recipe_registry
 
     from edgefuse.hf.recipe import export_with_edgefuse_xnnpack, register
