@@ -31,7 +31,7 @@ def test_qwen3_0_6b_has_the_public_configs_numbers():
     # Qwen's model card: 0.6B parameters, 0.44B of them outside the embedding
     count = scale.parameter_count(p, shape.tied)
     assert count == 596_049_920 and count - p["vocab_size"] * p["dim"] == 440_467_456
-    assert shape.norms == 28 * 4 + 1
+    assert scale.norm_count(p) == 28 * 4 + 1  # two a layer, two QK norms, the final one
 
 
 def test_llama_3_2_1b_has_the_public_configs_numbers():
@@ -41,10 +41,15 @@ def test_llama_3_2_1b_has_the_public_configs_numbers():
         2048, 16, 32, 8, 8192, 128256)
     assert shape.tied and p["use_scaled_rope"] and shape.model_class == "llama3_2"
     assert scale.parameter_count(p, shape.tied) == 1_235_814_400  # Meta's 1.24B
-    assert shape.norms == 16 * 2 + 1
+    assert scale.norm_count(p) == 16 * 2 + 1
 
 
-def test_gemma3_1b_is_not_exported_and_says_why(tmp_path, capsys):
+def _no_run(*args):
+    raise AssertionError("the options were taken: the command would have run")
+
+
+def test_gemma3_1b_is_not_exported_and_says_why(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(scale, "run_model", _no_run)
     shape = scale.SHAPES["gemma3-1b"]
     p = shape.params
     assert (p["dim"], p["n_layers"], p["n_heads"], p["n_kv_heads"], p["head_dim"], p["hidden_dim"], p["vocab_size"]) == (
@@ -83,7 +88,8 @@ def test_a_cut_keeps_the_shape_and_a_toy_width_makes_heads_of_16():
         (["--prefill", "1000", "--decode", "100"], "at most 1024"),
     ],
 )
-def test_bad_options_exit_2_with_the_reason_and_write_nothing(tmp_path, capsys, argv, message):
+def test_bad_options_exit_2_with_the_reason_and_write_nothing(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.setattr(scale, "_run", _no_run)
     out_dir = tmp_path / "out"
     code, out, err = run(capsys, *argv, "--out", str(out_dir))
     assert code == USAGE, err

@@ -71,11 +71,11 @@ class Shape:
     source: str
     unsupported: str = ""
 
-    @property
-    def norms(self) -> int:
-        """The RMSNorms of the architecture: two a layer, two more with QK norms, and the final one."""
-        per_layer = 2 + (2 if self.params.get("use_qk_norm") else 0)
-        return self.params["n_layers"] * per_layer + 1
+
+def norm_count(params: dict) -> int:
+    """The RMSNorms of ExecuTorch's Llama with ``params``: two a layer, two more with QK norms, the final one."""
+    per_layer = 2 + (2 if params.get("use_qk_norm") else 0)
+    return params["n_layers"] * per_layer + 1
 
 
 SHAPES = {
@@ -120,7 +120,7 @@ SHAPES = {
     )
 }
 
-#: Each dtype: the ``export_llm`` overrides that set it (``llm_check``'s), and the logits' dtype.
+#: The precisions, each exported with ``llm_check``'s overrides for it (:func:`dtype_case`).
 DTYPES = ("8da4w", "fp16", "bf16")
 LOWERINGS = ("stock", "edgefuse")
 #: The prompt and decode steps of the logits check (the latency's prompt is ``--prefill``).
@@ -341,7 +341,7 @@ def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResul
     extra = context_overrides(args.prefill, args.decode)
     results = []
     for k, dtype in enumerate(args.dtypes):
-        result = PairResult(shape.name, dtype, Shape(shape.name, shape.model_class, params, shape.tied, "").norms)
+        result = PairResult(shape.name, dtype, norm_count(params))
         pair_folder = os.path.join(folder, dtype)
         os.makedirs(pair_folder, exist_ok=True)
         order = LOWERINGS if (start_order + k) % 2 == 0 else LOWERINGS[::-1]
