@@ -186,8 +186,8 @@ def context_overrides(prefill: int, decode: int) -> tuple[str, ...]:
 def in_child(step):
     """What ``step(note)`` returns, run in a child forked from this process (:func:`edgefuse.runtime.contained`):
     what the child allocates is its own, and this process stays as small as it was for the next one (it
-    holds torch, imported once, and no model: each child starts from its 0.2 GB and pins torch to one
-    thread)."""
+    holds torch and ExecuTorch, imported once, and no model: each child starts from its 0.4 GB, and pins
+    torch to one thread)."""
     from edgefuse.runtime.contained import contained
 
     return contained(step)
