@@ -136,3 +136,26 @@ def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
     assert "1 thread(s); CPU: " in out and "qwen3-0.6b QNN one layer fp16: edgefuse: " in out
     assert "qwen3-0.6b QNN one layer 16a8w: edgefuse: " in out and out.rstrip().endswith("all passed")
     assert {"params.json", "checkpoint.pth", "8da4w"} <= set(os.listdir(tmp_path / "qwen3-0.6b"))
+
+
+def test_an_out_that_is_a_file_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(scale, "_run", _no_run)
+    taken = tmp_path / "taken"
+    taken.write_text("a file")
+    code, out, err = run(capsys, "--out", str(taken))
+    assert code == USAGE and f"--out {taken}: " in err and "Traceback" not in err
+    assert taken.read_text() == "a file"
+
+
+def test_without_qnns_libraries_the_qnn_row_says_how_to_set_them_up(monkeypatch):
+    from edgefuse.compare import qnn_flows
+    from edgefuse.inputs.errors import Unavailable
+
+    def missing():
+        raise Unavailable("QNN's libraries are not set up")
+
+    monkeypatch.setattr(qnn_flows, "require_libraries", missing)
+    row = scale.qnn_layer(scale.sized_params(scale.SHAPES["qwen3-0.6b"], 1, 64))
+    assert row == {"unavailable": "QNN's libraries are not set up"}
+    (line,) = scale.qnn_lines("qwen3-0.6b", row)
+    assert line.startswith("qwen3-0.6b QNN: not run: QNN's libraries are not set up") and "edgefuse qnn setup" in line
