@@ -25,7 +25,8 @@ def run(capsys, *argv):
 def test_qwen3_0_6b_has_the_public_configs_numbers():
     shape = scale.SHAPES["qwen3-0.6b"]
     p = shape.params
-    assert (p["dim"], p["n_layers"], p["n_heads"], p["n_kv_heads"], p["head_dim"], p["hidden_dim"], p["vocab_size"]) == (
+    numbers = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size")
+    assert tuple(p[k] for k in numbers) == (
         1024, 28, 16, 8, 128, 3072, 151936)
     assert p["use_qk_norm"] and p["qk_norm_before_rope"] and shape.tied and shape.model_class == "qwen3_0_6b"
     # Qwen's model card: 0.6B parameters, 0.44B of them outside the embedding
@@ -52,7 +53,8 @@ def test_gemma3_1b_is_not_exported_and_says_why(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(scale, "run_model", _no_run)
     shape = scale.SHAPES["gemma3-1b"]
     p = shape.params
-    assert (p["dim"], p["n_layers"], p["n_heads"], p["n_kv_heads"], p["head_dim"], p["hidden_dim"], p["vocab_size"]) == (
+    numbers = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size")
+    assert tuple(p[k] for k in numbers) == (
         1152, 26, 4, 1, 256, 6912, 262144)
     assert shape.unsupported
     code, out, err = run(capsys, "--models", "gemma3-1b", "--out", str(tmp_path))

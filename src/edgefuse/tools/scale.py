@@ -353,7 +353,8 @@ def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResul
             say(f"{shape.name} {dtype} {how}: {record['seconds']:.0f}s, peak {record['peak_bytes'] / 2**30:.2f} GiB")
             result.exports[how] = record
         paths = {how: result.exports[how]["path"] for how in LOWERINGS}
-        say(f"{shape.name} {dtype}: both programs against eager ({CHECK_PREFILL} prompt tokens, {CHECK_DECODE} decode steps)")
+        say(f"{shape.name} {dtype}: both programs against eager ({CHECK_PREFILL} prompt tokens, "
+            f"{CHECK_DECODE} decode steps)")
         result.checks = check_both(shape, dtype, params, paths, model_files, extra)
         if not args.no_latency:
             for threads in args.threads:
@@ -409,7 +410,8 @@ def cost_table(results: list[PairResult]) -> str:
     rows = []
     for r in results:
         s, e = r.exports["stock"], r.exports["edgefuse"]
-        rows.append([r.model, r.dtype, f"{s['seconds']:.1f}", f"{e['seconds']:.1f}", f"{e['seconds'] / s['seconds']:.3f}",
+        rows.append([r.model, r.dtype, f"{s['seconds']:.1f}", f"{e['seconds']:.1f}",
+                     f"{e['seconds'] / s['seconds']:.3f}",
                      _gib(s["peak_bytes"]), _gib(e["peak_bytes"]), f"{e['peak_bytes'] / s['peak_bytes']:.3f}",
                      e["substituted"], e["restored"]])
     return format_table(header, rows)
@@ -455,7 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-latency", action="store_true", help="time no prefill or decode (a busy machine)")
     parser.add_argument("--no-qnn", action="store_true", help="lower no decoder layer through QNN")
     parser.add_argument("--out", default=None,
-                        help="where the model files and programs are written (default: a fresh private folder, removed afterwards)")
+                        help="where the model files and programs are written (default: a fresh private folder, "
+                        "removed afterwards)")
     parser.add_argument("--max-bytes", type=int, default=MAX_BYTES, metavar="N",
                         help=f"the most bytes a timed .pte may take to load (default {MAX_BYTES:,})")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
@@ -546,9 +549,9 @@ def _run(shapes: list[Shape], args, say) -> int:
           "alternate which runs first from one dtype to the next)")
     print(cost_table(results))
     if any(r.timings for r in results):
-        print(f"latency: prefill of {args.prefill} tokens, {args.decode} decode steps; {args.rounds} rounds a run after "
-              f"{args.warmup} warm-up rounds, two runs (each program loaded first once); medians over every round; "
-              "ratio = edgefuse / stock")
+        print(f"latency: prefill of {args.prefill} tokens, {args.decode} decode steps; {args.rounds} rounds a run "
+              f"after {args.warmup} warm-up rounds, two runs (each program loaded first once); medians over every "
+              "round; ratio = edgefuse / stock")
         for line in dict.fromkeys(t["conditions"] for r in results for t in r.timings):
             print(f"  {line}")
         print(latency_table(results))
