@@ -136,3 +136,26 @@ def test_a_norm_carries_a_level_of_its_input_at_more_than_one_output_step(qnn_sd
         expected = lowered.reference(*inputs)
     got = compare_at_steps(expected, out, step, counted.steps)
     assert got.shape_ok and got.max_error <= got.allowed, (got, got.max_error / step, counted)
+
+
+def test_a_quantize_of_an_empty_tensor_rounds_nothing():
+    """A converted graph may quantize an empty tensor (a slice of nothing: found in ExecuTorch's Llama at
+    16a8w): it has no value off the grid, so it rounds nothing and the count is the other quantizes'."""
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+
+    from edgefuse.qnn.emulator import roundings
+
+    ops = torch.ops.quantized_decomposed
+
+    class EmptySlice(torch.nn.Module):
+        def forward(self, x):
+            q = ops.dequantize_per_tensor.default(ops.quantize_per_tensor.default(x * 3, 0.01, 0, -128, 127, torch.int8),
+                                                  0.01, 0, -128, 127, torch.int8)
+            empty = q[:, :0] * 2
+            e = ops.dequantize_per_tensor.default(ops.quantize_per_tensor.default(empty, 0.01, 0, -128, 127, torch.int8),
+                                                  0.01, 0, -128, 127, torch.int8)
+            return torch.cat([q, e], dim=1)
+
+    converted = torch.fx.symbolic_trace(EmptySlice())
+    (counted,) = roundings(converted, (torch.randn(2, 8, generator=torch.Generator().manual_seed(0)),))
+    assert counted.count == 1, counted

@@ -75,25 +75,33 @@ def executorch_llama(
     """The ``Transformer`` of ``executorch.examples.models.llama`` from small params: tokens in, the logits
     of every position out (no KV cache), with the additive float causal mask QNN's users give it
     (:func:`float_causal_mask`)."""
+    if dim % head_dim:
+        raise ValueError(f"head dim {head_dim} does not divide dim {dim}")
+    heads = dim // head_dim
+    params = dict(dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=max(1, heads // 2), head_dim=head_dim,
+                  vocab_size=vocab, hidden_dim=2 * dim, use_qk_norm=qk_norm, norm_eps=1e-5)
+    return executorch_transformer(params, dtype=dtype, seed=seed, seq_len=seq_len)
+
+
+def executorch_transformer(
+    params: dict, *, dtype: torch.dtype = torch.float32, seed: int = 0, seq_len: int = SEQ_LEN,
+) -> tuple[torch.nn.Module, tuple]:
+    """ExecuTorch's ``Transformer`` of ``params`` (``ModelArgs`` fields, as an ``export_llm`` params file
+    holds them) with random weights and jittered norm weights: tokens ``[1, seq_len]`` in, the logits of
+    every position out (no KV cache), with the additive float causal mask of :func:`float_causal_mask`."""
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
     from edgefuse.inputs.models import jitter_norm_weights
 
-    if dim % head_dim:
-        raise ValueError(f"head dim {head_dim} does not divide dim {dim}")
-    heads = dim // head_dim
-    args = ModelArgs(
-        dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=max(1, heads // 2), head_dim=head_dim,
-        vocab_size=vocab, hidden_dim=2 * dim, max_seq_len=max(64, seq_len), max_context_len=max(64, seq_len),
-        use_qk_norm=qk_norm, generate_full_logits=True, norm_eps=1e-5,
-    )
+    context = max(64, seq_len)
+    args = ModelArgs(**{**params, "max_seq_len": context, "max_context_len": context, "generate_full_logits": True})
     torch.manual_seed(seed)
     model = construct_transformer(args)
     gen = torch.Generator().manual_seed(seed)
     jitter_norm_weights(model, gen)
     float_causal_mask(model)
-    tokens = torch.randint(0, vocab, (1, seq_len), generator=gen, dtype=torch.int64)
+    tokens = torch.randint(0, args.vocab_size, (1, seq_len), generator=gen, dtype=torch.int64)
     return _Logits(model).eval().to(dtype), (tokens,)
 
 

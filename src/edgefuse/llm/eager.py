@@ -17,13 +17,19 @@ from typing import Callable, Sequence
 import torch
 
 
-def write_small_model(directory: str, params: dict, seed: int = 0) -> tuple[str, str]:
+def write_small_model(directory: str, params: dict, seed: int = 0, tied: bool = False) -> tuple[str, str]:
     """Write ``params.json`` and ``checkpoint.pth`` (random weights of ExecuTorch's Llama with ``params``;
-    norm weights near 1) in ``directory``; returns their paths."""
+    norm weights near 1) in ``directory``; returns their paths. With ``tied`` the output projection is the
+    token embedding, one tensor saved once, as models that tie their embeddings (Qwen3, Llama 3.2) load it.
+    The model is built on the meta device: only the checkpoint's own tensors take memory."""
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
-    state = random_state(construct_transformer(ModelArgs(**params)), seed)
+    with torch.device("meta"):
+        model = construct_transformer(ModelArgs(**params))
+    state = random_state(model, seed)
+    if tied:
+        state["output.weight"] = state["tok_embeddings.weight"]
     params_path, checkpoint_path = os.path.join(directory, "params.json"), os.path.join(directory, "checkpoint.pth")
     with open(params_path, "w") as f:
         json.dump(params, f)

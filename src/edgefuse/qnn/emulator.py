@@ -150,7 +150,7 @@ def _rounding_quantizes(converted, leaves: list) -> tuple[dict[Any, bool], list[
     for node in quantizes:
         scale, zero_point, low, high = (float(a) for a in node.args[1:5])
         levels = recorder.values[node.args[0].name].double() / scale + zero_point
-        rounds[node] = bool(
+        rounds[node] = levels.numel() > 0 and bool(  # an empty tensor (a slice of nothing) has nothing to round
             (levels - levels.round()).abs().max() > _ON_GRID
             or levels.min() < low - _ON_GRID or levels.max() > high + _ON_GRID
         )

@@ -22,6 +22,7 @@ TOOLS = {
     "qnn_check": "lowering the QNN model table stock and with edgefuse",
     "qnn_sweep": "measuring QNN's RmsNorm over a plan of shapes on the HTP emulator",
     "quant": "measuring the quantized flows' tables",
+    "scale": "exporting real-size model shapes stock and with edgefuse, each export in a child process",
     "xnnpack_bench": "timing stock against edgefuse XNNPACK programs on mean and RMSNorm workloads",
 }
 

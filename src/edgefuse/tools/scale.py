@@ -1,0 +1,577 @@
+"""Real-size shapes through ExecuTorch's ``export_llm``, stock and with edgefuse: what each program holds,
+its logits against eager, what each export costs, prefill and decode latency; one decoder layer of each
+through QNN.
+
+``python -m edgefuse.tools.scale [--models qwen3-0.6b,llama-3.2-1b,gemma3-1b] [--dtypes 8da4w,fp16,bf16]
+[--threads 1,2] [--layers N] [--dim N] [--prefill 128] [--decode 16] [--rounds 10] [--warmup 2] [--no-latency]
+[--no-qnn] [--out DIR] [--max-bytes N]``
+
+For each model (:data:`SHAPES`: the public config numbers of Qwen3-0.6B, Llama-3.2-1B and Gemma3-1B, written
+here with their source; nothing is downloaded) it writes an ``export_llm`` params file and a random-weight
+checkpoint (embeddings tied where the model ties them), then for each dtype exports it with ``export_llm``
+stock and with edgefuse's lowering from the same overrides as ``llm_check``'s cases (KV cache, custom SDPA,
+XNNPACK with extended ops; ``8da4w`` group size 32, ``fp16``, ``bf16``). Each export runs alone in a child
+process forked from this one, which has not loaded torch: its wall time is the export's (the child's
+imports excluded) and its peak RSS is the child's own (``getrusage``); the order of stock and edgefuse
+alternates from one dtype to the next. Then, per model and dtype, it prints:
+
+- the norms the architecture holds, and the means and casts each program runs outside its delegates, its
+  delegates and kernels outside (read from the ``.pte``);
+- each program's logits against the eager module ``export_llm`` exported, over a prompt and decode steps, by
+  ``llm_check``'s rule (``TOLERANCES["model logits"]`` units of the dtype; an 8da4w program within stock's
+  error plus that bound);
+- export seconds and peak memory of both, and edgefuse's over stock's;
+- unless ``--no-latency``, the prefill (``--prefill`` tokens) and decode medians of both at each thread
+  count, timed as ``llm_latency`` times them (``edgefuse.runtime.timer``: alternating rounds, two runs with
+  each program loaded first once), with the conditions line (threads, the CPU's float16, bfloat16 and int8
+  features) and the machine's load average;
+- unless ``--no-qnn``, a QNN row per model: one decoder layer at the real shape (ExecuTorch's
+  ``Transformer`` with one layer and a vocabulary of :data:`QNN_VOCAB`) lowered by ``edgefuse.qnn.lower``
+  at fp16 and 16a8w and run on the x86 HTP emulator: norms found and rebuilt, ``RmsNorm`` ops QNN compiled,
+  error against eager (fp16) or the fake-quantized module (16a8w). Without QNN's libraries the row says how
+  to set them up.
+
+``--layers N`` cuts the depth and ``--dim N`` makes a toy width (heads of 16, feed-forward twice the width,
+vocabulary 256) for a quick run. A measure, not a test: run it on an otherwise idle machine for the times.
+Exit status: 0 every check passed, 1 a program missed its bound or edgefuse left a mean or a cast outside,
+2 bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+if __name__ == "__main__":
+    from edgefuse.runtime.quiet import quiet_libraries
+
+    quiet_libraries()
+
+from edgefuse.console.command import run_command
+from edgefuse.inputs.errors import CHECK_FAILED, OK, UsageError
+
+PROG = "python -m edgefuse.tools.scale"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A real model's shape as ``export_llm`` takes it: ``base.model_class``, the params file's fields
+    (ExecuTorch's ``ModelArgs``), whether the output projection is the token embedding, where the numbers
+    come from; ``unsupported`` says why ``export_llm`` cannot export it (empty when it can)."""
+
+    name: str
+    model_class: str
+    params: dict
+    tied: bool
+    source: str
+    unsupported: str = ""
+
+
+def norm_count(params: dict) -> int:
+    """The RMSNorms of ExecuTorch's Llama with ``params``: two a layer, two more with QK norms, the final one."""
+    per_layer = 2 + (2 if params.get("use_qk_norm") else 0)
+    return params["n_layers"] * per_layer + 1
+
+
+SHAPES = {
+    shape.name: shape
+    for shape in (
+        Shape(
+            "qwen3-0.6b", "qwen3_0_6b",
+            {"dim": 1024, "n_layers": 28, "n_heads": 16, "n_kv_heads": 8, "head_dim": 128, "hidden_dim": 3072,
+             "vocab_size": 151936, "norm_eps": 1e-6, "rope_theta": 1000000.0, "use_qk_norm": True,
+             "qk_norm_before_rope": True, "use_hf_rope": True},
+            True,
+            "huggingface.co/Qwen/Qwen3-0.6B config.json: hidden_size 1024, num_hidden_layers 28, "
+            "num_attention_heads 16, num_key_value_heads 8, head_dim 128, intermediate_size 3072, vocab_size "
+            "151936, rms_norm_eps 1e-6, rope_theta 1000000, tie_word_embeddings true; QK norm before RoPE and "
+            "Hugging Face RoPE as ExecuTorch's examples/models/qwen3 config sets them",
+        ),
+        Shape(
+            "llama-3.2-1b", "llama3_2",
+            {"dim": 2048, "n_layers": 16, "n_heads": 32, "n_kv_heads": 8, "hidden_dim": 8192, "vocab_size": 128256,
+             "norm_eps": 1e-5, "rope_theta": 500000.0, "use_scaled_rope": True, "rope_scale_factor": 32},
+            True,
+            "huggingface.co/meta-llama/Llama-3.2-1B config.json: hidden_size 2048, num_hidden_layers 16, "
+            "num_attention_heads 32, num_key_value_heads 8, intermediate_size 8192, vocab_size 128256, "
+            "rms_norm_eps 1e-5, rope_theta 500000, rope_scaling llama3 factor 32, tie_word_embeddings true",
+        ),
+        Shape(
+            "gemma3-1b", "",
+            {"dim": 1152, "n_layers": 26, "n_heads": 4, "n_kv_heads": 1, "head_dim": 256, "hidden_dim": 6912,
+             "vocab_size": 262144, "norm_eps": 1e-6, "rope_theta": 1000000.0, "use_qk_norm": True,
+             "rms_norm_add_unit_offset": True, "act_fn": "gelu_approx"},
+            True,
+            "huggingface.co/google/gemma-3-1b-pt config.json: hidden_size 1152, num_hidden_layers 26, "
+            "num_attention_heads 4, num_key_value_heads 1, head_dim 256, intermediate_size 6912, vocab_size "
+            "262144, rms_norm_eps 1e-6, rope_theta 1000000 (local 10000), sliding_window 512, "
+            "gelu_pytorch_tanh, pre- and post-norms around attention and feed-forward",
+            "ExecuTorch 1.5.1's export_llm has no Gemma 3 model class (base.model_class offers none), and the "
+            "Llama Transformer a params file describes ignores what makes Gemma 3: ModelArgs holds "
+            "post_attention_norm, post_ffn_norm, embedding_scale_factor, act_fn and sliding_window, but "
+            "llama_transformer.py builds no post-attention norm, does not scale the embedding and builds its "
+            "feed-forward with SiLU, so a program it wrote would not be Gemma 3",
+        ),
+    )
+}
+
+#: The precisions, each exported with ``llm_check``'s overrides for it (:func:`dtype_case`).
+DTYPES = ("8da4w", "fp16", "bf16")
+LOWERINGS = ("stock", "edgefuse")
+#: The prompt and decode steps of the logits check (the latency's prompt is ``--prefill``).
+CHECK_PREFILL, CHECK_DECODE = 8, 4
+#: The vocabulary of the QNN row's one-layer model: the layer is the real one, the embedding and output
+#: are not the point and would dominate the emulator's time.
+QNN_VOCAB = 1024
+QNN_PRECISIONS = ("fp16", "16a8w")
+QNN_SOC = "SM8650"
+QNN_TOKENS = 16
+#: The bound on a ``.pte`` the timing loads (its bytes and planned memory): Llama-3.2-1B in fp16 with its
+#: KV cache is about 2.5 GB.
+MAX_BYTES = 8 * 1024**3
+
+
+def sized_params(shape: Shape, layers: int | None, dim: int | None) -> dict:
+    """``shape``'s params with ``layers`` decoder layers and, with ``dim``, a toy width: heads of 16, half as
+    many KV heads, feed-forward twice the width, vocabulary 256."""
+    params = dict(shape.params)
+    if layers is not None:
+        params["n_layers"] = layers
+    if dim is not None:
+        params.update(dim=dim, n_heads=dim // 16, n_kv_heads=max(1, dim // 32), head_dim=16, hidden_dim=2 * dim,
+                      vocab_size=256)
+    return params
+
+
+def parameter_count(params: dict, tied: bool) -> int:
+    """The parameters of ExecuTorch's Llama ``Transformer`` with ``params`` (built on the meta device: no
+    memory), the output projection counted once with ``tied``."""
+    import torch
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+
+    with torch.device("meta"):
+        model = construct_transformer(ModelArgs(**params))
+    count = sum(p.numel() for p in model.parameters())
+    return count - model.output.weight.numel() if tied else count
+
+
+def dtype_case(shape: Shape, dtype: str, params: dict):
+    """``llm_check``'s case of ``shape`` at ``dtype`` with ``params``."""
+    import torch
+
+    from edgefuse.tools.llm_check import BF16, FP16, Q8DA4W, Case
+
+    overrides, logits = {"8da4w": (Q8DA4W, torch.float32), "fp16": (FP16, torch.float16),
+                         "bf16": (BF16, torch.bfloat16)}[dtype]
+    return Case(f"{shape.name}-{dtype}", params, shape.model_class, overrides, logits)
+
+
+def context_overrides(prefill: int, decode: int) -> tuple[str, ...]:
+    """The context every program is exported with, timed or not: ``llm_latency``'s for the prefill and decode."""
+    from edgefuse.tools.llm_latency import context_for
+
+    seq, context = context_for(prefill, decode)
+    return f"export.max_seq_length={seq}", f"export.max_context_length={context}"
+
+
+# -- steps, each in a child process -----------------------------------------------------------------------
+
+
+def in_child(step):
+    """What ``step(note)`` returns, run in a child forked from this process (:func:`edgefuse.runtime.contained`):
+    what the child allocates is its own, and this process stays as small as it was for the next one (it
+    holds torch and ExecuTorch, imported once, and no model: each child starts from its 0.4 GB, and pins
+    torch to one thread)."""
+    from edgefuse.runtime.contained import contained
+
+    return contained(step)
+
+
+def write_model(shape: Shape, params: dict, folder: str) -> list[str]:
+    """Write ``params`` and a random checkpoint of ``shape`` in ``folder`` (in a child); their paths."""
+
+    def step(note):
+        from edgefuse.llm.eager import write_small_model
+
+        return list(write_small_model(folder, params, tied=shape.tied))
+
+    return in_child(step)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux's ``ru_maxrss`` is in KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def export_one(shape: Shape, dtype: str, params: dict, how: str, model_files: list[str], folder: str,
+               extra: tuple[str, ...]) -> dict:
+    """Export ``shape`` at ``dtype`` with ``how``'s lowering in a child: the ``.pte``, the export's seconds
+    (the child's imports not counted), the child's peak RSS, what edgefuse's lowering substituted and
+    restored; ``rejected`` with export_llm's message when it refused the config."""
+
+    def step(note):
+        from edgefuse.llm.export import ConfigRejected
+        from edgefuse.runtime.quiet import quiet_root_logger
+        from edgefuse.tools.llm_check import export_programs
+
+        case = dtype_case(shape, dtype, params)
+        start = time.monotonic()
+        try:
+            with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
+                export = export_programs(case, tuple(model_files), folder, (how,), extra=extra)[how]
+        except ConfigRejected as error:
+            return {"rejected": str(error)}
+        lowerings = export.swap.lowerings
+        return {"path": export.path, "seconds": time.monotonic() - start, "peak_bytes": peak_rss_bytes(),
+                "substituted": sum(l.substituted for l in lowerings), "restored": sum(l.restored for l in lowerings)}
+
+    return in_child(step)
+
+
+def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files: list[str],
+               extra: tuple[str, ...]) -> dict:
+    """Both programs against the eager module (``llm_check.check_programs``, in a child): by lowering, the
+    delegates, kernels, means and casts outside, the worst step's error and what it allows, whether it passed."""
+
+    def step(note):
+        from edgefuse.llm.eager import config_from_overrides
+        from edgefuse.runtime.quiet import quiet_root_logger
+        from edgefuse.tools.llm_check import case_arguments, check_programs
+
+        case = dtype_case(shape, dtype, params)
+        config = config_from_overrides([*case_arguments(case, *model_files), *extra])
+        with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
+            checks = check_programs(case, paths, config, CHECK_PREFILL, CHECK_DECODE)
+        result = {}
+        for how, check in checks.items():
+            c = check.contents
+            error, allowed = check.worst
+            result[how] = {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means,
+                           "casts": c.casts, "error": error, "allowed": allowed, "matches": check.matches}
+        return result
+
+    return in_child(step)
+
+
+def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args) -> dict:
+    """Both programs timed at ``threads`` as ``llm_latency`` times a pair (in a child): the pooled medians
+    and ratios, and the conditions line."""
+
+    def step(note):
+        from edgefuse.runtime import set_threads
+        from edgefuse.runtime.timer import conditions
+        from edgefuse.tools.llm_latency import Pair, time_pair
+
+        used = set_threads(threads)
+        pair = Pair(name, dtype, os.path.relpath(paths["stock"], folder), os.path.relpath(paths["edgefuse"], folder))
+        rows = time_pair(folder, pair, args, note)
+        pooled = rows[-1]
+        (sp, sd), (ep, ed) = pooled.medians
+        return {"threads": used, "stock": [sp, sd], "edgefuse": [ep, ed], "ratios": list(pooled.ratios),
+                "runs": len(rows) - 1, "conditions": conditions(used)}
+
+    return in_child(step)
+
+
+def qnn_layer(params: dict) -> dict:
+    """One decoder layer of ``params`` (ExecuTorch's ``Transformer``, one layer, :data:`QNN_VOCAB` tokens)
+    lowered with edgefuse's passes at each QNN precision and run on the HTP emulator (in a child): each
+    program's line, or why QNN could not be used."""
+    layer = {**params, "n_layers": 1, "vocab_size": QNN_VOCAB}
+
+    def step(note):
+        from edgefuse.compare import qnn_flows
+        from edgefuse.inputs.errors import Unavailable
+        from edgefuse.inputs.qnn_models import executorch_transformer
+
+        try:
+            qnn_flows.require_libraries()
+        except Unavailable as error:
+            return {"unavailable": str(error)}
+        module, inputs = executorch_transformer(layer, seq_len=QNN_TOKENS)
+        rows = {}
+        for precision in QNN_PRECISIONS:
+            note(f"lowering one layer for QNN at {precision}")
+            program = qnn_flows.lower_qnn(module, inputs, qnn_flows.EDGEFUSE, soc=QNN_SOC, precision=precision)
+            program = qnn_flows.run_and_check(program, module, inputs)
+            rows[precision] = {"found": program.found, "rebuilt": program.rebuilt, "rms_norms": program.rms_norms,
+                               "ok": program.ok, "line": program.line()}
+        return rows
+
+    return in_child(step)
+
+
+# -- one model ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PairResult:
+    """One model and dtype: each export's record, the check of both, each thread count's timing."""
+
+    model: str
+    dtype: str
+    norms: int
+    exports: dict = field(default_factory=dict)
+    checks: dict = field(default_factory=dict)
+    timings: list = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        ours = self.checks.get("edgefuse", {})
+        return (all(c["matches"] for c in self.checks.values()) and ours.get("means") == 0
+                and ours.get("casts") == 0)
+
+
+def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResult], dict | None]:
+    """Write ``shape``'s model files, export and check each dtype both ways (stock first in every other
+    pair, from ``start_order``), time them, and lower one layer through QNN."""
+    params = sized_params(shape, args.layers, args.dim)
+    folder = os.path.join(args.out, shape.name)
+    os.makedirs(folder, exist_ok=True)
+    say(f"{shape.name}: writing params and a random checkpoint ({params['n_layers']} layers, width {params['dim']})")
+    model_files = write_model(shape, params, folder)
+    extra = context_overrides(args.prefill, args.decode)
+    results = []
+    for k, dtype in enumerate(args.dtypes):
+        result = PairResult(shape.name, dtype, norm_count(params))
+        pair_folder = os.path.join(folder, dtype)
+        os.makedirs(pair_folder, exist_ok=True)
+        order = LOWERINGS if (start_order + k) % 2 == 0 else LOWERINGS[::-1]
+        for how in order:
+            say(f"{shape.name} {dtype}: export_llm with {how}'s lowering")
+            record = export_one(shape, dtype, params, how, model_files, pair_folder, extra)
+            if "rejected" in record:
+                raise UsageError(f"export_llm rejected {shape.name} {dtype}:\n{record['rejected']}")
+            say(f"{shape.name} {dtype} {how}: {record['seconds']:.0f}s, peak {record['peak_bytes'] / 2**30:.2f} GiB")
+            result.exports[how] = record
+        paths = {how: result.exports[how]["path"] for how in LOWERINGS}
+        say(f"{shape.name} {dtype}: both programs against eager ({CHECK_PREFILL} prompt tokens, "
+            f"{CHECK_DECODE} decode steps)")
+        result.checks = check_both(shape, dtype, params, paths, model_files, extra)
+        if not args.no_latency:
+            for threads in args.threads:
+                say(f"{shape.name} {dtype}: timing both at {threads} thread(s)")
+                timing = time_both(shape.name, dtype, pair_folder, paths, threads, args)
+                timing["load"] = os.getloadavg()
+                result.timings.append(timing)
+        results.append(result)
+        write_results(args.out, shape.name, results)
+    qnn = None
+    if not args.no_qnn:
+        say(f"{shape.name}: one decoder layer through QNN ({', '.join(QNN_PRECISIONS)}) on the HTP emulator")
+        qnn = qnn_layer(params)
+    return results, qnn
+
+
+def write_results(folder: str, name: str, results: list[PairResult]) -> None:
+    """Keep what the pairs of model ``name`` measured so far as ``NAME/results.json`` in ``folder``, so a
+    long run's figures outlive an interruption."""
+    from edgefuse.runtime.files import replace_atomically
+
+    data = json.dumps([vars(r) for r in results], indent=1).encode()
+    replace_atomically(os.path.join(folder, name, "results.json"), lambda f: f.write(data))
+
+
+# -- tables ---------------------------------------------------------------------------------------------
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.2f}"
+
+
+def programs_table(results: list[PairResult]) -> str:
+    from edgefuse.console.tables import format_table
+
+    header = ("model", "dtype", "lowering", "norms", "delegates", "kernels outside", "means", "casts",
+              "max err vs eager", "allowed", "ok", "export s", "peak GiB")
+    rows = []
+    for r in results:
+        for how in LOWERINGS:
+            c, e = r.checks[how], r.exports[how]
+            rows.append([r.model, r.dtype, how, r.norms, c["delegates"], c["kernels"], c["means"], c["casts"],
+                         f"{c['error']:.3g}", f"{c['allowed']:.3g}", "yes" if c["matches"] else "NO",
+                         f"{e['seconds']:.1f}", _gib(e["peak_bytes"])])
+    return format_table(header, rows)
+
+
+def cost_table(results: list[PairResult]) -> str:
+    from edgefuse.console.tables import format_table
+
+    header = ("model", "dtype", "export s stock", "edgefuse", "ratio", "peak GiB stock", "edgefuse", "ratio",
+              "substituted", "restored")
+    rows = []
+    for r in results:
+        s, e = r.exports["stock"], r.exports["edgefuse"]
+        rows.append([r.model, r.dtype, f"{s['seconds']:.1f}", f"{e['seconds']:.1f}",
+                     f"{e['seconds'] / s['seconds']:.3f}",
+                     _gib(s["peak_bytes"]), _gib(e["peak_bytes"]), f"{e['peak_bytes'] / s['peak_bytes']:.3f}",
+                     e["substituted"], e["restored"]])
+    return format_table(header, rows)
+
+
+def latency_table(results: list[PairResult]) -> str:
+    from edgefuse.console.tables import format_table
+
+    header = ("model", "dtype", "threads", "runs", "stock prefill ms", "edgefuse", "ratio", "stock decode ms/token",
+              "edgefuse", "ratio", "load (1, 5, 15 min)")
+    rows = []
+    for r in results:
+        for t in r.timings:
+            (sp, sd), (ep, ed) = t["stock"], t["edgefuse"]
+            rows.append([r.model, r.dtype, t["threads"], t["runs"], f"{sp:.2f}", f"{ep:.2f}", f"{t['ratios'][0]:.3f}",
+                         f"{sd:.3f}", f"{ed:.3f}", f"{t['ratios'][1]:.3f}", " ".join(f"{x:.2f}" for x in t["load"])])
+    return format_table(header, rows)
+
+
+def qnn_lines(name: str, qnn: dict) -> list[str]:
+    if "unavailable" in qnn:
+        return [f"{name} QNN: not run: {qnn['unavailable']} (set QNN's libraries up with `edgefuse qnn setup`)"]
+    return [f"{name} QNN one layer {precision}: {row['line']}" for precision, row in qnn.items()]
+
+
+# -- the command ----------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}")
+    parser.add_argument("--dtypes", default=",".join(DTYPES), help=f"comma-separated, of {', '.join(DTYPES)}")
+    parser.add_argument("--threads", default="1,2", help="thread counts the latency is timed at (default 1,2)")
+    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the model's own)")
+    parser.add_argument("--dim", type=int, default=None,
+                        help="a toy width for a quick run, a multiple of 32 (heads of 16, vocabulary 256)")
+    parser.add_argument("--prefill", type=int, default=128, help="prompt tokens the latency is timed on (default 128)")
+    parser.add_argument("--decode", type=int, default=16, help="decode steps timed after the prompt (default 16)")
+    parser.add_argument("--rounds", type=int, default=10, help="timed rounds of each program a run (default 10)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed rounds first (default 2)")
+    parser.add_argument("--repeats", type=int, default=0,
+                        help="further pairs of runs of a pair whose ratio is 0.99 or above (default 0)")
+    parser.add_argument("--no-latency", action="store_true", help="time no prefill or decode (a busy machine)")
+    parser.add_argument("--no-qnn", action="store_true", help="lower no decoder layer through QNN")
+    parser.add_argument("--out", default=None,
+                        help="where the model files and programs are written (default: a fresh private folder, "
+                        "removed afterwards)")
+    parser.add_argument("--max-bytes", type=int, default=MAX_BYTES, metavar="N",
+                        help=f"the most bytes a timed .pte may take to load (default {MAX_BYTES:,})")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    return parser
+
+
+def _names(value: str, known, what: str) -> list[str]:
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    if not names:
+        raise UsageError(f"--{what} names nothing; known: {', '.join(known)}")
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"unknown {what[:-1]} {unknown[0]!r}; known: {', '.join(known)}")
+    return list(dict.fromkeys(names))
+
+
+def _thread_counts(value: str) -> list[int]:
+    from edgefuse.runtime.threads import threads_problem
+
+    counts = []
+    for text in (v.strip() for v in value.split(",")):
+        if not text.isdigit():
+            raise UsageError(f"--threads {value}: comma-separated thread counts, e.g. 1,2")
+        problem = threads_problem(int(text))
+        if problem:
+            raise UsageError(problem)
+        counts.append(int(text))
+    return list(dict.fromkeys(counts))
+
+
+def check_options(args) -> None:
+    """Turn the options into what the run uses, or :class:`UsageError` naming the one that cannot be used."""
+    from edgefuse.compare.llm_programs import check_bench_numbers
+
+    args.models = _names(args.models, SHAPES, "models")
+    args.dtypes = _names(args.dtypes, DTYPES, "dtypes")
+    args.threads = _thread_counts(args.threads)
+    if args.layers is not None and args.layers < 1:
+        raise UsageError("--layers must be at least 1")
+    if args.dim is not None and (args.dim < 32 or args.dim % 32):
+        raise UsageError("--dim must be a multiple of 32 (8da4w groups of 32, heads of 16)")
+    check_bench_numbers(argparse.Namespace(**{**vars(args), "threads": args.threads[0]}),
+                        (("--repeats", args.repeats, 0), ("--max-bytes", args.max_bytes, 1)))
+    if args.prefill + args.decode > 1024:
+        raise UsageError("--prefill plus --decode at most 1024 (the context every program is exported with)")
+
+
+def run(args, say) -> int:
+    check_options(args)
+    from edgefuse.runtime.files import UnsafeFolder, fresh_private_folder, own_folder
+
+    shapes = [SHAPES[name] for name in args.models]
+    temporary = args.out is None
+    try:
+        args.out = fresh_private_folder("edgefuse-scale-") if temporary else own_folder(args.out)
+    except (UnsafeFolder, OSError) as error:
+        raise UsageError(f"--out {args.out}: {error}") from error
+    try:
+        return _run(shapes, args, say)
+    finally:
+        if temporary:
+            import shutil
+
+            shutil.rmtree(args.out, ignore_errors=True)
+
+
+def _run(shapes: list[Shape], args, say) -> int:
+    say("counting each shape's parameters")
+    counts = {shape.name: parameter_count(sized_params(shape, args.layers, args.dim), shape.tied) for shape in shapes}
+    results, qnn = [], {}
+    for shape in shapes:
+        if shape.unsupported:
+            say(f"{shape.name}: not exported: {shape.unsupported}")
+            continue
+        pairs, qnn[shape.name] = run_model(shape, args, say, len(results))
+        results += pairs
+    for shape in shapes:
+        print(f"{shape.name}: {counts[shape.name]:,} parameters ({shape.source})"
+              + (f"\n  not exported: {shape.unsupported}" if shape.unsupported else ""))
+    if args.layers is not None or args.dim is not None:
+        print(f"cut for a quick run: --layers {args.layers} --dim {args.dim}")
+    if not results:
+        return OK
+    print("programs (norms: the architecture's RMSNorms; delegates, kernels, means and casts: what the .pte runs; "
+          f"error: the worst of a {CHECK_PREFILL}-token prompt and {CHECK_DECODE} decode steps against eager)")
+    print(programs_table(results))
+    print("export cost (each export alone in a child process; ratio = edgefuse / stock; stock and edgefuse "
+          "alternate which runs first from one dtype to the next)")
+    print(cost_table(results))
+    if any(r.timings for r in results):
+        print(f"latency: prefill of {args.prefill} tokens, {args.decode} decode steps; {args.rounds} rounds a run "
+              f"after {args.warmup} warm-up rounds, two runs (each program loaded first once); medians over every "
+              "round; ratio = edgefuse / stock")
+        for line in dict.fromkeys(t["conditions"] for r in results for t in r.timings):
+            print(f"  {line}")
+        print(latency_table(results))
+    for name, row in qnn.items():
+        if row is not None:
+            for line in qnn_lines(name, row):
+                print(line)
+    ok = all(r.passed for r in results) and all(
+        row.get("ok", True) for q in qnn.values() if q and "unavailable" not in q for row in q.values())
+    print("all passed" if ok else "FAILED")
+    return OK if ok else CHECK_FAILED
+
+
+def main(argv: list[str] | None = None) -> int:
+    from edgefuse.console.progress import Progress
+
+    args = build_parser().parse_args(argv)
+    say = Progress(enabled=not args.quiet)
+    return run_command(PROG, run, args, say)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

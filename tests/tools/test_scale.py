@@ -1,0 +1,163 @@
+"""``python -m edgefuse.tools.scale``: the real-size shapes as the public configs give them, the options it
+refuses, the verdict it reads, and (slow) the whole command at a toy size. A measure: no test asserts a time
+or a memory figure."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from edgefuse.inputs.errors import CHECK_FAILED, OK, USAGE
+from edgefuse.tools import scale
+
+
+def run(capsys, *argv):
+    code = scale.main(["-q", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- the shapes: the public config numbers ------------------------------------------------------------
+
+
+def test_qwen3_0_6b_has_the_public_configs_numbers():
+    shape = scale.SHAPES["qwen3-0.6b"]
+    p = shape.params
+    numbers = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size")
+    assert tuple(p[k] for k in numbers) == (
+        1024, 28, 16, 8, 128, 3072, 151936)
+    assert p["use_qk_norm"] and p["qk_norm_before_rope"] and shape.tied and shape.model_class == "qwen3_0_6b"
+    # Qwen's model card: 0.6B parameters, 0.44B of them outside the embedding
+    count = scale.parameter_count(p, shape.tied)
+    assert count == 596_049_920 and count - p["vocab_size"] * p["dim"] == 440_467_456
+    assert scale.norm_count(p) == 28 * 4 + 1  # two a layer, two QK norms, the final one
+
+
+def test_llama_3_2_1b_has_the_public_configs_numbers():
+    shape = scale.SHAPES["llama-3.2-1b"]
+    p = shape.params
+    assert (p["dim"], p["n_layers"], p["n_heads"], p["n_kv_heads"], p["hidden_dim"], p["vocab_size"]) == (
+        2048, 16, 32, 8, 8192, 128256)
+    assert shape.tied and p["use_scaled_rope"] and shape.model_class == "llama3_2"
+    assert scale.parameter_count(p, shape.tied) == 1_235_814_400  # Meta's 1.24B
+    assert scale.norm_count(p) == 16 * 2 + 1
+
+
+def _no_run(*args):
+    raise AssertionError("the options were taken: the command would have run")
+
+
+def test_gemma3_1b_is_not_exported_and_says_why(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(scale, "run_model", _no_run)
+    shape = scale.SHAPES["gemma3-1b"]
+    p = shape.params
+    numbers = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size")
+    assert tuple(p[k] for k in numbers) == (
+        1152, 26, 4, 1, 256, 6912, 262144)
+    assert shape.unsupported
+    code, out, err = run(capsys, "--models", "gemma3-1b", "--out", str(tmp_path))
+    assert code == OK, err
+    assert "gemma3-1b: " in out and "not exported: ExecuTorch 1.5.1's export_llm has no Gemma 3 model class" in out
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_cut_keeps_the_shape_and_a_toy_width_makes_heads_of_16():
+    shape = scale.SHAPES["llama-3.2-1b"]
+    cut = scale.sized_params(shape, 2, None)
+    assert cut == {**shape.params, "n_layers": 2}
+    toy = scale.sized_params(shape, 1, 64)
+    assert (toy["dim"], toy["n_heads"], toy["n_kv_heads"], toy["head_dim"], toy["vocab_size"]) == (64, 4, 2, 16, 256)
+
+
+# -- bad usage: exit 2 with the reason, nothing written -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--models", "qwen3-7b"], "unknown model 'qwen3-7b'; known: qwen3-0.6b, llama-3.2-1b, gemma3-1b"),
+        (["--models", ","], "--models names nothing"),
+        (["--dtypes", "fp32"], "unknown dtype 'fp32'; known: 8da4w, fp16, bf16"),
+        (["--threads", "0"], "--threads must be at least 1"),
+        (["--threads", "1,x"], "comma-separated thread counts"),
+        (["--layers", "0"], "--layers must be at least 1"),
+        (["--dim", "48"], "--dim must be a multiple of 32"),
+        (["--rounds", "0"], "--rounds must be at least 1"),
+        (["--prefill", "0"], "--prefill must be at least 1"),
+        (["--repeats", "-1"], "--repeats must be at least 0"),
+        (["--prefill", "1000", "--decode", "100"], "at most 1024"),
+    ],
+)
+def test_bad_options_exit_2_with_the_reason_and_write_nothing(tmp_path, capsys, monkeypatch, argv, message):
+    monkeypatch.setattr(scale, "_run", _no_run)
+    out_dir = tmp_path / "out"
+    code, out, err = run(capsys, *argv, "--out", str(out_dir))
+    assert code == USAGE, err
+    assert message in err and "Traceback" not in err
+    assert not out_dir.exists()
+
+
+def test_an_option_argparse_does_not_know_exits_2(capsys):
+    with pytest.raises(SystemExit) as exited:
+        scale.main(["--bogus", "1"])
+    assert exited.value.code == USAGE and "unrecognized arguments" in capsys.readouterr().err
+
+
+# -- the verdict ----------------------------------------------------------------------------------------
+
+
+def _pair(means=0, casts=0, matches=True):
+    check = {"delegates": 1, "kernels": 2, "means": 0, "casts": 0, "error": 0.0, "allowed": 1.0, "matches": True}
+    return scale.PairResult("m", "fp16", 3, checks={
+        "stock": dict(check, means=3), "edgefuse": dict(check, means=means, casts=casts, matches=matches)})
+
+
+@pytest.mark.parametrize("kwargs", [{"means": 1}, {"casts": 1}, {"matches": False}])
+def test_a_pair_fails_when_edgefuse_leaves_a_mean_or_a_cast_outside_or_misses_its_bound(kwargs):
+    assert _pair().passed
+    assert not _pair(**kwargs).passed
+
+
+# -- the whole command at a toy size ------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
+    code, out, err = run(capsys, "--models", "qwen3-0.6b", "--layers", "1", "--dim", "64", "--dtypes", "8da4w",
+                         "--threads", "1", "--prefill", "16", "--decode", "2", "--rounds", "1", "--warmup", "0",
+                         "--out", str(tmp_path))
+    assert code == OK, out + err
+    assert "cut for a quick run: --layers 1 --dim 64" in out
+    programs = out.split("programs (")[1].split("export cost")[0]
+    stock, ours = [line.split() for line in programs.splitlines() if line.startswith("qwen3-0.6b")]
+    assert stock[2] == "stock" and ours[2] == "edgefuse"
+    assert int(ours[3]) == 5 and int(ours[6]) == 0 and int(ours[7]) == 0 and ours[10] == "yes"  # 5 norms, none outside
+    assert int(stock[6]) > 0  # stock leaves norms' means outside
+    assert "1 thread(s); CPU: " in out and "qwen3-0.6b QNN one layer fp16: edgefuse: " in out
+    assert "qwen3-0.6b QNN one layer 16a8w: edgefuse: " in out and out.rstrip().endswith("all passed")
+    assert {"params.json", "checkpoint.pth", "8da4w"} <= set(os.listdir(tmp_path / "qwen3-0.6b"))
+
+
+def test_an_out_that_is_a_file_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(scale, "_run", _no_run)
+    taken = tmp_path / "taken"
+    taken.write_text("a file")
+    code, out, err = run(capsys, "--out", str(taken))
+    assert code == USAGE and f"--out {taken}: " in err and "Traceback" not in err
+    assert taken.read_text() == "a file"
+
+
+def test_without_qnns_libraries_the_qnn_row_says_how_to_set_them_up(monkeypatch):
+    from edgefuse.compare import qnn_flows
+    from edgefuse.inputs.errors import Unavailable
+
+    def missing():
+        raise Unavailable("QNN's libraries are not set up")
+
+    monkeypatch.setattr(qnn_flows, "require_libraries", missing)
+    row = scale.qnn_layer(scale.sized_params(scale.SHAPES["qwen3-0.6b"], 1, 64))
+    assert row == {"unavailable": "QNN's libraries are not set up"}
+    (line,) = scale.qnn_lines("qwen3-0.6b", row)
+    assert line.startswith("qwen3-0.6b QNN: not run: QNN's libraries are not set up") and "edgefuse qnn setup" in line
