@@ -6,7 +6,8 @@ import json
 
 import torch
 
-from edgefuse.llm.eager import SMALL_QWEN3, write_small_model
+from edgefuse.llm.eager import write_small_model
+from edgefuse.llm.small import SMALL_QWEN3
 
 
 def test_the_params_file_holds_the_params_and_a_tied_output_is_the_embedding(tmp_path):
