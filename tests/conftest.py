@@ -128,11 +128,8 @@ def _slow_entry_points_guarded():
 
 @pytest.fixture(scope="session", autouse=True)
 def _cia_ops_cached():
-    """With several workers (``-n``, ``--dist loadgroup``), the tests of one file run on one worker, so that a
-module fixture is built once, and the files that share a costly session fixture (:data:`SHARED_FIXTURES`)
-run on the same worker.
-
-torch.export's list of CompositeImplicitAutograd ops, read once per set of registered ops."""
+    """torch.export's list of CompositeImplicitAutograd ops, read once per set of registered ops, for the
+    session (:func:`edgefuse.fuzz.edge_programs.cached_cia_ops`)."""
     from edgefuse.fuzz.edge_programs import cached_cia_ops
 
     with cached_cia_ops():

@@ -44,3 +44,23 @@ def test_an_op_registered_while_the_list_is_cached_is_listed_as_torch_lists_it()
     finally:
         library._destroy()
     assert name not in before and name in after
+
+
+def test_a_kernel_added_to_an_op_while_the_list_is_cached_is_listed_as_torch_lists_it():
+    """The cache is keyed by the ops with a CompositeImplicitAutograd kernel too: an op defined with another
+    kernel, then given one, adds no op name, and is in the list read after it, as in torch's own."""
+    import torch
+    import torch.export.exported_program as exported_program
+
+    name = "edgefuse_cia_test.thrice.default"
+    library = torch.library.Library("edgefuse_cia_test", "DEF")
+    try:
+        with cached_cia_ops():
+            library.define("thrice(Tensor x) -> Tensor")
+            library.impl("thrice", lambda x: x * 3, "CompositeExplicitAutograd")
+            before = {str(op) for op in exported_program._collect_all_valid_cia_ops()}
+            library.impl("thrice", lambda x: x * 3, "CompositeImplicitAutograd")
+            after = {str(op) for op in exported_program._collect_all_valid_cia_ops()}
+    finally:
+        library._destroy()
+    assert name not in before and name in after

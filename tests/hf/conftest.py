@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import time
 from dataclasses import dataclass
 
@@ -74,3 +75,12 @@ def hf_runs(hf_models, tmp_path_factory) -> dict[str, HfRun]:
         runs[name] = HfRun(hf_models[name], getattr(torch, dtype), bool(extra), code, stdout.getvalue(),
                            time.perf_counter() - start, str(out / "model.stock.pte"), str(out / "model.pte"))
     return runs
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    """A folder holding only the config.json of a Llama (enough for every check before the load)."""
+    folder = tmp_path / "llama"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
+    return folder

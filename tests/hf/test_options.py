@@ -15,15 +15,6 @@ from edgefuse.hf.options import OPTIONS, HfInputError, check_model_folder, check
 from tests.optional import require_optimum
 
 
-@pytest.fixture
-def model_dir(tmp_path):
-    """A folder holding only the config.json of a Llama (enough for every check before the load)."""
-    folder = tmp_path / "llama"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "hidden_size": 64}))
-    return folder
-
-
 def test_the_recipes_are_edgefuses_and_stocks():
     assert check_recipe("edgefuse-xnnpack") == "edgefuse-xnnpack"
     assert check_recipe("xnnpack") == "xnnpack"
@@ -98,6 +89,15 @@ def test_a_model_folder_is_a_folder_with_a_config_json_naming_its_model_type(tmp
     (empty / "config.json").write_text(json.dumps({"hidden_size": 64}))
     with pytest.raises(HfInputError, match="names no model_type"):
         check_model_folder(empty)
+
+
+def test_a_config_json_past_its_bound_is_refused_before_it_is_parsed(model_dir):
+    """config.json is read within :data:`edgefuse.hf.options.CONFIG_LIMIT` (1 MiB), as a regular file."""
+    from edgefuse.hf.options import CONFIG_LIMIT
+
+    (model_dir / "config.json").write_text(json.dumps({"model_type": "llama", "pad": " " * CONFIG_LIMIT}))
+    with pytest.raises(HfInputError, match="config.json"):
+        check_model_folder(model_dir)
 
 
 def test_a_program_already_at_the_output_is_refused_before_the_export(tmp_path, model_dir):

@@ -23,7 +23,7 @@ import sys
 from typing import Callable
 
 from edgefuse.inputs.errors import CHECK_FAILED, OK, Unavailable, UsageError
-from edgefuse.runtime.files import replace_atomically
+from edgefuse.runtime.files import replace_atomically, why_unwritable
 from edgefuse.runtime.threads import threads_problem
 
 Say = Callable[[str], None]
@@ -52,13 +52,9 @@ def default_map_path(beside: str) -> str:
 
 def _check_output(path: str, what: str) -> None:
     """Fail before the slow work, not after it, when ``path`` cannot be written."""
-    directory = os.path.dirname(os.path.abspath(path))
-    if os.path.isdir(path):
-        raise UsageError(f"cannot write the {what} to {path}: it is a directory; name a file in it")
-    if not os.path.isdir(directory):
-        raise UsageError(f"cannot write the {what} to {path}: no directory {directory}")
-    if not os.access(directory, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise UsageError(f"cannot write the {what} to {path}: permission denied")
+    reason = why_unwritable(path)
+    if reason is not None:
+        raise UsageError(f"cannot write the {what} to {path}: {reason}")
 
 
 def _check_distinct(model: str, outputs: dict[str, str]) -> None:

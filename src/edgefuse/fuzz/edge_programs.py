@@ -17,8 +17,10 @@ import edgefuse
 @contextlib.contextmanager
 def cached_cia_ops() -> Iterator[None]:
     """Cache torch.export's list of CompositeImplicitAutograd ops while the block runs, keyed by the ops
-    registered and the op namespaces Python has opened, so that an op registered inside the block (a
-    library loaded by an import) is listed as torch lists it.
+    registered (their names, not their count: one removed and another defined keep it), the ops with a
+    CompositeImplicitAutograd kernel (one can be added to an op already defined) and the op namespaces
+    Python has opened, so that an op or kernel registered inside the block (a library loaded by an import)
+    is listed as torch lists it.
 
     The edge graphs are the same with and without the cache (tests/fuzz/test_edge_programs.py checks it).
     """
@@ -31,7 +33,9 @@ def cached_cia_ops() -> Iterator[None]:
     lists: dict[tuple, set] = {}
 
     def cached() -> set:
-        key = (len(torch._C._dispatch_get_all_op_names()), tuple(torch.ops._dir))
+        key = (hash(tuple(sorted(torch._C._dispatch_get_all_op_names()))),
+               tuple(torch._C._dispatch_get_registrations_for_dispatch_key("CompositeImplicitAutograd")),
+               tuple(torch.ops._dir))
         if key not in lists:
             lists.clear()
             lists[key] = original()

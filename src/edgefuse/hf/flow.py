@@ -4,13 +4,15 @@
 the output) and that optimum-executorch is installed before it imports torch or loads the model, then
 registers ``edgefuse-xnnpack`` (:func:`edgefuse.hf.recipe.register`) and runs optimum's export for the
 ``text-generation`` task. optimum writes its program in a private folder inside the output folder, and the
-program is then linked to its name there only if no file has that name, so an export never writes over a
-file, nor through a link. A failure before optimum has loaded the model is the model's or the options'
-(:class:`ModelRejected`); one after it is the lowering's and is raised as it is.
+program is then written to its name there as a new file (:func:`edgefuse.runtime.files.write_new`), so an
+export never writes over a file, nor through a link. A failure before optimum has loaded the model is the
+model's or the options' (:class:`ModelRejected`); one after it is the lowering's and is raised as it is.
+An output folder the export made is removed when it fails.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -26,6 +28,7 @@ from edgefuse.hf.options import (
     check_options,
     check_recipe,
 )
+from edgefuse.runtime.files import why_unwritable, write_new
 
 #: The line that installs what the flow needs, for the error that says it is missing.
 INSTALL = "pip install optimum-executorch"
@@ -68,6 +71,9 @@ def check_export(model_dir, output_dir, recipe: str = EDGEFUSE_RECIPE, name: str
                            "another output folder")
     if os.path.lexists(output_dir) and not os.path.isdir(output_dir):
         raise HfInputError(f"the output {os.fspath(output_dir)} is not a folder")
+    reason = why_unwritable(output_dir, folder=True)
+    if reason is not None:
+        raise HfInputError(f"cannot write the output folder {os.fspath(output_dir)}: {reason}")
     return model_type, checked
 
 
@@ -105,36 +111,47 @@ def export(model_dir, output_dir, recipe: str = EDGEFUSE_RECIPE, *, name: str = 
     and :class:`ModelRejected` when optimum cannot load the model; all before anything is lowered."""
     model_type, checked = check_export(model_dir, output_dir, recipe, name, **options)
     check_installed(checked)
+    made = not os.path.lexists(output_dir)
+    try:  # before optimum and torch load: a folder that cannot be made fails in a moment, not after them
+        os.makedirs(output_dir, exist_ok=True)
+        staging = tempfile.mkdtemp(prefix=".edgefuse-hf-", dir=output_dir)
+    except OSError as error:
+        raise HfInputError(f"cannot write the output folder {os.fspath(output_dir)}: {error.strerror}") from error
+    try:
+        return _export_in(model_dir, output_dir, staging, recipe, name, model_type, checked)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+        if made:  # the folder this run made goes when it holds nothing, as after a failure
+            with contextlib.suppress(OSError):
+                os.rmdir(output_dir)
+
+
+def _export_in(model_dir, output_dir, staging: str, recipe: str, name: str, model_type: str,
+               checked: dict) -> HfExport:
+    """:func:`export` once its folders are made: optimum writes in ``staging``, and its program is written
+    to ``output_dir/name`` as a new file. A failure before optimum has made its output folder, which it
+    makes once the model is loaded, is :class:`ModelRejected`."""
     from optimum.exporters.executorch import main_export
 
     from edgefuse.hf.recipe import RecipeRecord, register
 
     register()
     record = RecipeRecord() if recipe == EDGEFUSE_RECIPE else None
-    os.makedirs(output_dir, exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".edgefuse-hf-", dir=output_dir)
     written = os.path.join(staging, "out")  # optimum makes it once the model is loaded
     start = time.perf_counter()
     try:
-        try:
-            main_export(os.fspath(model_dir), task=TASK, recipe=recipe, output_dir=written,
-                        recipe_kwargs={} if record is None else {"record": record}, **checked)
-        except Exception as error:
-            if not os.path.isdir(written):
-                raise ModelRejected(f"optimum could not load {os.fspath(model_dir)} ({model_type}) for {TASK}: "
-                                    f"{type(error).__name__}: {error}") from error
-            raise
-        seconds = time.perf_counter() - start
-        target = os.path.join(os.fspath(output_dir), name)
-        _link_new(os.path.join(written, PROGRAM_NAME), target)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return HfExport(target, recipe, checked, model_type, seconds, record)
-
-
-def _link_new(source: str, target: str) -> None:
-    """Give the file ``source`` the name ``target`` only if nothing has that name (a link there included)."""
+        main_export(os.fspath(model_dir), task=TASK, recipe=recipe, output_dir=written,
+                    recipe_kwargs={} if record is None else {"record": record}, **checked)
+    except Exception as error:
+        if not os.path.isdir(written):
+            raise ModelRejected(f"optimum could not load {os.fspath(model_dir)} ({model_type}) for {TASK}: "
+                                f"{type(error).__name__}: {error}") from error
+        raise
+    seconds = time.perf_counter() - start
+    target = os.path.join(os.fspath(output_dir), name)
     try:
-        os.link(source, target)
+        with open(os.path.join(written, PROGRAM_NAME), "rb") as program:
+            write_new(target, program)
     except FileExistsError as error:
         raise HfInputError(f"{target} appeared while the model was exported; it was left as it is") from error
+    return HfExport(target, recipe, checked, model_type, seconds, record)

@@ -22,10 +22,9 @@ from edgefuse.hf.options import EDGEFUSE_RECIPE
 
 @dataclass
 class RecipeRecord:
-    """What one run of the recipe did: whether the lowering began, and the means, casts and scalar adds
-    edgefuse substituted, and of those the ones left outside a delegate and restored."""
+    """What one run of the recipe did: the means, casts and scalar adds edgefuse substituted, and of those
+    the ones left outside a delegate and restored."""
 
-    lowering_started: bool = False
     substituted: int = 0
     restored: int = 0
 
@@ -56,7 +55,6 @@ def export_with_edgefuse_xnnpack(model, record: RecipeRecord | None = None, **kw
     _check_custom_sdpa(model, programs)
     if len(programs) == 1:  # a single program is the .pte's "forward" method
         programs = {"forward": next(iter(programs.values()))}
-    record.lowering_started = True
     substitution = SubstituteForXnnpack()
     manager = to_edge_transform_and_lower(
         programs,

@@ -246,6 +246,29 @@ def _kind(mode: int) -> str:
 _CREATED: set[tuple[int, int]] = set()
 
 
+def why_unwritable(path: str | os.PathLike, folder: bool = False) -> str | None:
+    """Why ``path`` cannot be written, or ``None``: checked before the slow work so that it fails first, not
+    after. A file needs its folder to exist and be writable (and itself, when it exists, not a folder and
+    writable); with ``folder``, ``path`` is a folder made when missing, so the nearest folder of its path
+    that exists (it included) must be one this user can write in."""
+    path = os.path.abspath(os.fspath(path))
+    if folder:
+        nearest = path
+        while not os.path.lexists(nearest):
+            nearest = os.path.dirname(nearest)
+        if not os.path.isdir(nearest):
+            return f"{nearest} is not a folder"
+        return None if os.access(nearest, os.W_OK | os.X_OK) else f"permission denied in {nearest}"
+    directory = os.path.dirname(path)
+    if os.path.isdir(path):
+        return "it is a directory; name a file in it"
+    if not os.path.isdir(directory):
+        return f"no directory {directory}"
+    if not os.access(directory, os.W_OK | os.X_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "permission denied"
+    return None
+
+
 def write_new(path: str | os.PathLike, data: bytes | str | BinaryIO) -> None:
     """Write ``data`` (bytes, text, or a binary file read to its end) to ``path``, a name edgefuse chose
     itself (a map beside the user's ``.pte``, a program kept beside another): created anew, never through
