@@ -15,13 +15,16 @@ points raise `SlowCall`, and the test fails naming the call even when the code u
 
 With several workers (``-n``, ``--dist loadgroup``), the tests of one file run on one worker, so that a
 module fixture is built once, and the files that share a costly session fixture (:data:`SHARED_FIXTURES`)
-run on the same worker. torch.export's list of CompositeImplicitAutograd ops, which it rebuilds from the
+run on the same worker. The groups holding slow tests are sent first, those with the most slow tests first
+(xdist's own order sends the groups with the most tests first, and a long group sent last would set the
+wall time alone). torch.export's list of CompositeImplicitAutograd ops, which it rebuilds from the
 dispatcher on every ``to_edge`` (a third of the call), is kept for the session, keyed by the registered
 ops (:func:`edgefuse.fuzz.edge_programs.cached_cia_ops`).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import subprocess
 import sys
@@ -50,6 +53,29 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.rules)
         # --dist loadgroup: a file's tests run on one worker, so its module fixtures are built once
         item.add_marker(pytest.mark.xdist_group("shared-qnn-programs" if item.path in sharing else "/".join(parts)))
+    items[:] = _longest_groups_first(items)
+
+
+def _group(item: pytest.Item) -> str:
+    return item.get_closest_marker("xdist_group").args[0]
+
+
+def _longest_groups_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The items with each group's tests together, the groups with the most slow tests first, then those
+    with the most tests (ties in collection order): the order in which ``--dist loadgroup`` sends them."""
+    slow, count = collections.Counter(), collections.Counter()
+    for item in items:
+        count[_group(item)] += 1
+        slow[_group(item)] += item.get_closest_marker("slow") is not None
+    first = {group: at for at, group in reversed(list(enumerate(map(_group, items))))}
+    return sorted(items, key=lambda item: (-slow[_group(item)], -count[_group(item)], first[_group(item)]))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Keep the order :func:`_longest_groups_first` gives: xdist would otherwise reorder the groups by
+    their number of tests alone."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 class SlowCall(AssertionError):

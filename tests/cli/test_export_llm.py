@@ -194,49 +194,36 @@ def test_the_python_api_puts_everything_back_when_the_export_raises(small_llama,
     assert ptes(tmp_path) == [] and nothing_swapped()
 
 
-@pytest.mark.slow
-def test_an_export_writes_the_pte_and_hydras_record_in_the_output_folder_and_nothing_elsewhere(
-    small_llama, tmp_path, capsys
-):
-    """Run in a working folder of its own, with the model's files in a third: hydra's record and job log
-    are beside the .pte, and no other file changes."""
-    from tests.llm.test_config_check import snapshot
-
-    directory, params, checkpoint = small_llama
-    (tmp_path / "work").mkdir()
-    out = tmp_path / "out"
-    out.mkdir()
-    before, model_files = snapshot(tmp_path), snapshot(directory)
-    with inside(tmp_path / "work"):
-        code = cli.main(["-q", "export-llm", *case_arguments(CASES["llama-fp32"], params, checkpoint),
-                         f"export.output_name={out / 'model.pte'}"])
-    assert code == OK, capsys.readouterr().err
-    changed = {path for path, digest in snapshot(tmp_path).items() if before.get(path) != digest}
-    assert changed == {str(out / name) for name in ("model.pte", ".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml",
-                                                    ".hydra/overrides.yaml", "export_llm.log")}
-    assert snapshot(directory) == model_files and nothing_swapped()
-
-
 # -- the programs -----------------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
-def llama_fp32_command(small_llama):
-    """``edgefuse export-llm --compare`` on the float32 Llama: its stdout, and both programs."""
+def llama_fp32_command(small_llama, tmp_path_factory):
+    """``edgefuse export-llm --compare`` on the float32 Llama, run in a working folder of its own with the
+    output named relative to it (``out/llama.pte``) and the model's files in a third folder: its exit code,
+    stdout, the output folder, the overrides, and the files the run changed in the working folder and in
+    the model's."""
+    from tests.llm.test_config_check import snapshot
+
     directory, params, checkpoint = small_llama
     arguments = case_arguments(CASES["llama-fp32"], params, checkpoint)
     import io
     from contextlib import redirect_stdout
 
+    work = tmp_path_factory.mktemp("llama-fp32-command")
+    (work / "out").mkdir()
+    before, model_files = snapshot(work), snapshot(directory)
     out = io.StringIO()
-    with inside(directory), redirect_stdout(out):
-        code = cli.main(["-q", "export-llm", "--compare", *arguments, "export.output_name=llama.pte"])
-    return code, out.getvalue(), directory, arguments
+    with inside(work), redirect_stdout(out):
+        code = cli.main(["-q", "export-llm", "--compare", *arguments, "export.output_name=out/llama.pte"])
+    changed = {path for path, digest in snapshot(work).items() if before.get(path) != digest}
+    changed |= {path for path, digest in snapshot(directory).items() if model_files.get(path) != digest}
+    return code, out.getvalue(), work / "out", arguments, changed
 
 
 @pytest.mark.slow
 def test_export_llm_compare_prints_both_programs_side_by_side(llama_fp32_command):
-    code, out, directory, _ = llama_fp32_command
+    code, out, directory, _, _ = llama_fp32_command
     assert code == OK, out
     lines = out.splitlines()
     assert lines[0].startswith("edgefuse lowering: "), lines[:3]  # export_llm's own output went to stderr
@@ -245,16 +232,27 @@ def test_export_llm_compare_prints_both_programs_side_by_side(llama_fp32_command
     assert "edgefuse (" in header and header.index("stock (") < header.index("edgefuse (")
     stock_means, our_means = side_by_side_counts(out)["aten::mean.out"]
     assert stock_means == 3 and our_means == 0  # two norms in the layer and the final norm
-    assert out.splitlines()[-1] == f"wrote llama.pte and llama.stock.pte"
+    assert out.splitlines()[-1] == "wrote out/llama.pte and out/llama.stock.pte"
     assert ptes(directory) == ["llama.pte", "llama.stock.pte"]
     assert nothing_swapped()
+
+
+@pytest.mark.slow
+def test_an_export_writes_the_ptes_and_hydras_record_in_the_output_folder_and_nothing_elsewhere(llama_fp32_command):
+    """Hydra's record and job log are beside the .pte (stock's record went with its staging folder), and no
+    other file changes: none in the working folder, none in the model's."""
+    code, out, directory, _, changed = llama_fp32_command
+    assert code == OK, out
+    assert changed == {str(directory / name) for name in (
+        "llama.pte", "llama.stock.pte", ".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml",
+        "export_llm.log")}
 
 
 @pytest.mark.slow
 def test_float32_llama_of_export_llm_matches_eager_with_no_mean_outside(llama_fp32_command):
     from edgefuse.llm.eager import config_from_overrides
 
-    code, _, directory, arguments = llama_fp32_command
+    code, _, directory, arguments, _ = llama_fp32_command
     assert code == OK
     paths = {"stock": str(directory / "llama.stock.pte"), "edgefuse": str(directory / "llama.pte")}
     checks = check_programs(CASES["llama-fp32"], paths, config_from_overrides(arguments))
@@ -285,7 +283,7 @@ def test_export_llm_keeps_means_and_casts_inside_and_matches_eager_as_stock_does
 
 @pytest.mark.slow
 def test_bench_llm_prints_medians_ratios_and_the_thread_count(llama_fp32_command, capsys):
-    _, _, directory, _ = llama_fp32_command
+    _, _, directory, _, _ = llama_fp32_command
     stock, ours = str(directory / "llama.stock.pte"), str(directory / "llama.pte")
     code = cli.main(["-q", "bench-llm", stock, ours, "--prefill", "4", "--decode", "2", "--rounds", "2",
                      "--warmup", "0", "--threads", "1", "--runs", "4"])
@@ -306,7 +304,7 @@ def test_bench_llm_prints_medians_ratios_and_the_thread_count(llama_fp32_command
 
 @pytest.mark.slow
 def test_bench_llm_says_when_the_context_is_too_short(llama_fp32_command, capsys):
-    _, _, directory, _ = llama_fp32_command
+    _, _, directory, _, _ = llama_fp32_command
     code = cli.main(["-q", "bench-llm", str(directory / "llama.stock.pte"), str(directory / "llama.pte"),
                      "--prefill", "120", "--decode", "20", "--rounds", "1", "--warmup", "0"])
     assert code == USAGE and "context length" in capsys.readouterr().err

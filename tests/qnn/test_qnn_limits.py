@@ -132,14 +132,15 @@ def _8a8w_steps_off(module, x):
     return lowered, float((actual - expected).abs().max()) / step
 
 
-@pytest.mark.parametrize("module", [StockRmsNorm(32), QkNorm(32)], ids=["whole", "rebuilt"])
-def test_at_8a8w_the_layout_limit_views_the_norm_and_the_program_is_right(monkeypatch, module):
-    """The 8a8w rule: a whole norm and a rebuilt one on ``[2, 16, 32]`` are viewed as ``[1, 32, 32]`` during
-    capture and land within the sweep's threshold; with 8a8w taken out of the limit's precisions the
-    same norm reaches QNN as written and is over a hundred steps off."""
+def test_at_8a8w_the_layout_limit_views_the_rebuilt_norm_and_the_program_is_right(monkeypatch):
+    """The 8a8w rule: a rebuilt norm on ``[2, 16, 32]`` is viewed as ``[1, 32, 32]`` during capture and
+    lands within the sweep's threshold; with 8a8w taken out of the limit's precisions the same norm
+    reaches QNN as written and is over a hundred steps off. A whole norm's case is
+    ``tests/qnn/test_qnn_legalize.py``'s at 8a8w: stock's program of it wrong on this SoC, edgefuse's
+    viewed during capture and right."""
     from edgefuse.core.verify import TOLERANCES
 
-    x, threshold = _x((2, 16, 32)), TOLERANCES["qnn sweep quantized"].ulps
+    module, x, threshold = QkNorm(32), _x((2, 16, 32)), TOLERANCES["qnn sweep quantized"].ulps
     lowered, steps = _8a8w_steps_off(module, x)
     assert steps <= threshold, steps
     assert [op.inputs[0][0] for g in lowered.graphs.delegates for op in g.ops if op.type == "RmsNorm"] == [(1, 32, 32)]

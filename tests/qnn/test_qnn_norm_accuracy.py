@@ -63,17 +63,18 @@ def _inputs(shape: tuple[int, ...]) -> dict[str, tuple[torch.Tensor]]:
     ("16a4w", "rows"), ("16a8w", "rows"), ("8a8w", "rows"), ("16a16w", "rows"), ("8a8w", "batches"),
 ], ids="-".join)
 def lowered(request):
-    """The norm lowered at one precision and shape with edgefuse's passes and with the released ones, and
-    the inputs it is checked on."""
+    """The norm lowered at one precision and shape with edgefuse's passes and with the released ones, the
+    inputs it is checked on, and each program's ``.pte`` bytes (made once: every test runs them)."""
     precision, shape = request.param[0], SHAPES[request.param[1]]
     norm, calibration = _norm(), _calibration(shape)
-    return norm, _inputs(shape), {
+    programs = {
         how: lower(norm, calibration[0], precision=precision, calibration=calibration, recompose=how)
         for how in ("edgefuse", "stock")
     }
+    return norm, _inputs(shape), programs, {how: program.to_pte() for how, program in programs.items()}
 
 
-def _steps_from_exact(norm, lowered, inputs) -> tuple[float, float]:
+def _steps_from_exact(norm, lowered, pte, inputs) -> tuple[float, float]:
     """How far the program's output is from the exact norm of the input it reads (quantized by its input
     quantization), clamped to its output quantization's range, in steps of that quantization: the largest
     distance, and the mean signed one (a kernel that rounds down lands half a step below)."""
@@ -84,21 +85,23 @@ def _steps_from_exact(norm, lowered, inputs) -> tuple[float, float]:
         entering.target(inputs[0], *entering.args[1:]), *entering.args[1:]
     )
     exact = exact_module(norm)(read).clamp((low - zero) * scale, (high - zero) * scale)
-    off = (LoadedProgram(lowered.to_pte()).run(inputs)[0].double() - exact) / scale
+    off = (LoadedProgram(pte).run(inputs)[0].double() - exact) / scale
     return float(off.abs().max()), float(off.mean())
 
 
 def test_the_norm_is_rebuilt_by_edgefuse_and_left_in_pieces_by_the_released_flow(lowered):
-    _, _, programs = lowered
+    _, _, programs, _ = lowered
     assert programs["edgefuse"].graphs.rms_norms == 1
     assert programs["stock"].graphs.rms_norms == 0
 
 
 @pytest.mark.parametrize("name", INPUTS)
 def test_the_rebuilt_norm_is_never_less_accurate_than_the_norm_in_pieces(lowered, name):
-    norm, inputs, programs = lowered
+    norm, inputs, programs, ptes = lowered
     inputs = inputs[name]
-    (ours, our_mean), (theirs, their_mean) = (_steps_from_exact(norm, programs[how], inputs) for how in ("edgefuse", "stock"))
+    (ours, our_mean), (theirs, their_mean) = (
+        _steps_from_exact(norm, programs[how], ptes[how], inputs) for how in ("edgefuse", "stock")
+    )
     print(f"{programs['stock'].precision} {list(inputs[0].shape)} {name}: rebuilt {ours:.1f} (mean {our_mean:+.2f}), "
           f"in pieces {theirs:.1f} (mean {their_mean:+.2f}) steps from the exact norm")
     assert ours <= theirs
@@ -106,10 +109,10 @@ def test_the_rebuilt_norm_is_never_less_accurate_than_the_norm_in_pieces(lowered
 
 @pytest.mark.parametrize("name", INPUTS)
 def test_the_rebuilt_norm_program_is_within_its_derived_tolerance_of_its_fake_quantized_module(lowered, name):
-    _, inputs, programs = lowered
+    _, inputs, programs, ptes = lowered
     ours, inputs = programs["edgefuse"], inputs[name]
     ((step, counted),) = output_tolerances(ours.reference, inputs)
     with torch.no_grad():
         expected = ours.reference(*inputs)
-    got = compare_at_steps(expected, LoadedProgram(ours.to_pte()).run(inputs)[0], step, counted.steps)
+    got = compare_at_steps(expected, LoadedProgram(ptes["edgefuse"]).run(inputs)[0], step, counted.steps)
     assert got.shape_ok and got.max_error <= got.allowed, (got.max_error / step, counted)
