@@ -324,4 +324,6 @@ def test_a_precision_that_does_not_fit_quantization_capture_or_is_unknown_is_a_c
         edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, precision="fp16")
     with pytest.raises(ValueError, match="unknown precision '4a4w'"):
         edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, precision="4a4w")
+    with pytest.raises(ValueError, match="unknown precision 'int8'"):  # not a graph edgefuse could not read
+        edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, precision=lambda node: "int8")
     assert target.code == code

@@ -216,13 +216,16 @@ def test_a_function_gives_each_norm_its_own_precision():
 
 
 def test_an_unknown_precision_is_a_clear_error_and_changes_nothing():
-    target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
-    code = target.code
+    """Every norm's precision is checked before any is viewed: the first norm, at 8a8w, would be viewed,
+    and the second's unknown precision leaves the graph as it was."""
+    target = _graph(TwoNorms().eval(), (_x((1, 16, 4, 32)),), "capture")
+    code, graph = target.code, str(target.graph)
     with pytest.raises(ValueError, match="unknown precision '4a4w': edgefuse knows fp16, 16a16w"):
         legalize_rms_norm(target, backend="qnn", precision="4a4w")
+    by_node = {"rms_norm": "8a8w", "rms_norm_1": "int8"}
     with pytest.raises(ValueError, match="unknown precision 'int8'"):
-        legalize_rms_norm(target, backend="qnn", precision=lambda node: "int8")
-    assert target.code == code
+        legalize_rms_norm(target, backend="qnn", precision=lambda node: by_node[node.name])
+    assert (target.code, str(target.graph)) == (code, graph)
 
 
 class Dequantized(nn.Module):
