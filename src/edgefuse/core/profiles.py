@@ -10,17 +10,12 @@ import torch
 from torch.fx import Node
 
 from edgefuse.core._fx import dtype_name
+from edgefuse.core.precisions import FLOAT, PRECISIONS, QUANTIZED, QUANTIZED_PRECISIONS
+
+__all__ = ["FLOAT", "PRECISIONS", "QUANTIZED", "QUANTIZED_PRECISIONS"]  # the names, read from core.precisions
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
-#: The precisions a norm is computed in: float16 (the HTP computes a float graph in float16), and the
-#: quantized precisions as QNN's ``QuantDtype`` names them without ``use_`` (``8a8w``: 8-bit activations,
-#: 8-bit weights).
-FLOAT = "fp16"
-QUANTIZED_PRECISIONS = ("16a16w", "16a8w", "16a4w", "16a4w_block", "8a8w", "8a4w", "fp16a8w", "16a2w")
-#: A norm in a graph about to be quantized, or quantized already, at a precision edgefuse was not told.
-QUANTIZED = "quantized"
-PRECISIONS = (FLOAT, *QUANTIZED_PRECISIONS, QUANTIZED)
 #: The precision of a graph's norms: one name of :data:`PRECISIONS` for all, or a function that gives a
 #: norm's node its own (a quantizer that quantizes some modules at another precision).
 Precision = Union[str, Callable[[Node], str]]
