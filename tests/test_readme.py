@@ -378,7 +378,7 @@ def test_every_name_a_python_example_imports_is_public(where, code):
 KNOWN_VALUES = {
     ("edgefuse.inputs.models.build_model", "name"): "edgefuse.inputs.models.MODEL_NAMES",
     ("edgefuse.inputs.qnn_models.build_qnn_model", "name"): "edgefuse.inputs.qnn_models.QNN_MODEL_NAMES",
-    ("edgefuse.qnn.pipeline.lower", "precision"): "edgefuse.qnn.pipeline.PRECISIONS",
+    ("edgefuse.qnn.pipeline.lower", "precision"): "edgefuse.qnn.pipeline.LOWER_PRECISIONS",
     ("edgefuse.xnnpack.quantizer.quantize", "scheme"): "edgefuse.xnnpack.quantizer.SCHEMES",
 }
 

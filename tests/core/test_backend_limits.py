@@ -287,7 +287,8 @@ def _capture(module, inputs, **options):
     import edgefuse
 
     target = torch.export.export(module, inputs).module()
-    return target, edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, **options)
+    options = {"backend": "qnn", **options}
+    return target, edgefuse.recompose_rms_norm(target, quantization_capture=True, **options)
 
 
 def test_a_rebuilt_norm_at_8a8w_is_viewed_and_its_note_names_the_precision():
@@ -309,7 +310,7 @@ def test_a_rebuilt_norm_of_a_precision_not_known_carries_the_limits_note():
     assert "the precision it is quantized at was not known to edgefuse" in decision.note
     [node] = rms_norm_nodes(target)
     assert cast_path(node.args[0]) == ("x", ())
-    _, measured_right = _capture(QkNorm(), (_x((1, 16, 4, 32)),), precision="16a8w")
+    _, measured_right = _capture(QkNorm(), (_x((1, 16, 4, 32)),), precision="16a8w", backend=PROFILES["qnn"].for_generation("V75"))
     assert measured_right.decisions[0].note is None
 
 
@@ -324,4 +325,6 @@ def test_a_precision_that_does_not_fit_quantization_capture_or_is_unknown_is_a_c
         edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, precision="fp16")
     with pytest.raises(ValueError, match="unknown precision '4a4w'"):
         edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, precision="4a4w")
+    with pytest.raises(ValueError, match="unknown precision 'int8'"):  # not a graph edgefuse could not read
+        edgefuse.recompose_rms_norm(target, backend="qnn", quantization_capture=True, precision=lambda node: "int8")
     assert target.code == code

@@ -186,17 +186,37 @@ def test_at_8a8w_the_layout_limit_views_a_whole_norm_and_says_in_which_precision
     assert list(norm.args[0].meta["val"].shape) == [1, 64, 32]
 
 
-@pytest.mark.parametrize("precision", ["16a4w", "16a8w", "16a16w"])
-def test_a_precision_measured_right_keeps_the_norm_with_no_note(precision):
+@pytest.mark.parametrize(("precision", "generation"), [("16a4w", "V75"), ("16a4w", "V79"), ("16a8w", "V75"), ("16a16w", "V75")])
+def test_a_precision_measured_right_on_the_generation_keeps_the_norm_with_no_note(precision, generation):
     target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
-    [held] = legalize_rms_norm(target, backend="qnn", precision=precision).norms
+    backend = PROFILES["qnn"].for_generation(generation)
+    [held] = legalize_rms_norm(target, backend=backend, precision=precision).norms
     assert (held.action, held.reason) == (KEPT, f"no limit of qnn covers [1, 16, 4, 32] in {precision}")
+
+
+@pytest.mark.parametrize(("precision", "generation", "where"), [
+    ("16a8w", "V79", "on V75 only, not on V79"),
+    ("16a16w", None, "on V75 only, not on a generation not named (no SoC given)"),
+    ("16a4w", "V69", "on V75, V79 only, not on V69"),
+])
+def test_a_precision_measured_right_elsewhere_is_kept_with_where_it_was_measured(precision, generation, where):
+    target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
+    backend = PROFILES["qnn"].for_generation(generation)
+    [held] = legalize_rms_norm(target, backend=backend, precision=precision).norms
+    assert held.action == KEPT and f"{LAYOUT}: {precision} was measured right on these shapes {where}" in held.reason
 
 
 def test_a_precision_not_measured_is_kept_and_the_reason_says_so():
     target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
+    [held] = legalize_rms_norm(target, backend="qnn", precision="16a2w").norms
+    assert held.action == KEPT and f"{LAYOUT}: 16a2w was not measured on these shapes" in held.reason
+
+
+def test_8a4w_is_held_to_the_8a8w_layout_limit():
+    """QNN annotates an 8a4w norm with 8-bit activations, as at 8a8w, where the layout was measured wrong."""
+    target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
     [held] = legalize_rms_norm(target, backend="qnn", precision="8a4w").norms
-    assert held.action == KEPT and f"{LAYOUT}: 8a4w was not measured on these shapes" in held.reason
+    assert (held.action, held.limit) == (VIEWED, LAYOUT)
 
 
 class TwoNorms(nn.Module):
@@ -216,13 +236,16 @@ def test_a_function_gives_each_norm_its_own_precision():
 
 
 def test_an_unknown_precision_is_a_clear_error_and_changes_nothing():
-    target = _graph(nn.RMSNorm(32).eval(), (_x((1, 16, 4, 32)),), "capture")
-    code = target.code
+    """Every norm's precision is checked before any is viewed: the first norm, at 8a8w, would be viewed,
+    and the second's unknown precision leaves the graph as it was."""
+    target = _graph(TwoNorms().eval(), (_x((1, 16, 4, 32)),), "capture")
+    code, graph = target.code, str(target.graph)
     with pytest.raises(ValueError, match="unknown precision '4a4w': edgefuse knows fp16, 16a16w"):
         legalize_rms_norm(target, backend="qnn", precision="4a4w")
+    by_node = {"rms_norm": "8a8w", "rms_norm_1": "int8"}
     with pytest.raises(ValueError, match="unknown precision 'int8'"):
-        legalize_rms_norm(target, backend="qnn", precision=lambda node: "int8")
-    assert target.code == code
+        legalize_rms_norm(target, backend="qnn", precision=lambda node: by_node[node.name])
+    assert (target.code, str(target.graph)) == (code, graph)
 
 
 class Dequantized(nn.Module):

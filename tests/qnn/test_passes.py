@@ -243,8 +243,10 @@ def test_the_quantizer_tells_the_annotation_pipeline_its_precision():
     viewed = "qnn computes rms_norm wrong for an input of shape [2, 16, 32] in 8a8w"
     assert _held_while_annotating(_quantizer("use_8a8w")) == [("q_norm", "viewed", f"normalized on a [1, 32, 32] view of its input: {viewed}"),
                                                   ("k_norm", "viewed", f"normalized on a [1, 32, 32] view of its input: {viewed}")]
-    kept = [(path, "kept", "no limit of qnn covers [2, 16, 32] in 16a8w") for path in ("q_norm", "k_norm")]
-    assert _held_while_annotating(_quantizer("use_16a8w")) == kept
+    kept = "no limit of qnn covers [2, 16, 32] in 16a8w; yet htp-fp16-rms-norm-layout: 16a8w was measured right on these shapes on V75 only"
+    held = _held_while_annotating(_quantizer("use_16a8w"))
+    assert [(path, action) for path, action, _ in held] == [("q_norm", "kept"), ("k_norm", "kept")]
+    assert all(reason.startswith(kept) for _, _, reason in held), held
 
 
 def test_a_submodule_config_sets_one_norm_apart():

@@ -1,9 +1,11 @@
-"""A rebuilt norm is never less accurate than the same norm in pieces, in every quantized precision of
-``edgefuse.qnn.lower``, on QNN's x86 HTP emulator.
+"""A rebuilt norm is never less accurate than the same norm in pieces, at 16-bit and at 8-bit
+activations, on QNN's x86 HTP emulator.
 
 The model is the smallest that shows it: ExecuTorch's Llama ``RMSNorm`` alone (the form export_llm's
 QNN path quantizes, which the released ``RecomposeRmsNorm`` leaves in pieces) on ``[1, 8, 64]``, and at
-8a8w on ``[2, 16, 64]`` too. Each program's output is compared with the exact norm (float64) of the
+8a8w on ``[2, 16, 64]`` too. It has no linear layer, and QNN's ``RmsNorm`` annotator quantizes the norm's
+weight as an activation at every precision, so 16a4w, 16a8w and 16a16w build the same program of it:
+16a8w stands for the three, 8a8w for 8-bit activations. Each program's output is compared with the exact norm (float64) of the
 input the program reads, its input quantized, within the range of the output's quantization, in steps
 of that quantization. Two inputs: one it was calibrated on (rounding alone), and rows whose scales the
 calibration did not see, as an LLM's later calls are (export_llm calibrates on one call): there the
@@ -23,8 +25,9 @@ from edgefuse.runtime import LoadedProgram
 
 pytestmark = [pytest.mark.usefixtures("qnn_sdk"), pytest.mark.slow]
 
-#: A norm over ``[1, rows, D]``, and one over ``[2, rows, D]``: QNN's RmsNorm was measured off its module
-#: on such shapes at 8a8w (``htp-fp16-rms-norm-layout``'s ``unremedied``), which edgefuse rebuilds there.
+#: A norm over ``[1, rows, D]``, and one over ``[2, rows, D]``: QNN's 8a8w RmsNorm was measured wrong on
+#: such shapes, so at 8a8w ``htp-fp16-rms-norm-layout`` has edgefuse rebuild that one on a ``[1, 32, 64]``
+#: view; the case holds the viewed norm to the same rule as the pieces.
 SHAPES = {"rows": (1, 8, 64), "batches": (2, 16, 64)}
 D = 64
 #: The row scales the calibration sees, and those of the input it does not.
@@ -60,7 +63,7 @@ def _inputs(shape: tuple[int, ...]) -> dict[str, tuple[torch.Tensor]]:
 
 
 @pytest.fixture(scope="module", params=[
-    ("16a4w", "rows"), ("16a8w", "rows"), ("8a8w", "rows"), ("16a16w", "rows"), ("8a8w", "batches"),
+    ("16a8w", "rows"), ("8a8w", "rows"), ("8a8w", "batches"),
 ], ids="-".join)
 def lowered(request):
     """The norm lowered at one precision and shape with edgefuse's passes and with the released ones, the

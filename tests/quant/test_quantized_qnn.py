@@ -577,3 +577,48 @@ def test_at_8a8w_a_rebuilt_norm_on_a_shape_qnn_gets_wrong_is_viewed_and_its_pair
     assert unviewed.norms[0].views == 0
     with torch.no_grad():
         assert torch.equal(ours.converted(x), unviewed.converted(x))
+
+
+def _recipe(default: str, *strategies):
+    """A released ``QuantRecipe`` at ``default`` with ``strategies`` (``(kind, what, dtype, priority)``)."""
+    from executorch.backends.qualcomm.quantizer.quant_recipe import QuantGranularity, QuantRecipe
+
+    from torchao.quantization.pt2e import MinMaxObserver
+
+    dtypes = load_quantizer_module().QuantDtype
+    tensor = dict(act_observer=MinMaxObserver, granularity=QuantGranularity.PER_TENSOR)
+    recipe = QuantRecipe(getattr(dtypes, default), False, **tensor)
+    for kind, what, dtype, priority in strategies:
+        getattr(recipe, kind)(what, getattr(dtypes, dtype), False, priority=priority, **tensor)
+    quantizer = qnn_quantizer(quant_dtype=default)
+    quantizer.set_recipe(recipe)
+    return quantizer
+
+
+def test_a_recipe_keyed_on_rms_norm_sets_the_precision_of_the_norm_edgefuse_rebuilds():
+    """ExecuTorch's recipes pick a config by op target; edgefuse asks about the ``rms_norm`` it will build,
+    not about the pieces' output, so a 16a8w recipe with ``rms_norm`` at 8a8w has the norm viewed."""
+    quantizer = _recipe("use_16a8w", ("add_node_target", {torch.ops.aten.rms_norm.default}, "use_8a8w", 1))
+    module, x = LlamaNorm(torch.float32).eval(), torch.randn(2, 8, DIM, generator=torch.Generator().manual_seed(1))
+    ours = quantize_for_qnn(module, (x,), [(x,)], quantizer=quantizer)
+    (decision,) = ours.decisions
+    assert decision.rebuilt and "[1, 16, 64] view" in decision.note and "in 8a8w" in decision.note
+    assert ours.norms[0].views == 2, ours.norms[0].describe()
+
+
+def test_a_recipe_s_strategies_are_read_by_priority_then_order():
+    """Two strategies match the norm: the one of higher priority, added second, gives its precision."""
+    from edgefuse.qnn.quantizer import norm_precision
+
+    norm = torch.ops.aten.rms_norm.default
+    quantizer = _recipe("use_16a8w", ("add_node_target", {norm}, "use_16a16w", 1), ("add_node_target", {norm}, "use_8a8w", 2))
+    gm = capture(torch.nn.RMSNorm(DIM), (torch.randn(2, 8, DIM),))
+    (node,) = [n for n in gm.graph.nodes if n.target == norm]
+    assert norm_precision(quantizer)(node) == "8a8w"
+
+
+def test_an_object_that_is_not_a_qnn_quantizer_has_a_precision_not_known():
+    from edgefuse.core.profiles import QUANTIZED
+    from edgefuse.qnn.quantizer import norm_precision
+
+    assert norm_precision(object()) == QUANTIZED

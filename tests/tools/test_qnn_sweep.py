@@ -1,5 +1,5 @@
 """The QNN sweep's command line and the precisions it measures: an unknown precision exits 2 before any
-work, and the quantized precisions edgefuse names are the released quantizer's."""
+work, and the precisions ``lower`` takes are names edgefuse knows."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from edgefuse.core.profiles import QUANTIZED_PRECISIONS
+from edgefuse.core.profiles import FLOAT, QUANTIZED_PRECISIONS
 from edgefuse.tools import qnn_sweep
 
 
@@ -19,7 +19,8 @@ def test_an_unknown_precision_exits_2_with_the_choices_and_writes_nothing(tmp_pa
     assert "Traceback" not in err and os.listdir(tmp_path) == []
 
 
-def test_the_quantized_precisions_are_the_released_quant_dtypes():
-    from edgefuse.qnn.quantizer import QUANT_DTYPES  # held to the release in tests/tools/test_quant.py
+def test_the_precisions_lower_takes_are_names_edgefuse_knows():
+    from edgefuse.qnn.precisions import LOWER_PRECISIONS, LOWER_QUANT_DTYPES
 
-    assert QUANTIZED_PRECISIONS == tuple(name.removeprefix("use_") for name in QUANT_DTYPES)
+    assert LOWER_PRECISIONS[0] == FLOAT and set(LOWER_PRECISIONS[1:]) <= set(QUANTIZED_PRECISIONS)
+    assert set(LOWER_QUANT_DTYPES) == set(LOWER_PRECISIONS[1:])

@@ -14,7 +14,7 @@ import sys
 
 from edgefuse.console.command import run_command
 from edgefuse.inputs.pt2_bounds import DEFAULT_MAX_BYTES, DEFAULT_MAX_SECONDS, byte_count
-from edgefuse.qnn.precisions import PRECISIONS
+from edgefuse.qnn.precisions import LOWER_PRECISIONS
 
 MODEL_HELP = (
     "a built-in model (tiny-llama, tiny-qwen3, tiny-gemma3, tiny-t5, tiny-olmo2, ...; an unknown name "
@@ -317,7 +317,7 @@ def _qnn_arguments(parser: argparse.ArgumentParser, when: str) -> None:
     parser.add_argument("--soc", default=None, metavar="SOC",
                         help=f"{when}the Qualcomm SoC to compile for (default {DEFAULT_SOC})")
     parser.add_argument(
-        "--precision", choices=PRECISIONS, default=None,
+        "--precision", choices=LOWER_PRECISIONS, default=None,
         help=f"{when}fp16 (default) runs float16 on the HTP; 16a8w, 16a16w, 8a8w and 16a4w quantize with QNN's "
         "quantizer, calibrated on the example inputs",
     )

@@ -88,7 +88,8 @@ def legalize_rms_norm(
         check_precision(precision)
     table = table_for(graph_module.graph)
     norms = [n for n in graph_module.graph.nodes if table.is_a(n, Role.RMS_NORM)]
-    result = LegalizeResult(graph_module, [_legalize(norm, table, profile, precision) for norm in norms])
+    computed = [precision_of(precision, norm) for norm in norms]  # every one checked before any view is made
+    result = LegalizeResult(graph_module, [_legalize(n, table, profile, p) for n, p in zip(norms, computed)])
     if result.viewed:
         graph_module.graph.lint()
         graph_module.recompile()
@@ -97,8 +98,9 @@ def legalize_rms_norm(
     return result
 
 
-def _legalize(norm: Node, table: OpTable, profile: BackendProfile, precision: Precision) -> Legalized:
-    """Decide on one norm and, when it is to be viewed, view it; the graph changes only then."""
+def _legalize(norm: Node, table: OpTable, profile: BackendProfile, computed: str) -> Legalized:
+    """Decide on one norm, computed in ``computed`` (checked), and, when it is to be viewed, view it; the
+    graph changes only then."""
     x = norm.args[0] if norm.args else None
     value, out = tensor_meta(x), tensor_meta(norm)
     path = module_path(norm)
@@ -106,7 +108,6 @@ def _legalize(norm: Node, table: OpTable, profile: BackendProfile, precision: Pr
         return Legalized(norm.name, path, None, LEFT, "its input or output has no metadata (meta['val'])")
     shape = tuple(int(d) if isinstance(d, int) else None for d in value.shape)
     after_quantization = isinstance(x, Node) and table.is_a(x, Role.DEQUANTIZE)
-    computed = precision_of(precision, norm)
     if after_quantization and computed == FLOAT:
         computed = QUANTIZED
     limit = profile.limit_for(shape, computed)

@@ -10,17 +10,12 @@ import torch
 from torch.fx import Node
 
 from edgefuse.core._fx import dtype_name
+from edgefuse.core.precisions import FLOAT, PRECISIONS, QUANTIZED, QUANTIZED_PRECISIONS
+
+__all__ = ["FLOAT", "PRECISIONS", "QUANTIZED", "QUANTIZED_PRECISIONS"]  # the names, read from core.precisions
 
 _FLOATS = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
 
-#: The precisions a norm is computed in: float16 (the HTP computes a float graph in float16), and the
-#: quantized precisions as QNN's ``QuantDtype`` names them without ``use_`` (``8a8w``: 8-bit activations,
-#: 8-bit weights).
-FLOAT = "fp16"
-QUANTIZED_PRECISIONS = ("16a16w", "16a8w", "16a4w", "16a4w_block", "8a8w", "8a4w", "fp16a8w", "16a2w")
-#: A norm in a graph about to be quantized, or quantized already, at a precision edgefuse was not told.
-QUANTIZED = "quantized"
-PRECISIONS = (FLOAT, *QUANTIZED_PRECISIONS, QUANTIZED)
 #: The precision of a graph's norms: one name of :data:`PRECISIONS` for all, or a function that gives a
 #: norm's node its own (a quantizer that quantizes some modules at another precision).
 Precision = Union[str, Callable[[Node], str]]
@@ -50,8 +45,9 @@ class ShapeLimit:
     dims before the last two multiply to at least ``min_outer``, when the backend computes the norm in one
     of ``precisions`` (names of :data:`PRECISIONS`). ``remedy`` says what edgefuse does then (one of
     :data:`REMEDIES`); ``measured`` says what was seen, for the decision's reason or note. ``right`` are
-    the precisions measured right on the shapes it covers; for any other precision it does not hold for
-    (one not measured, or :data:`QUANTIZED`, a precision not known), ``unremedied`` says what was
+    the precisions measured right on the shapes it covers, each with the hardware generations it was
+    measured on; for any other precision it does not hold for (one not measured, or :data:`QUANTIZED`, a
+    precision not known), and for a ``right`` one on another generation, ``unremedied`` says what was
     measured on those shapes, which edgefuse then does not remedy (empty: nothing).
     """
 
@@ -63,7 +59,12 @@ class ShapeLimit:
     remedy: str
     measured: str
     unremedied: str = ""
-    right: frozenset[str] = frozenset()
+    right: tuple[tuple[str, tuple[str, ...]], ...] = ()
+
+    def right_on(self, precision: str) -> tuple[str, ...]:
+        """The generations ``precision`` was measured right on, on the shapes this limit covers (none: it
+        was not measured right anywhere)."""
+        return next((where for name, where in self.right if name == precision), ())
 
     def covers(self, shape: tuple[int | None, ...]) -> bool:
         """Whether an input of ``shape`` may be one this limit is about (a dim not known when the program
@@ -125,6 +126,8 @@ class BackendProfile:
     lifts_scalars: bool = False
     generations: tuple[Generation, ...] = ()
     refusals: tuple[Refusal, ...] = ()
+    #: The hardware generation this profile's limits were picked for (:meth:`for_generation`), or None.
+    target: str | None = None
 
     def generation(self, name: str | None) -> Generation | None:
         """The measured generation called ``name``, or None when it was not measured."""
@@ -136,9 +139,9 @@ class BackendProfile:
         measured generations hold."""
         measured = self.generation(name)
         if measured is None:
-            return self
+            return replace(self, target=name)
         kept = tuple(l for l in self.limits if l.name in measured.holds or l.name not in measured.measured)
-        return replace(self, limits=kept)
+        return replace(self, limits=kept, target=name)
 
     def refusal(self, chip: str, precision: str) -> Refusal | None:
         """Why this backend does not compile a norm for ``chip`` in ``precision``, or None."""
@@ -153,13 +156,17 @@ class BackendProfile:
         """What was measured wrong for a norm over ``shape`` in ``precision`` that no limit held there
         remedies, or None: a norm no limit covers is not thereby one the backend computes right."""
         found = next(
-            (l for l in self.limits if l.unremedied and l.covers(shape) and precision not in l.precisions | l.right),
+            (l for l in self.limits if l.unremedied and l.covers(shape) and precision not in l.precisions
+             and self.target not in l.right_on(precision)),
             None,
         )
         if found is None:
             return None
+        right_on = found.right_on(precision)
+        target = self.target or "a generation not named (no SoC given)"
         unknown = "the precision it is quantized at was not known to edgefuse" if precision == QUANTIZED else (
-            f"{precision} was not measured on these shapes"
+            f"{precision} was measured right on these shapes on {', '.join(right_on)} only, not on {target}"
+            if right_on else f"{precision} was not measured on these shapes"
         )
         return f"{found.name}: {unknown}, and {found.unremedied}"
 
@@ -193,7 +200,7 @@ QNN_LIMITS = (
         ranks=frozenset({3, 4}),
         max_last_dim=None,
         min_outer=2,
-        precisions=frozenset({FLOAT, "8a8w"}),
+        precisions=frozenset({FLOAT, "8a8w", "8a4w"}),
         remedy="rows",
         measured=(
             "in float16 the HTP returns wrong values for inputs of rank 3 or 4 whose dims before the last two "
@@ -202,14 +209,15 @@ QNN_LIMITS = (
             "multiplying to 2 or more, and none of the 583 measured as [rows, D], [1, rows, D] or "
             "[1, 1, rows, D]; the wrong region within them fits no simpler rule, so only [1, rows, D] is "
             "trusted; at 8a8w the same shapes are wrong (39 of 327 norms on SM8650, the same 49 of 117 on "
-            "V79 and V69 as in float16, by 92 to 255 steps of the output's encoding)"
+            "V79 and V69 as in float16, by 92 to 255 steps of the output's encoding; measured on V75, V79 and "
+            "V69 only); 8a4w is held alike, not measured: QNN annotates its norm with 8-bit activations as at 8a8w"
         ),
         unremedied=(
             "at 8a8w QNN was measured wrong on these shapes (39 of 327 norms on SM8650, the same 49 of 117 on "
             "V79 and V69 as in float16), so edgefuse views a norm there when it is told the precision; "
-            "16a4w, 16a8w and 16a16w were measured right"
+            "16a4w was measured right on V75 and V79, 16a8w and 16a16w on V75 only"
         ),
-        right=frozenset({"16a4w", "16a8w", "16a16w"}),
+        right=(("16a4w", ("V75", "V79")), ("16a8w", ("V75",)), ("16a16w", ("V75",))),
     ),
     ShapeLimit(
         name="htp-rms-norm-rank",

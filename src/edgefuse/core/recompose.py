@@ -257,9 +257,10 @@ class _Planner:
             if isinstance(found, Failure):
                 return Failure(f"{layout}, and {found.reason}", found.source)
             match, value, permuted = found
+        precision = self._precision(match, value)  # outside the guard: a bad precision is the caller's error
         try:  # a backend's shape limit, on the input the rebuilt norm reads (after rule 9's swap)
-            rows = self._rows_for(match, weight, value)
-            note = rows.note if isinstance(rows, _Rows) else self._unremedied(match) if rows is None else None
+            rows = self._rows_for(match, weight, value, precision)
+            note = rows.note if isinstance(rows, _Rows) else self._unremedied(match, precision) if rows is None else None
         except Exception as error:
             rows = Failure(f"{UNREADABLE}: {error!r}")
         if isinstance(rows, Failure):
@@ -365,25 +366,40 @@ class _Planner:
             )
         return rebuilt, value, (found.permute, out)
 
-    def _unremedied(self, match: NormMatch) -> str | None:
-        """What was measured wrong on the rebuilt norm's input shape in its precision that no limit held
+    def _precision(self, match: NormMatch, value: torch.Tensor) -> str:
+        """The precision the ``rms_norm`` rebuilt from ``match`` is computed in, checked.
+
+        A function of nodes is asked about a node that stands for that ``rms_norm`` (its target, the norm
+        output's module path and the rebuilt node's metadata ``value``), never about the pieces: a
+        quantizer picks a node's config by the node it annotates, and a recipe keyed on
+        ``aten.rms_norm`` would not match the output's ``mul`` or cast.
+        """
+        if not callable(self.precision):
+            return check_precision(self.precision)
+        out = match.output
+        stand_in = Node(out.graph, f"{out.name}_rebuilt", "call_function", self.table.rms_norm, (), {})
+        stand_in.meta.update({k: v for k, v in out.meta.items() if k in ("nn_module_stack", "stack_trace")})
+        stand_in.meta["val"] = value
+        return precision_of(self.precision, stand_in)
+
+    def _unremedied(self, match: NormMatch, precision: str) -> str | None:
+        """What was measured wrong on the rebuilt norm's input shape in ``precision`` that no limit held
         there remedies, as its decision's note, or None."""
         x = tensor_meta(match.input)
         shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
-        precision = precision_of(self.precision, match.output)
         unremedied = self.profile.unremedied(shape, precision)
         covers = f"no limit of {self.profile.name} covers {list(x.shape)} in {precision}"
         return None if unremedied is None else f"{covers}; yet {unremedied}"
 
     def _rows_for(
-        self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor
+        self, match: NormMatch, weight: Node | torch.Tensor | None, value: torch.Tensor, precision: str
     ) -> _Rows | Failure | None:
         """How a :class:`~edgefuse.core.profiles.ShapeLimit` of the profile has the norm rebuilt: None when no
         limit covers the input the rebuilt node reads, a ``[1, rows, D]`` view of it to normalize instead
-        (``value``, the rebuilt norm's metadata, is what the view back must produce), or why it stays."""
+        (``value``, the rebuilt norm's metadata, is what the view back must produce; ``precision``, what it is
+        computed in), or why it stays."""
         x = tensor_meta(match.input)
         shape = tuple(int(d) if isinstance(d, int) else None for d in x.shape)
-        precision = precision_of(self.precision, match.output)
         limit = self.profile.limit_for(shape, precision)
         if limit is None:
             return None

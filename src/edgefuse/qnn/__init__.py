@@ -20,7 +20,7 @@ from edgefuse.core.lazy import lazy_names
 #: Each public name and the module that defines it.
 _PUBLIC: dict[str, str] = {
     "Absent": "edgefuse.qnn.sdk",
-    "PRECISIONS": "edgefuse.qnn.pipeline",
+    "LOWER_PRECISIONS": "edgefuse.qnn.pipeline",
     "PassRun": "edgefuse.qnn.passes",
     "QnnLibrariesMissing": "edgefuse.qnn.pipeline",
     "QnnLowered": "edgefuse.qnn.pipeline",
@@ -45,7 +45,7 @@ __all__ = sorted(_PUBLIC)
 if TYPE_CHECKING:
     from edgefuse.qnn.emulator import run_on_emulator, to_pte
     from edgefuse.qnn.passes import PassRun, QnnPatch, QnnRecomposeRmsNorm, QnnRemoveRedundancy, patched
-    from edgefuse.qnn.pipeline import PRECISIONS, QnnLibrariesMissing, QnnLowered, QnnLoweringFailed, lower
+    from edgefuse.qnn.pipeline import LOWER_PRECISIONS, QnnLibrariesMissing, QnnLowered, QnnLoweringFailed, lower
     from edgefuse.qnn.quantizer import quantize_for_qnn
     from edgefuse.qnn.sdk import Absent, QnnSdkUnavailable, Sdk, ensure_in_process, find, setup
 

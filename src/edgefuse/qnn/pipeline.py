@@ -23,7 +23,7 @@ from edgefuse.qnn.emulator import to_pte
 from edgefuse.qnn.sdk import QnnSdkUnavailable, ensure_in_process
 from edgefuse.qnn.graphs import QnnGraphs, qnn_graphs, recording_compiled_graphs
 from edgefuse.qnn.passes import PassRun, patched
-from edgefuse.qnn.precisions import PRECISIONS, QUANT_DTYPES
+from edgefuse.qnn.precisions import LOWER_PRECISIONS, LOWER_QUANT_DTYPES
 from edgefuse.qnn.socs import soc_problem
 from edgefuse.core.legalize import Legalized
 from edgefuse.core.recompose import Decision
@@ -113,8 +113,8 @@ def lower(
     precision, SoC or recompose; a precision QNN was measured not to compile for ``soc``
     (:func:`edgefuse.qnn.socs.soc_problem`) raises :class:`QnnLoweringFailed` before any work.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
+    if precision not in LOWER_PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}: choose one of {', '.join(LOWER_PRECISIONS)}")
     if recompose not in RECOMPOSE:
         raise ValueError(f"unknown recompose {recompose!r}: choose one of {', '.join(RECOMPOSE)}")
     example_inputs = tuple(example_inputs)
@@ -130,7 +130,7 @@ def lower(
         with _qnn_reason(soc, precision):
             if precision != "fp16":
                 calibrated = [tuple(c) for c in calibration] if calibration is not None else [example_inputs]
-                reference = _quantize(model, example_inputs, calibrated, soc, QUANT_DTYPES[precision])
+                reference = _quantize(model, example_inputs, calibrated, soc, LOWER_QUANT_DTYPES[precision])
             edge = _to_edge_and_lower(reference, example_inputs, specs)
     runs = list(patch.runs) if patch is not None else []
     decisions = [d for run in runs for d in run.decisions]

@@ -42,14 +42,14 @@ from typing import Any, Iterable, Sequence
 import torch
 from torch.fx import GraphModule, Node
 
-from edgefuse.core.profiles import PRECISIONS, QUANTIZED, Precision
+from edgefuse.core.profiles import PRECISIONS, QUANTIZED, QUANTIZED_PRECISIONS, Precision
 from edgefuse.quant.facts import DEQUANTIZE_CAST, NORM_KEY, NormQuantization, is_dequantize, is_quantize, mark_norms, norm_quantization
 
 QUANTIZER_MODULE = "executorch.backends.qualcomm.quantizer.quantizer"
 
 #: The ``QuantDtype`` names of the pinned release's quantizer, known without importing it (importing it
 #: loads ExecuTorch's quantized kernels library into the process); a test holds this to the release.
-QUANT_DTYPES = ("use_16a16w", "use_16a8w", "use_16a4w", "use_16a4w_block", "use_8a8w", "use_8a4w", "use_fp16a8w", "use_16a2w")
+QUANT_DTYPES = tuple(f"use_{name}" for name in QUANTIZED_PRECISIONS)
 
 #: How a captured graph's norms reach the quantizer: rebuilt by edgefuse, by the released
 #: ``RecomposeRmsNorm`` inside the quantizer's own pipeline, not rebuilt at all, or not rebuilt after

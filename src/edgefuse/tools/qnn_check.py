@@ -35,7 +35,7 @@ if __name__ == "__main__":  # run as a command: torchao and torch log warnings a
 from edgefuse.inputs.errors import CHECK_FAILED, OK, USAGE
 from edgefuse.console.command import run_command
 
-PRECISIONS = ("fp16", "16a8w")
+DEFAULT_PRECISIONS = ("fp16", "16a8w")
 PROG = "python -m edgefuse.tools.qnn_check"
 HEADER = ("model", "precision", "flow", "norms", "rebuilt", "viewed", "RmsNorm", "max err", "allowed", "vs float",
           "result", "lowered")
@@ -120,7 +120,7 @@ def _main(argv: list[str] | None) -> int:
         "the x86 HTP emulator and compared with eager.",
     )
     parser.add_argument("--models", help="comma-separated (default: all)")
-    parser.add_argument("--precisions", default=",".join(PRECISIONS), help="comma-separated: fp16, 16a8w, 16a16w, 8a8w")
+    parser.add_argument("--precisions", default=",".join(DEFAULT_PRECISIONS), help="comma-separated: fp16, 16a8w, 16a16w, 8a8w")
     parser.add_argument("--soc", default="SM8650", help="the Qualcomm SoC to compile for (default SM8650)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")

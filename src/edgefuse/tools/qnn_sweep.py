@@ -310,10 +310,10 @@ def _main(argv: list[str] | None) -> int:
         raise UsageError("give a PLAN and --out DIR (or --table)")
     if args.runs < 1:
         raise UsageError("--runs must be 1 or more")
-    from edgefuse.qnn.pipeline import PRECISIONS
+    from edgefuse.qnn.pipeline import LOWER_PRECISIONS
 
-    if args.precision not in PRECISIONS:
-        raise UsageError(f"--precision {args.precision}: choose from {', '.join(PRECISIONS)}")
+    if args.precision not in LOWER_PRECISIONS:
+        raise UsageError(f"--precision {args.precision}: choose from {', '.join(LOWER_PRECISIONS)}")
     from edgefuse.qnn.socs import htp_arch, soc_problem
 
     problem = soc_problem(args.soc, args.precision)
