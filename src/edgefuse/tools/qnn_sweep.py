@@ -33,6 +33,7 @@ if __name__ == "__main__":  # run as a command: torchao and torch log warnings a
 
 from edgefuse.console.command import run_command
 from edgefuse.inputs.errors import OK, UsageError
+from edgefuse.qnn.precisions import LOWER_PRECISIONS
 
 PROG = "python -m edgefuse.tools.qnn_sweep"
 EPS = 1e-6
@@ -296,8 +297,8 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--out", help="the folder the JSON lines go to (made if missing)")
     parser.add_argument("--table", action="store_true", help="print the SoC table of the qnn profile and stop")
     parser.add_argument("--soc", default="SM8650", help="the Qualcomm SoC to compile for (default SM8650)")
-    parser.add_argument("--precision", default="fp16", help="fp16 (default) or a quantized precision of "
-                        "edgefuse's QNN pipeline (16a8w, ...)")
+    parser.add_argument("--precision", default="fp16", choices=LOWER_PRECISIONS, help="fp16 (default) or a "
+                        "quantized precision of edgefuse's QNN pipeline")
     parser.add_argument("--flow", default="stock", choices=FLOWS, help="stock: QNN's op on the shape as written "
                         "(default); edgefuse: what edgefuse hands QNN")
     parser.add_argument("--runs", type=int, default=3, help="runs of each program (the worst counts)")
@@ -310,10 +311,6 @@ def _main(argv: list[str] | None) -> int:
         raise UsageError("give a PLAN and --out DIR (or --table)")
     if args.runs < 1:
         raise UsageError("--runs must be 1 or more")
-    from edgefuse.qnn.pipeline import LOWER_PRECISIONS
-
-    if args.precision not in LOWER_PRECISIONS:
-        raise UsageError(f"--precision {args.precision}: choose from {', '.join(LOWER_PRECISIONS)}")
     from edgefuse.qnn.socs import htp_arch, soc_problem
 
     problem = soc_problem(args.soc, args.precision)
