@@ -78,6 +78,7 @@ def _stock_export_llm_reaches_export_llama(path: str, folder) -> bool:
     return contained(step)
 
 
+@pytest.mark.slow  # each config read in a child, each refused one run through export_llm's command line in another
 def test_executorchs_own_configs_are_accepted_unless_export_llm_itself_rejects_them(tmp_path):
     # No false refusal: ExecuTorch 1.5.1 ships configs its own export_llm rejects as they are (a section
     # left empty, `metadata='...'` written for `metadata: '...'`, LoRA configs without their environment

@@ -194,7 +194,15 @@ def test_a_program_with_dynamic_sizes_and_guards_still_loads(tmp_path):
     torch.testing.assert_close(resolve(path).eager(), program.module()(*inputs), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("name", __import__("edgefuse.inputs.models", fromlist=["MODEL_NAMES"]).MODEL_NAMES)
+#: The built-in models whose saved programs the fast tier loads: between them they call all 73 operators the
+#: 13 built-in models call (Phi-3's chunk, Gemma2's tanh, T5's relative positions, Mamba2's conv1d, einsum
+#: and softplus), and Phi-3 alone reaches every line of the archive check that any of them reaches; the
+#: others load in the slow tier.
+FAST_MODELS = ("tiny-phi3", "tiny-gemma2", "tiny-t5", "tiny-mamba2")
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in FAST_MODELS else pytest.mark.slow)
+                                  for name in __import__("edgefuse.inputs.models", fromlist=["MODEL_NAMES"]).MODEL_NAMES])
 def test_every_built_in_model_saved_with_torch_export_save_still_loads(name, tmp_path):
     from edgefuse.inputs.models import build_model
 

@@ -232,12 +232,18 @@ def test_a_view_of_a_parameter_written_in_place_is_refused(saved_constant):
 
 
 @pytest.fixture(scope="module")
-def saved_constant() -> bytes:
-    return trust.saved_programs()["constant-dynamic"]
+def saved() -> dict[str, bytes]:
+    """The trust measure's small saved programs, exported once for the file."""
+    return trust.saved_programs()
 
 
-def test_dropout_that_draws_random_numbers_is_refused(tmp_path):
-    data = trust.saved_programs()["tiny-llama"]
+@pytest.fixture(scope="module")
+def saved_constant(saved) -> bytes:
+    return saved["constant-dynamic"]
+
+
+def test_dropout_that_draws_random_numbers_is_refused(tmp_path, saved):
+    data = saved["tiny-llama"]
     entries = trust.records(data)
     name = next(n for n in entries if n.endswith("models/model.json"))
     program = json.loads(entries[name])
@@ -286,17 +292,18 @@ def test_a_weight_declared_at_a_terabyte_is_refused_before_it_is_made(flags, tmp
     assert f"entry 'weight', of shape [{1 << 38}], holds {_TERABYTE}" in err
 
 
-def test_tensors_declared_each_within_the_bound_are_refused_past_it_together(tmp_path, capsys):
+def test_tensors_declared_each_within_the_bound_are_refused_past_it_together(tmp_path, capsys, saved):
     # Two weights of 3 GiB each (zero strides): each within the 4 GiB bound, not both. The 32 bytes of the
     # sample input (four token ids) are counted first.
-    err = _refused(tmp_path, capsys, trust.huge_weight_archive(trust.saved_programs()["tiny-llama"], 3 << 28, 2))
+    err = _refused(tmp_path, capsys, trust.huge_weight_archive(saved["tiny-llama"], 3 << 28, 2))
+    second = _second_weight(saved["tiny-llama"])
     assert (f"the tensors the archive holds, up to data/weights/model_weights_config.json entry "
-            f"{_second_weight()!r}, holds {(6 << 30) + 32:,} bytes, past the bound of {DEFAULT_MAX_BYTES:,} "
+            f"{second!r}, holds {(6 << 30) + 32:,} bytes, past the bound of {DEFAULT_MAX_BYTES:,} "
             "bytes") in err
 
 
-def _second_weight() -> str:
-    entries = trust.records(trust.saved_programs()["tiny-llama"])
+def _second_weight(data: bytes) -> str:
+    entries = trust.records(data)
     config = json.loads(next(d for n, d in entries.items() if n.endswith("_weights_config.json")))
     return list(config["config"])[1]
 

@@ -4,6 +4,8 @@ norm handing on the strides the model's did."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 import edgefuse
@@ -59,7 +61,8 @@ def test_tiny_gemma3_for_qnn_rebuilds_every_norm_as_one_op_and_keeps_each_qk_nor
     assert [n.how for n in quantized.norms] == ["one op"] * 13, [n.describe() for n in quantized.norms]
 
     # the graph the quantizer annotated, before annotation rewrites it: as quantize_for_qnn makes it
-    model, graph = capture(module, inputs), capture(module, inputs)
+    model = capture(module, inputs)
+    graph = copy.deepcopy(model)
     edgefuse.remove_redundant_casts(graph)
     decisions = edgefuse.recompose_rms_norm(graph, backend="qnn", quantization_capture=True, precision="16a8w").decisions
     assert decisions == quantized.decisions
