@@ -213,7 +213,8 @@ def takes_the_pins(words: list[str]) -> bool:
 def test_the_readme_and_ci_install_edgefuse_with_the_test_pins():
     """Each install of edgefuse in the README and in .ci/run takes constraints.txt, and the README's demo
     line installs the built-in models the demo builds."""
-    readme, ci = (ROOT / "README.md").read_text(), (ROOT / ".ci" / "run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    ci = (ROOT / ".ci" / "run").read_text() + (ROOT / ".ci" / "package").read_text()
     installs = edgefuse_installs(readme) + edgefuse_installs(ci)
     assert len(edgefuse_installs(readme)) >= 2 and len(edgefuse_installs(ci)) >= 2, installs
     assert [words for words in installs if not takes_the_pins(words)] == []

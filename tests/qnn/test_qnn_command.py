@@ -58,11 +58,14 @@ def test_setup_on_another_platform_exits_3(monkeypatch, tmp_path, capsys):
     ("x86_64", 0, 0),
 ])
 def test_ci_goes_on_without_the_qnn_tier_only_where_qnn_has_no_libraries(tmp_path, machine, setup_exit, expected):
-    """.ci/run with stand-ins for pip, edgefuse, uname and python that record what ran."""
+    """.ci/run with stand-ins for pip, edgefuse, uname, chromium, python and CI's packaging part
+    (.ci/package) that record what ran: the packaging runs only after the tests passed."""
     repo = tmp_path / "repo"
     (repo / ".ci").mkdir(parents=True)
     run = Path(__file__).resolve().parents[2] / ".ci" / "run"
     (repo / ".ci" / "run").write_text(run.read_text())
+    (repo / ".ci" / "package").write_text(f"#!/bin/sh\ntouch {tmp_path / 'packaged'}\n")
+    (repo / ".ci" / "package").chmod(0o755)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stand_ins = {
@@ -70,6 +73,7 @@ def test_ci_goes_on_without_the_qnn_tier_only_where_qnn_has_no_libraries(tmp_pat
         "edgefuse": f'echo "edgefuse qnn setup: the reason" >&2; exit {setup_exit}',
         "uname": f'if [ "$1" = -m ]; then echo {machine}; else echo Linux; fi',
         "python": f'echo "$*" > {tmp_path / "tests-ran"}',
+        "chromium": "exit 0",
     }
     for name, body in stand_ins.items():
         (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
@@ -80,5 +84,6 @@ def test_ci_goes_on_without_the_qnn_tier_only_where_qnn_has_no_libraries(tmp_pat
     )
     assert done.returncode == expected, done.stderr
     assert (tmp_path / "tests-ran").exists() == (expected == 0)
+    assert (tmp_path / "packaged").exists() == (expected == 0)
     if (machine, setup_exit) == ("aarch64", 3):
         assert "edgefuse qnn setup: the reason" in done.stderr and "no QNN tier on Linux aarch64" in done.stderr
