@@ -22,6 +22,7 @@ ANNOUNCED = {
     "fuzz": (["fuzz", "--cases", "1"], "fuzz: fuzzing edgefuse's rewrites"),
     "export-llm": (["export-llm", "--config", "llama.yaml"], "export-llm: running ExecuTorch's export_llm"),
     "bench-llm": (["bench-llm", "s.pte", "e.pte"], "bench-llm: timing s.pte against e.pte"),
+    "export-hf": (["export-hf", "model", "-o", "out"], "export-hf model: running optimum-executorch's export"),
     "qnn-llama": (["qnn-llama", "--decoder_model", "stories260k"], "qnn-llama: compiling ExecuTorch's static Llama"),
 }
 #: The commands that load neither library up front: ``qnn setup`` downloads and lays out libraries first
@@ -38,6 +39,8 @@ def test_every_command_is_either_announced_or_loads_nothing_up_front():
 def test_a_command_says_what_it_does_before_torch_or_executorch_is_imported(command, tmp_path):
     argv, notice = ANNOUNCED[command]
     (tmp_path / "llama.yaml").write_text("base:\n  model_class: stories110m\n")  # export-llm reads it first
+    (tmp_path / "model").mkdir()  # export-hf reads the model folder's config first
+    (tmp_path / "model" / "config.json").write_text('{"model_type": "llama"}')
     ran = until_first_heavy_import(["-m", "edgefuse", *argv], tmp_path)
     assert ran.importing is not None, ran.stderr  # it went on to load them
     assert notice in ran.said[-1] and ran.said[-1].endswith("; loading torch and ExecuTorch"), ran.said

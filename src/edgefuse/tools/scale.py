@@ -162,13 +162,10 @@ def parameter_count(params: dict, tied: bool) -> int:
 
 
 def dtype_case(shape: Shape, dtype: str, params: dict):
-    """``llm_check``'s case of ``shape`` at ``dtype`` with ``params``."""
-    import torch
-
+    """``llm_check``'s case of ``shape`` at ``dtype`` with ``params`` (its logits' dtype by name)."""
     from edgefuse.tools.llm_check import BF16, FP16, Q8DA4W, Case
 
-    overrides, logits = {"8da4w": (Q8DA4W, torch.float32), "fp16": (FP16, torch.float16),
-                         "bf16": (BF16, torch.bfloat16)}[dtype]
+    overrides, logits = {"8da4w": (Q8DA4W, "float32"), "fp16": (FP16, "float16"), "bf16": (BF16, "bfloat16")}[dtype]
     return Case(f"{shape.name}-{dtype}", params, shape.model_class, overrides, logits)
 
 
@@ -526,7 +523,6 @@ def run(args, say) -> int:
 
 
 def _run(shapes: list[Shape], args, say) -> int:
-    say("counting each shape's parameters")
     counts = {shape.name: parameter_count(sized_params(shape, args.layers, args.dim), shape.tied) for shape in shapes}
     results, qnn = [], {}
     for shape in shapes:
