@@ -17,6 +17,7 @@ without waiting for it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -215,11 +216,15 @@ def report_command(args, say: Say) -> int:
     if args.map or args.explorer:
         say(f"exporting {spec.name}")
         program = spec.export()
-    result = build_report(spec, backend=args.backend, stage=stage, progress=say, program=program)
-    if getattr(args, "quantize", None):
-        add_quantization(result, args.quantize, _quantization(spec, say))
-    if compile_for is not None:
-        _add_compiled(result, spec, *compile_for, say=say)
+    from edgefuse.console.command import native_stdout_to_stderr
+
+    # with --json, stdout holds the JSON alone: what a native library writes there goes to stderr
+    with native_stdout_to_stderr() if args.json else contextlib.nullcontext():
+        result = build_report(spec, backend=args.backend, stage=stage, progress=say, program=program)
+        if getattr(args, "quantize", None):
+            add_quantization(result, args.quantize, _quantization(spec, say))
+        if compile_for is not None:
+            _add_compiled(result, spec, *compile_for, say=say)
     if args.json:
         print(json.dumps(to_json(result), indent=2))
     else:

@@ -3,6 +3,8 @@ becomes its exit code, Ctrl-C becomes 130, and a bug prints its traceback."""
 
 from __future__ import annotations
 
+import contextlib
+
 import sys
 import traceback
 from typing import Callable
@@ -27,3 +29,20 @@ def run_command(prog: str, work: Callable[..., int], *args) -> int:
         print(f"{prog}: internal error (a bug in edgefuse: please report it with the traceback above)",
               file=sys.stderr)
         return INTERNAL
+
+
+@contextlib.contextmanager
+def native_stdout_to_stderr():
+    """Send what native code writes to file descriptor 1 to standard error while the block runs, so a
+    command's ``--json`` output stays one JSON document: QNN's ``libQnnHtp.so`` writes a configuration note
+    to standard output when ExecuTorch's QNN backend loads it. Python's ``sys.stdout`` is flushed first."""
+    import os
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)

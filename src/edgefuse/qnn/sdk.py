@@ -301,14 +301,11 @@ def ensure_in_process(sdk: Sdk | Absent | None = None) -> Sdk:
         unsafe = _unsafe(sdk.root)
         if unsafe:
             raise QnnSdkUnsafe(f"the QNN SDK in {sdk.root}: {unsafe}")
-        from edgefuse.runtime.quiet import stdout_to_stderr
-
         handles = []
         for name in LIBRARIES:
             path = sdk.library_dir / name
             try:
-                with stdout_to_stderr():  # libQnnHtp.so writes a note to standard output as it loads
-                    handles.append(ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_NOW))
+                handles.append(ctypes.CDLL(str(path), mode=os.RTLD_LOCAL | os.RTLD_NOW))
             except OSError as error:
                 raise QnnSdkUnavailable(f"cannot load {path}: {error}; {SETUP_HINT}") from error
         os.environ["QNN_SDK_ROOT"] = str(sdk.root)

@@ -68,21 +68,3 @@ def quiet_root_logger(level: int = logging.ERROR):
         logging.disable(disabled)
         root.setLevel(before)
         root.handlers[:] = handlers  # basicConfig inside the block added its own
-
-
-@contextlib.contextmanager
-def stdout_to_stderr():
-    """Send what native code writes to file descriptor 1 to standard error while the block runs: QNN's
-    ``libQnnHtp.so`` writes a configuration note to standard output as it loads, which would corrupt a
-    command's ``--json`` output. Python's own ``sys.stdout`` is flushed first and left as it is."""
-    import os
-    import sys
-
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        os.dup2(2, 1)
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
