@@ -2,7 +2,7 @@
 export_llm's own QNN path, stock beside edgefuse, run on QNN's x86 HTP emulator.
 
 ``python -m edgefuse.tools.llm_qnn_check [--cases llama-fp16,...] [--prefill 4] [--decode 6] [--mask -255]
-[--calibration 16]``
+[--calibration 16] [--seed 0]``
 
 For each case: write small params and a random checkpoint, export with ExecuTorch's ``export_llm``
 (``backend.qnn.enabled=True``, KV cache, static shapes, SM8650) with the released QNN passes and with
@@ -165,14 +165,14 @@ def counted_step(reference, clipped: dict[str, tuple[str, float]] | None = None)
     return counting, tolerances
 
 
-def calibration_arguments(directory: str, vocab: int, calls: int) -> list[str]:
+def calibration_arguments(directory: str, vocab: int, calls: int, seed: int = 0) -> list[str]:
     """The overrides that have export_llm calibrate over ``calls`` calls, one token each: a prompt of
-    :data:`CALIBRATION_PROMPT` tokens (not the checked prompt), then the model's own next tokens, read
-    through a word-level tokenizer written in ``directory``. None (export_llm's default): one call on
-    its example input, token 1 at position 0."""
+    :data:`CALIBRATION_PROMPT` tokens drawn from ``seed + 1`` (not the checked prompt, drawn from 0), then
+    the model's own next tokens, read through a word-level tokenizer written in ``directory``. None
+    (export_llm's default): one call on its example input, token 1 at position 0."""
     from edgefuse.llm.eager import prompt_and_steps, token_text, write_token_tokenizer
 
-    prompt, _ = prompt_and_steps(vocab, CALIBRATION_PROMPT, 0, seed=1)
+    prompt, _ = prompt_and_steps(vocab, CALIBRATION_PROMPT, 0, seed=seed + 1)
     return [f"base.tokenizer_path={write_token_tokenizer(directory, vocab)}",
             f"quantization.calibration_data={token_text(prompt)}", f"quantization.calibration_seq_length={calls}"]
 
@@ -183,11 +183,13 @@ CALIBRATION_PROMPT = 8
 
 def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
                lowerings=("stock", "edgefuse"), mask: float | None = None,
-               calibration: int = 0) -> dict[str, QnnProgramCheck]:
+               calibration: int = 0, seed: int = 0) -> dict[str, QnnProgramCheck]:
     """Export ``case`` with each lowering in ``directory`` and check each program on the emulator.
 
     ``mask`` replaces the -inf of export_llm's QNN causal mask (:func:`edgefuse.llm.qnn.qnn_causal_mask`);
-    ``calibration`` calls (:func:`calibration_arguments`) replace its one calibration call."""
+    ``calibration`` calls (:func:`calibration_arguments`) replace its one calibration call. ``seed`` draws
+    the random weights and the calibration prompt, so that a difference between the lowerings can be
+    set beside what another model or calibration gives; the checked prompt stays the same."""
     import contextlib
 
     import torch
@@ -201,9 +203,10 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
     from edgefuse.runtime import LoadedProgram
     from edgefuse.core.verify import compare, max_error
 
-    params_path, checkpoint_path = write_small_model(directory, case.params)
+    params_path, checkpoint_path = write_small_model(directory, case.params, seed=seed)
     prompt, steps = prompt_and_steps(case.params["vocab_size"], prefill, decode)
-    calibrated = calibration_arguments(directory, case.params["vocab_size"], calibration) if calibration else []
+    vocab = case.params["vocab_size"]
+    calibrated = calibration_arguments(directory, vocab, calibration, seed) if calibration else []
     checks, float_logits = {}, None
     for how in lowerings:
         path = os.path.join(directory, f"{how}.pte")
@@ -310,6 +313,9 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--calibration", type=int, default=0, metavar="CALLS",
                         help="quantized cases: calibrate over CALLS calls of a prompt and the model's own "
                              "tokens (default: export_llm's one call on its example input)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="draws the random weights and the calibration prompt (default 0); the checked "
+                             "prompt stays the same")
     args = parser.parse_args(argv)
     names = args.cases.split(",")
     unknown = [n for n in names if n not in CASES]
@@ -321,6 +327,8 @@ def _main(argv: list[str] | None) -> int:
         parser.error("--calibration from 0 to 128 calls (the default context is 128)")
     if args.mask is not None and not -65504 <= args.mask < 0:
         parser.error("--mask is a negative float16 value, from -65504 to below 0")
+    if args.seed < 0:
+        parser.error("--seed is a whole number from 0")
     from edgefuse.inputs.errors import UNAVAILABLE, Unavailable
     from edgefuse.compare.qnn_flows import require_libraries
     from edgefuse.console.tables import format_table
@@ -339,7 +347,7 @@ def _main(argv: list[str] | None) -> int:
             sub = os.path.join(directory, name)
             os.makedirs(sub)
             checks = check_case(CASES[name], sub, args.prefill, args.decode, mask=args.mask,
-                                calibration=args.calibration)
+                                calibration=args.calibration, seed=args.seed)
             ok = passed(checks) and ok
             table += rows(CASES[name], checks)
             print(format_table(HEADER, rows(CASES[name], checks)), file=sys.stderr, flush=True)
