@@ -4,6 +4,7 @@ naming the option, before any work; ``--seed`` draws the weights and the calibra
 from __future__ import annotations
 
 import pytest
+import torch
 
 import edgefuse.llm.eager
 from edgefuse.tools import llm_qnn_check
@@ -70,3 +71,52 @@ def test_calibration_prompt_follows_the_seed_and_seed_0_keeps_the_first_one(tmp_
     first, _ = prompt_and_steps(256, llm_qnn_check.CALIBRATION_PROMPT, 0, seed=1)
     assert data(0) == token_text(first)
     assert data(0) != data(1) and data(1) != data(2)
+
+
+class _NormModel(torch.nn.Module):
+    """A converted module's shape as export_llm's QNN programs take it (tokens, then the position), with a
+    quantized norm, or without one (``norm=False``: as stock's norms in pieces hold no ``rms_norm``); it counts
+    its calls in a buffer, as a KV cache is written."""
+
+    def __init__(self, norm: bool = True):
+        super().__init__()
+        self.norm = norm
+        self.embedding = torch.nn.Embedding(16, 8)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, tokens, input_pos):
+        import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+
+        self.calls.add_(input_pos.new_ones(()))
+        x = self.embedding(tokens) + input_pos
+        y = torch.ops.aten.rms_norm.default(x, [8], None, 1e-6) if self.norm else x * 0.5
+        ops = torch.ops.quantized_decomposed
+        return ops.dequantize_per_tensor.default(ops.quantize_per_tensor.default(y, 0.01, 0, -128, 127, torch.int8),
+                                                 0.01, 0, -128, 127, torch.int8)
+
+
+def test_norms_rounding_down_runs_a_copy_with_each_norm_output_rounded_down():
+    from edgefuse.tools.llm_qnn_check import norms_rounding_down
+
+    torch.manual_seed(0)
+    reference = torch.fx.symbolic_trace(_NormModel())
+    prompt, steps = torch.tensor([[3, 5]]), torch.tensor([[[7]], [[9]]])
+    got = norms_rounding_down(reference, prompt, steps)
+    for logits, (token, position) in zip(got, [(5, 1), (7, 2), (9, 3)]):
+        exact = torch.ops.aten.rms_norm.default(reference.embedding(torch.tensor([[token]])) + position, [8], None, 1e-6)
+        assert torch.equal(logits, (torch.floor(exact / 0.01).clamp(-128, 127) * 0.01).reshape(-1))
+    assert reference.calls == 0  # a copy ran: the reference's state is as it was
+    assert norms_rounding_down(torch.fx.symbolic_trace(_NormModel(norm=False)), prompt, steps) is None
+
+
+def test_each_row_gives_the_mean_errors():
+    from edgefuse.tools.llm_qnn_check import HEADER, QnnProgramCheck, rows
+
+    def check(how, rounding_down):
+        return QnnProgramCheck(how, "p.pte", type("Contents", (), {"delegates": {}, "kernels": {}})(), 0, 0, 0,
+                               "fake-quantized", errors=[0.1, 0.2], allowed=[1.0, 1.0], mean_errors=[0.01, 0.03],
+                               rounding_down=rounding_down)
+
+    table = rows(CASES["llama-16a4w"], {"stock": check("stock", []), "edgefuse": check("edgefuse", [0.002, 0.004])})
+    mean, down = HEADER.index("mean err"), HEADER.index("mean err, RmsNorm rounding down")
+    assert [(row[mean], row[down]) for row in table] == [("0.02", "-"), ("0.02", "0.003")]

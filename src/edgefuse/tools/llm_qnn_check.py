@@ -32,8 +32,12 @@ prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) an
   can be told apart from a wrong one on these logits. export_llm calibrates on one call (its example
   input) unless given calibration data, so every later call leaves ranges that call set, and the norms
   stock leaves in pieces clip their ``rsqrt``: the ``clipped`` column says which ops and how far.
-  ``--calibration 16`` has export_llm calibrate over 16 calls instead. docs/qnn-16a4w.md has the
-  measurements and what they show about the norms.
+  ``--calibration 16`` has export_llm calibrate over 16 calls instead; ``--seed`` draws other weights
+  and another calibration prompt. ``mean err`` is the mean absolute error of the logits against the
+  module (steadier than the largest, which one logit sets); for a program of rebuilt norms, ``mean err,
+  RmsNorm rounding down`` is the same against its module with each ``rms_norm`` output rounding down as
+  QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`), which says how much of the program's
+  error that rounding is. docs/qnn-16a4w.md has the measurements and what they show about the norms.
 
 A case passes when edgefuse's program rebuilds every norm it decided on into one QNN ``RmsNorm``, has no
 fewer RmsNorm ops than stock's, and stays within its bound at every step, as stock's is held to.
@@ -110,6 +114,8 @@ class QnnProgramCheck:
     versus_float: list[float] = field(default_factory=list)  # quantized programs: against float eager
     tolerances: list = field(default_factory=list)  # quantized programs: (step, Roundings) per compared call
     clipped: dict = field(default_factory=dict)  # quantized programs: quantize op -> (op, most levels beyond range)
+    mean_errors: list[float] = field(default_factory=list)  # quantized programs: mean |error| per call
+    rounding_down: list[float] = field(default_factory=list)  # the same against the module whose norms round down
 
     @property
     def within(self) -> bool:
@@ -181,6 +187,37 @@ def calibration_arguments(directory: str, vocab: int, calls: int, seed: int = 0)
 CALIBRATION_PROMPT = 8
 
 
+def norms_rounding_down(reference, prompt: torch.Tensor, steps: torch.Tensor) -> list[torch.Tensor] | None:
+    """The logits of a copy of the converted module ``reference`` whose ``rms_norm`` outputs round down, as
+    QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`), through the prompt and the steps;
+    None for a module without ``rms_norm`` (stock's norms are in pieces, which the HTP rounds as the
+    module does)."""
+    import copy
+
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from edgefuse.llm.eager import logits_sequence
+    from edgefuse.qnn.emulator import rms_norm_roundings, rounding_down
+
+    module = copy.deepcopy(reference)  # the reference's KV cache is left as it is
+    norms = rms_norm_roundings(module)
+    if not norms:
+        return None
+    call = rounding_down(module, norms)
+
+    def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
+        return pytree.tree_leaves(call(tokens, {"input_pos": torch.tensor([position], dtype=torch.long)}))[0]
+
+    return logits_sequence(one_token_at_a_time(step), prompt, steps)
+
+
+def mean_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
+    """The mean absolute difference of two logits vectors: steadier than the largest, which one rounding
+    at one logit sets."""
+    return float((expected.double() - actual.double()).abs().mean())
+
+
 def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
                lowerings=("stock", "edgefuse"), mask: float | None = None,
                calibration: int = 0, seed: int = 0) -> dict[str, QnnProgramCheck]:
@@ -223,6 +260,7 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
         check = QnnProgramCheck(how, path, read_pte(path), record.rms_norms, sum(d.rebuilt for d in decisions),
                                 len(decisions), "fake-quantized" if record.quantized else "eager")
         if record.quantized:
+            rounded_down = norms_rounding_down(record.reference, prompt, steps)
             counting, tolerances = counted_step(record.reference, check.clipped)
             expected = logits_sequence(one_token_at_a_time(counting), prompt, steps)
             tolerances = tolerances[prompt.shape[1] - 1:]  # those of the calls whose logits are compared
@@ -231,6 +269,8 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
             check.tolerances = tolerances
             check.told_apart = all(told_apart(e, c.allowed) for e, c in zip(expected, comparisons))
             check.versus_float = [max_error(e, a) for e, a in zip(float_logits, actual)]
+            check.mean_errors = [mean_error(e, a) for e, a in zip(expected, actual)]
+            check.rounding_down = [mean_error(e, a) for e, a in zip(rounded_down or [], actual)]
         else:
             comparisons = [compare(e, a, ulps=FP16_ULPS, dtype=torch.float16) for e, a in zip(float_logits, actual)]
         check.errors = [c.max_error for c in comparisons]
@@ -250,6 +290,7 @@ def passed(checks: dict[str, QnnProgramCheck]) -> bool:
 
 HEADER = ("case", "lowering", "delegates", "kernels outside", "QNN RmsNorm", "rebuilt", "reference",
           "err", "allowed", "steps = max(roundings, carried) (coarsest step, in logit steps)", "vs float eager",
+          "mean err", "mean err, RmsNorm rounding down",
           "clipped (ops, per op: how many, most levels beyond range)", "ok")
 
 
@@ -261,10 +302,16 @@ def rows(case: QnnCase, checks: dict[str, QnnProgramCheck]) -> list[list[object]
             case.name, how, dict(check.contents.delegates), dict(check.contents.kernels), check.rms_norms,
             f"{check.rebuilt}/{check.decisions}" if how == "edgefuse" else "-", check.reference,
             f"{check.errors[worst]:.3g}", f"{check.allowed[worst]:.3g}", _roundings(check, worst),
-            f"{max(check.versus_float):.3g}" if check.versus_float else "-", _clipped(check),
+            f"{max(check.versus_float):.3g}" if check.versus_float else "-", _mean(check.mean_errors),
+            _mean(check.rounding_down), _clipped(check),
             "yes" if check.ok else ("NOT TOLD APART" if check.within else "NO"),
         ])
     return result
+
+
+def _mean(errors: list[float]) -> str:
+    """The mean of per-call mean errors, "-" when there are none (a float program; stock's norms)."""
+    return f"{sum(errors) / len(errors):.3g}" if errors else "-"
 
 
 def _clipped(check: QnnProgramCheck) -> str:
