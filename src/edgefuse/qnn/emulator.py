@@ -234,6 +234,44 @@ def _largest_move(moved: list[list], base: list, i: int, step: float | None) -> 
     )
 
 
+def rms_norm_roundings(converted) -> list:
+    """The quantize ops of a converted (fake-quantized) graph module that round an ``rms_norm``'s output:
+    where the module rounds to the nearest level and QNN's ``RmsNorm`` kernel does not (:func:`rounding_down`)."""
+    from edgefuse.core.ops import Role, table_for
+    from edgefuse.quant.facts import is_quantize
+
+    table = table_for(converted.graph)
+    return [node for node in converted.graph.nodes
+            if is_quantize(node) and node.args and table.is_a(node.args[0], Role.RMS_NORM)]
+
+
+def rounding_down(converted, quantizes: Sequence[Any]):
+    """``converted`` as a function of the inputs it is called with, where each of the quantize ops
+    ``quantizes`` rounds down (to the level at or below its value) instead of to the nearest level.
+
+    QNN's integer ``RmsNorm`` rounds its output down: measured on QNN 2.51's emulator, SM8650, one norm
+    alone lands half a step below the exact norm on average (-0.51 steps at 16a8w, -0.46 at 8a8w:
+    ``tests/qnn/test_qnn_norm_accuracy.py``), where the module rounds to the nearest level. A program's
+    distance from this module beside its distance from the module as converted says how much of it that
+    rounding is. Like a call of the module, a call writes the module's buffers (a KV cache)."""
+    from torch.utils import _pytree as pytree
+
+    down = set(quantizes)
+
+    class RoundingDown(torch.fx.Interpreter):
+        def run_node(self, node):
+            if node not in down:
+                return super().run_node(node)
+            value, scale, zero_point, low, high, dtype = self.map_nodes_to_values(node.args, node)[:6]
+            return torch.clamp(torch.floor(value * (1.0 / scale)) + zero_point, low, high).to(dtype)
+
+    def call(*inputs):
+        with torch.no_grad():
+            return RoundingDown(converted).run(*pytree.tree_leaves(inputs))
+
+    return call
+
+
 def output_tolerances(converted, inputs: Sequence[Any]) -> list[tuple[float, Roundings] | None]:
     """The derived tolerance of each output of a converted (fake-quantized) graph run on ``inputs``: its
     quantization step (:func:`output_steps`) and the :class:`Roundings` on its longest path

@@ -2,7 +2,7 @@
 export_llm's own QNN path, stock beside edgefuse, run on QNN's x86 HTP emulator.
 
 ``python -m edgefuse.tools.llm_qnn_check [--cases llama-fp16,...] [--prefill 4] [--decode 6] [--mask -255]
-[--calibration 16]``
+[--calibration 16] [--seed 0]``
 
 For each case: write small params and a random checkpoint, export with ExecuTorch's ``export_llm``
 (``backend.qnn.enabled=True``, KV cache, static shapes, SM8650) with the released QNN passes and with
@@ -32,8 +32,12 @@ prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) an
   can be told apart from a wrong one on these logits. export_llm calibrates on one call (its example
   input) unless given calibration data, so every later call leaves ranges that call set, and the norms
   stock leaves in pieces clip their ``rsqrt``: the ``clipped`` column says which ops and how far.
-  ``--calibration 16`` has export_llm calibrate over 16 calls instead. docs/qnn-16a4w.md has the
-  measurements and what they show about the norms.
+  ``--calibration 16`` has export_llm calibrate over 16 calls instead; ``--seed`` draws other weights
+  and another calibration prompt. ``mean err`` is the mean absolute error of the logits against the
+  module (steadier than the largest, which one logit sets); for a program of rebuilt norms, ``mean err,
+  RmsNorm rounding down`` is the same against its module with each ``rms_norm`` output rounding down as
+  QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`), which says how much of the program's
+  error that rounding is. docs/qnn-16a4w.md has the measurements and what they show about the norms.
 
 A case passes when edgefuse's program rebuilds every norm it decided on into one QNN ``RmsNorm``, has no
 fewer RmsNorm ops than stock's, and stays within its bound at every step, as stock's is held to.
@@ -110,6 +114,8 @@ class QnnProgramCheck:
     versus_float: list[float] = field(default_factory=list)  # quantized programs: against float eager
     tolerances: list = field(default_factory=list)  # quantized programs: (step, Roundings) per compared call
     clipped: dict = field(default_factory=dict)  # quantized programs: quantize op -> (op, most levels beyond range)
+    mean_errors: list[float] = field(default_factory=list)  # quantized programs: mean |error| per call
+    rounding_down: list[float] = field(default_factory=list)  # the same against the module whose norms round down
 
     @property
     def within(self) -> bool:
@@ -165,14 +171,14 @@ def counted_step(reference, clipped: dict[str, tuple[str, float]] | None = None)
     return counting, tolerances
 
 
-def calibration_arguments(directory: str, vocab: int, calls: int) -> list[str]:
+def calibration_arguments(directory: str, vocab: int, calls: int, seed: int = 0) -> list[str]:
     """The overrides that have export_llm calibrate over ``calls`` calls, one token each: a prompt of
-    :data:`CALIBRATION_PROMPT` tokens (not the checked prompt), then the model's own next tokens, read
-    through a word-level tokenizer written in ``directory``. None (export_llm's default): one call on
-    its example input, token 1 at position 0."""
+    :data:`CALIBRATION_PROMPT` tokens drawn from ``seed + 1`` (not the checked prompt, drawn from 0), then
+    the model's own next tokens, read through a word-level tokenizer written in ``directory``. None
+    (export_llm's default): one call on its example input, token 1 at position 0."""
     from edgefuse.llm.eager import prompt_and_steps, token_text, write_token_tokenizer
 
-    prompt, _ = prompt_and_steps(vocab, CALIBRATION_PROMPT, 0, seed=1)
+    prompt, _ = prompt_and_steps(vocab, CALIBRATION_PROMPT, 0, seed=seed + 1)
     return [f"base.tokenizer_path={write_token_tokenizer(directory, vocab)}",
             f"quantization.calibration_data={token_text(prompt)}", f"quantization.calibration_seq_length={calls}"]
 
@@ -181,13 +187,46 @@ def calibration_arguments(directory: str, vocab: int, calls: int) -> list[str]:
 CALIBRATION_PROMPT = 8
 
 
+def norms_rounding_down(reference, prompt: torch.Tensor, steps: torch.Tensor) -> list[torch.Tensor] | None:
+    """The logits of a copy of the converted module ``reference`` whose ``rms_norm`` outputs round down, as
+    QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`), through the prompt and the steps;
+    None for a module without ``rms_norm`` (stock's norms are in pieces, which the HTP rounds as the
+    module does)."""
+    import copy
+
+    import torch
+    from torch.utils import _pytree as pytree
+
+    from edgefuse.llm.eager import logits_sequence
+    from edgefuse.qnn.emulator import rms_norm_roundings, rounding_down
+
+    module = copy.deepcopy(reference)  # the reference's KV cache is left as it is
+    norms = rms_norm_roundings(module)
+    if not norms:
+        return None
+    call = rounding_down(module, norms)
+
+    def step(tokens: torch.Tensor, position: int) -> torch.Tensor:
+        return pytree.tree_leaves(call(tokens, {"input_pos": torch.tensor([position], dtype=torch.long)}))[0]
+
+    return logits_sequence(one_token_at_a_time(step), prompt, steps)
+
+
+def mean_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
+    """The mean absolute difference of two logits vectors: steadier than the largest, which one rounding
+    at one logit sets."""
+    return float((expected.double() - actual.double()).abs().mean())
+
+
 def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
                lowerings=("stock", "edgefuse"), mask: float | None = None,
-               calibration: int = 0) -> dict[str, QnnProgramCheck]:
+               calibration: int = 0, seed: int = 0) -> dict[str, QnnProgramCheck]:
     """Export ``case`` with each lowering in ``directory`` and check each program on the emulator.
 
     ``mask`` replaces the -inf of export_llm's QNN causal mask (:func:`edgefuse.llm.qnn.qnn_causal_mask`);
-    ``calibration`` calls (:func:`calibration_arguments`) replace its one calibration call."""
+    ``calibration`` calls (:func:`calibration_arguments`) replace its one calibration call. ``seed`` draws
+    the random weights and the calibration prompt, so that a difference between the lowerings can be
+    set beside what another model or calibration gives; the checked prompt stays the same."""
     import contextlib
 
     import torch
@@ -201,9 +240,10 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
     from edgefuse.runtime import LoadedProgram
     from edgefuse.core.verify import compare, max_error
 
-    params_path, checkpoint_path = write_small_model(directory, case.params)
+    params_path, checkpoint_path = write_small_model(directory, case.params, seed=seed)
     prompt, steps = prompt_and_steps(case.params["vocab_size"], prefill, decode)
-    calibrated = calibration_arguments(directory, case.params["vocab_size"], calibration) if calibration else []
+    vocab = case.params["vocab_size"]
+    calibrated = calibration_arguments(directory, vocab, calibration, seed) if calibration else []
     checks, float_logits = {}, None
     for how in lowerings:
         path = os.path.join(directory, f"{how}.pte")
@@ -220,6 +260,7 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
         check = QnnProgramCheck(how, path, read_pte(path), record.rms_norms, sum(d.rebuilt for d in decisions),
                                 len(decisions), "fake-quantized" if record.quantized else "eager")
         if record.quantized:
+            rounded_down = norms_rounding_down(record.reference, prompt, steps)
             counting, tolerances = counted_step(record.reference, check.clipped)
             expected = logits_sequence(one_token_at_a_time(counting), prompt, steps)
             tolerances = tolerances[prompt.shape[1] - 1:]  # those of the calls whose logits are compared
@@ -228,6 +269,8 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
             check.tolerances = tolerances
             check.told_apart = all(told_apart(e, c.allowed) for e, c in zip(expected, comparisons))
             check.versus_float = [max_error(e, a) for e, a in zip(float_logits, actual)]
+            check.mean_errors = [mean_error(e, a) for e, a in zip(expected, actual)]
+            check.rounding_down = [mean_error(e, a) for e, a in zip(rounded_down or [], actual)]
         else:
             comparisons = [compare(e, a, ulps=FP16_ULPS, dtype=torch.float16) for e, a in zip(float_logits, actual)]
         check.errors = [c.max_error for c in comparisons]
@@ -247,6 +290,7 @@ def passed(checks: dict[str, QnnProgramCheck]) -> bool:
 
 HEADER = ("case", "lowering", "delegates", "kernels outside", "QNN RmsNorm", "rebuilt", "reference",
           "err", "allowed", "steps = max(roundings, carried) (coarsest step, in logit steps)", "vs float eager",
+          "mean err", "mean err, RmsNorm rounding down",
           "clipped (ops, per op: how many, most levels beyond range)", "ok")
 
 
@@ -258,10 +302,16 @@ def rows(case: QnnCase, checks: dict[str, QnnProgramCheck]) -> list[list[object]
             case.name, how, dict(check.contents.delegates), dict(check.contents.kernels), check.rms_norms,
             f"{check.rebuilt}/{check.decisions}" if how == "edgefuse" else "-", check.reference,
             f"{check.errors[worst]:.3g}", f"{check.allowed[worst]:.3g}", _roundings(check, worst),
-            f"{max(check.versus_float):.3g}" if check.versus_float else "-", _clipped(check),
+            f"{max(check.versus_float):.3g}" if check.versus_float else "-", _mean(check.mean_errors),
+            _mean(check.rounding_down), _clipped(check),
             "yes" if check.ok else ("NOT TOLD APART" if check.within else "NO"),
         ])
     return result
+
+
+def _mean(errors: list[float]) -> str:
+    """The mean of per-call mean errors, "-" when there are none (a float program; stock's norms)."""
+    return f"{sum(errors) / len(errors):.3g}" if errors else "-"
 
 
 def _clipped(check: QnnProgramCheck) -> str:
@@ -310,6 +360,9 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--calibration", type=int, default=0, metavar="CALLS",
                         help="quantized cases: calibrate over CALLS calls of a prompt and the model's own "
                              "tokens (default: export_llm's one call on its example input)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="draws the random weights and the calibration prompt (default 0); the checked "
+                             "prompt stays the same")
     args = parser.parse_args(argv)
     names = args.cases.split(",")
     unknown = [n for n in names if n not in CASES]
@@ -321,6 +374,8 @@ def _main(argv: list[str] | None) -> int:
         parser.error("--calibration from 0 to 128 calls (the default context is 128)")
     if args.mask is not None and not -65504 <= args.mask < 0:
         parser.error("--mask is a negative float16 value, from -65504 to below 0")
+    if args.seed < 0:
+        parser.error("--seed is a whole number from 0")
     from edgefuse.inputs.errors import UNAVAILABLE, Unavailable
     from edgefuse.compare.qnn_flows import require_libraries
     from edgefuse.console.tables import format_table
@@ -339,7 +394,7 @@ def _main(argv: list[str] | None) -> int:
             sub = os.path.join(directory, name)
             os.makedirs(sub)
             checks = check_case(CASES[name], sub, args.prefill, args.decode, mask=args.mask,
-                                calibration=args.calibration)
+                                calibration=args.calibration, seed=args.seed)
             ok = passed(checks) and ok
             table += rows(CASES[name], checks)
             print(format_table(HEADER, rows(CASES[name], checks)), file=sys.stderr, flush=True)
