@@ -82,3 +82,15 @@ def test_a_method_the_program_lacks_names_the_ones_it_has(two_methods):
     _, _, pte, x = two_methods
     with pytest.raises(MethodMissing, match=r"no method 'forward'; its methods: add, norm"):
         run_on_emulator(pte, [x])
+
+
+def test_method_io_reads_each_methods_declared_inputs_and_outputs(two_methods):
+    """The declarations the runtime sizes a delegate's buffers by, per method, read without loading it."""
+    from edgefuse.runtime import MethodMissing, TensorMeta, method_io
+
+    _, _, pte, x = two_methods
+    declared = TensorMeta((1, 8, 64), torch.float32, x.numel() * 4)
+    assert method_io(pte, "norm") == ((declared,), (declared,))
+    assert method_io(pte, "add") == ((declared,), (declared,))
+    with pytest.raises(MethodMissing, match=r"no method 'forward'; its methods: add, norm"):
+        method_io(pte)

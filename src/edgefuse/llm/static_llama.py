@@ -285,7 +285,9 @@ class MethodCheck:
     whole norm there (``legalized``, :func:`runs_by_method`), and its run on the HTP emulator against the
     module the script lowered, output by output (a quantized output at its quantization step:
     :func:`edgefuse.qnn.emulator.output_tolerances`; None where the quantizer left it in float, compared
-    as float16). ``failure`` is the runtime's reason when it did not run."""
+    as float16). ``failure`` is the runtime's reason when it did not run, or why it was not run: a program
+    that declares a quantized input or output in another type than its module's levels
+    (:meth:`edgefuse.qnn.emulator.QuantizedIo.mismatches`)."""
 
     name: str
     whole_norms: int
@@ -352,6 +354,7 @@ def check_method(run: ScriptRun, name: str) -> MethodCheck:
     from edgefuse.core.fresh import fresh, kept_state
     from edgefuse.core.verify import TOLERANCES, compare
     from edgefuse.qnn.emulator import compare_at_steps, output_tolerances, quantized_io
+    from edgefuse.runtime import method_io
 
     if name not in run.methods:
         from edgefuse.runtime import MethodMissing
@@ -363,6 +366,11 @@ def check_method(run: ScriptRun, name: str) -> MethodCheck:
     check = MethodCheck(name, _whole_norms(run.edge.exported_program(name)), sum(g.rms_norms for g in graphs),
                         list(paired.decisions) if paired else [], list(paired.legalized) if paired else [])
     io = quantized_io(method.module)
+    mistyped = io.mismatches(*method_io(run.pte, name))
+    if mistyped:
+        check.failure = (f"not run: the program's {'; '.join(mistyped)}; QNN reads and writes the levels it was "
+                         "compiled with, past the buffers the runtime sizes by the declared types")
+        return check
     try:
         actual = io.module_outputs(_emulator_outputs(run.pte, io.program_inputs(method.inputs), name))
     except RuntimeError as error:

@@ -323,6 +323,28 @@ class QuantizedIo:
             for value, node in zip(outputs, self.outputs)
         ]
 
+    def mismatches(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[str]:
+        """Where the program (``inputs`` and ``outputs`` as its method declares them, each an
+        :class:`edgefuse.runtime.TensorMeta` or None: :func:`edgefuse.runtime.method_io`) holds a quantized
+        input or output in another integer type than its module's levels, one sentence each.
+
+        QNN's delegate reads and writes each tensor in the type of the levels it was compiled with,
+        whatever the program declares, into buffers the runtime sized by the declaration: an output
+        declared narrower than its levels is written past its buffer's end (a heap corruption that shows
+        when the buffers are freed), and its values read back in the wrong type. Such a method is not run.
+        """
+        found = []
+        for kind, nodes, declared in (("input", self.inputs, inputs), ("output", self.outputs, outputs)):
+            for i, (node, meta) in enumerate(zip(nodes, declared)):
+                levels = None if node is None else _levels_dtype(node)
+                if levels is None or meta is None or meta.dtype == levels:
+                    continue
+                wants = math.prod(meta.shape) * levels.itemsize
+                found.append(f"{kind} {i} is declared {str(meta.dtype).removeprefix('torch.')} {list(meta.shape)} "
+                             f"({meta.nbytes} bytes) where its module's levels are "
+                             f"{str(levels).removeprefix('torch.')} ({wants} bytes)")
+        return found
+
 
 def quantized_io(converted) -> QuantizedIo:
     """The :class:`QuantizedIo` of a converted (fake-quantized) graph module: a placeholder is read

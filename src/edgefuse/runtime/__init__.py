@@ -9,6 +9,7 @@ tool loads and runs a program through :class:`LoadedProgram`, and times it with
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 from edgefuse.runtime.log import with_its_log, without_set_up_noise
@@ -87,6 +88,45 @@ class LoadedProgram:
         pybindings method it wraps.
         """
         self.method._method.execute()
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """A tensor input or output as a program's method declares it. The runtime sizes the buffer of an
+    output the program does not plan by these (a delegate writes into it), and refuses an input of
+    another dtype or shape."""
+
+    shape: tuple[int, ...]
+    dtype: Any  # a torch.dtype
+    nbytes: int
+
+
+def method_io(pte: bytes, method: str = "forward") -> tuple[tuple[TensorMeta | None, ...], tuple[TensorMeta | None, ...]]:
+    """Each input and each output of ``method`` of ``pte`` as the program declares it (None for a value
+    that is not a tensor), read from its method table: the method is not loaded, so no backend is
+    initialised. A method the program lacks raises :class:`MethodMissing`."""
+    from executorch.runtime import Runtime
+
+    start_threadpool()
+    program = with_its_log(lambda: Runtime.get().load_program(pte))
+    if method not in program.method_names:
+        raise MethodMissing(method, sorted(program.method_names))
+    meta = program.metadata(method)
+    return (tuple(_tensor_meta(meta.input_tensor_meta, i) for i in range(meta.num_inputs())),
+            tuple(_tensor_meta(meta.output_tensor_meta, i) for i in range(meta.num_outputs())))
+
+
+def _tensor_meta(read, index: int) -> TensorMeta | None:
+    """The :class:`TensorMeta` that ``read(index)`` (a method meta's ``input_tensor_meta`` or
+    ``output_tensor_meta``) gives, None where the value at ``index`` is not a tensor."""
+    try:
+        info = read(index)
+    except (IndexError, RuntimeError):
+        return None
+    from executorch.exir.schema import ScalarType
+    from executorch.exir.tensor import get_scalar_type
+
+    return TensorMeta(tuple(info.sizes()), get_scalar_type(ScalarType(info.dtype())), info.nbytes())
 
 
 def set_threads(threads: int) -> int:

@@ -1,0 +1,52 @@
+"""A quantized program's inputs and outputs held against its fake-quantized module's: the integer type of
+each one's levels is the type the program must declare, since QNN reads and writes the levels it was
+compiled with into buffers the runtime sizes by the declaration."""
+
+from __future__ import annotations
+
+import torch
+
+from edgefuse.qnn.emulator import quantized_io
+from edgefuse.runtime import TensorMeta
+
+
+class SixteenBitThrough(torch.nn.Module):
+    """Reads its input as 16-bit levels and gives its output as 16-bit levels, as the static-Llama script's
+    logits and attention mask are."""
+
+    def forward(self, x):
+        ops = torch.ops.quantized_decomposed
+        levels = ops.quantize_per_tensor.default(x, 0.001, 32768, 0, 65535, torch.int32)
+        y = ops.dequantize_per_tensor.default(levels, 0.001, 32768, 0, 65535, torch.int32) * 2
+        out = ops.quantize_per_tensor.default(y, 0.002, 32768, 0, 65535, torch.int32)
+        return ops.dequantize_per_tensor.default(out, 0.002, 32768, 0, 65535, torch.int32)
+
+
+def _io():
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+
+    return quantized_io(torch.fx.symbolic_trace(SixteenBitThrough()))
+
+
+def test_a_program_declaring_the_levels_type_has_no_mismatch():
+    uint16 = TensorMeta((1, 16, 48), torch.uint16, 1536)
+    assert _io().mismatches([uint16], [uint16]) == []
+
+
+def test_an_output_declared_narrower_than_its_levels_is_named_with_both_sizes():
+    """The static-Llama script's logits at a vocabulary equal to the head dim: declared ``uint8``, written
+    by QNN as 16-bit levels, twice the bytes of the buffer the runtime gives it."""
+    declared_in = TensorMeta((1, 16, 64), torch.uint16, 2048)
+    declared_out = TensorMeta((1, 16, 64), torch.uint8, 1024)
+    assert _io().mismatches([declared_in], [declared_out]) == [
+        "output 0 is declared uint8 [1, 16, 64] (1024 bytes) where its module's levels are uint16 (2048 bytes)"
+    ]
+
+
+def test_an_input_is_held_to_its_levels_too_and_a_value_no_quantize_reads_is_not():
+    declared_in = TensorMeta((2, 3), torch.int16, 12)
+    assert _io().mismatches([declared_in], [None]) == [
+        "input 0 is declared int16 [2, 3] (12 bytes) where its module's levels are uint16 (12 bytes)"
+    ]
+    float_out = TensorMeta((2, 3), torch.float32, 24)
+    assert quantized_io(torch.fx.symbolic_trace(torch.nn.ReLU())).mismatches([float_out], [float_out]) == []
