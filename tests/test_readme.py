@@ -47,8 +47,8 @@ FENCED = re.compile(r"^( *)```(\w*)\n(.*?)^\1```", re.S | re.M)
 
 #: Code-block commands the test runs only with ``--help``, and why not whole.
 NOT_RUN_WHOLE = {
-    "edgefuse demo": "run whole by tests/cli/test_cli_outputs.py::test_demo_prints_both_tables_fewer_delegates_"
-    "and_a_map (minutes: it lowers and runs two programs); not run twice",
+    "edgefuse demo": "run whole by tests/cli/test_private_paths.py::test_the_demo_prints_its_tables_and_map_and_"
+    "writes_nothing_through_a_planted_folder_or_symlink (minutes: it lowers and runs two programs); not run twice",
     "edgefuse lower tiny-qwen3 --dtype float16 -o qwen3.pte": "the demo's float16 lowering of tiny-qwen3 both ways, "
     "run whole by the same demo test; the line is parsed with the command's own parser",
 }

@@ -10,37 +10,45 @@ import torch
 
 from edgefuse.inputs.errors import OK, USAGE  # noqa: E402
 from edgefuse.inputs.models import MODEL_NAMES  # noqa: E402
-from tests.cli.command_runs import MODELS_PY, last_line, run, run_commands  # noqa: E402
+from tests.cli.command_runs import MODELS_PY, last_line, run_commands  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
-# --- bad input, as a user meets it (subprocess) ---------------------------------------------------------
+# --- bad input, as a user meets it (one process) --------------------------------------------------------
 
-def test_unknown_model_exits_2_and_lists_every_known_name(workdir):
-    done = run("report", "tiny-nope", cwd=workdir)
-    assert done.returncode == USAGE, done.stderr
-    message = last_line(done.stderr)
+#: The bad input the tests below read one by one: each command's argv, by case name.
+ONE_BY_ONE = {
+    "unknown model": ["report", "tiny-nope"],
+    "a function that raises": ["report", "models.py:raises"],
+    "a missing .pt2": ["lower", "missing.pt2", "-o", "out.pte"],
+}
+
+
+def test_unknown_model_exits_2_and_lists_every_known_name(command_results):
+    done = command_results["unknown model"]
+    assert done["code"] == USAGE, done["stderr"]
+    message = last_line(done["stderr"])
     assert "unknown model 'tiny-nope'" in message
     for name in MODEL_NAMES:
         assert name in message
-    assert "Traceback" not in done.stderr
-    assert done.stdout == ""
+    assert "Traceback" not in done["stderr"]
+    assert done["stdout"] == ""
 
 
-def test_a_file_function_that_raises_exits_2_and_says_where(workdir):
-    done = run("report", "models.py:raises", cwd=workdir)
-    assert done.returncode == USAGE, done.stderr
-    message = last_line(done.stderr)
+def test_a_file_function_that_raises_exits_2_and_says_where(command_results):
+    done = command_results["a function that raises"]
+    assert done["code"] == USAGE, done["stderr"]
+    message = last_line(done["stderr"])
     assert "raises() raised RuntimeError: the checkpoint is not here" in message
     assert "models.py:" in message  # the line it was raised at
-    assert "Traceback" not in done.stderr
+    assert "Traceback" not in done["stderr"]
 
 
-def test_a_missing_pt2_exits_2(workdir):
-    done = run("lower", "missing.pt2", "-o", "out.pte", cwd=workdir)
-    assert done.returncode == USAGE, done.stderr
-    assert "no such file 'missing.pt2'" in last_line(done.stderr)
+def test_a_missing_pt2_exits_2(workdir, command_results):
+    done = command_results["a missing .pt2"]
+    assert done["code"] == USAGE, done["stderr"]
+    assert "no such file 'missing.pt2'" in last_line(done["stderr"])
     assert not (workdir / "out.pte").exists()
 
 
@@ -94,7 +102,7 @@ INTEGER_OUTPUT = {
 
 @pytest.fixture(scope="module")
 def command_results(workdir) -> dict[str, dict]:
-    """BAD_INPUT and INTEGER_OUTPUT, run in one process (run_commands), by case name."""
+    """ONE_BY_ONE, BAD_INPUT, INTEGER_OUTPUT and MASKED, run in one process (run_commands), by case name."""
     (workdir / "corrupt.pt2").write_bytes(b"not a zip archive")
     (workdir / "syntax.py").write_text("def build(:\n")
     (workdir / "a_directory.pte").mkdir(exist_ok=True)
@@ -106,7 +114,7 @@ def command_results(workdir) -> dict[str, dict]:
     torch.export.save(torch.export.export(meta, (meta_input,)), str(workdir / "meta.pt2"))
     if not (workdir / "models_link.svg").exists():
         os.link(workdir / "models.py", workdir / "models_link.svg")
-    cases = {**{name: argv for name, (argv, _) in BAD_INPUT.items()}, **INTEGER_OUTPUT, **MASKED}
+    cases = {**ONE_BY_ONE, **{name: argv for name, (argv, _) in BAD_INPUT.items()}, **INTEGER_OUTPUT, **MASKED}
     return dict(zip(cases, run_commands(*cases.values(), cwd=workdir)))
 
 

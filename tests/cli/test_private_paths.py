@@ -9,6 +9,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import xml.etree.ElementTree as ET
 from types import SimpleNamespace
 
 import pytest
@@ -19,6 +20,7 @@ from edgefuse.cli import demo
 from edgefuse.inputs.errors import OK, USAGE
 from edgefuse.runtime.files import UnsafeFolder, own_folder, write_text
 from edgefuse.fuzz import cli as fuzz_cli
+from tests.cli.command_runs import SVG
 
 MAP_NAME = f"{demo.MODEL}-float16.delegates.svg"
 
@@ -129,17 +131,28 @@ def test_the_fuzzer_writes_reproducers_into_a_private_folder_it_makes(tmp_path, 
 
 
 @pytest.mark.slow
-def test_the_demo_writes_nothing_through_a_planted_folder_or_symlink(planted):
-    # The whole demo, as a user runs it, with TMPDIR where another user planted the old fixed folder.
+def test_the_demo_prints_its_tables_and_map_and_writes_nothing_through_a_planted_folder_or_symlink(planted):
+    """The whole demo, as a user runs it, with TMPDIR where another user planted the old fixed folder: both
+    tables, fewer delegates with edgefuse and a map in a new private folder, and nothing written through the
+    planted folder or its symlink."""
     shared, folder, victim = planted
     done = subprocess.run(
         [sys.executable, "-m", "edgefuse", "-q", "demo"], cwd=shared, capture_output=True, text=True,
         timeout=900, env={**os.environ, "TMPDIR": str(shared)},
     )
     assert done.returncode == OK, done.stderr
-    [path] = re.findall(r"delegate map \(open it in a browser\): (\S+)", done.stdout)
+    out = done.stdout
+    for dtype in ("float32", "float16"):
+        assert f"tiny-qwen3 ({dtype}), capture stage, backend qnn: 5 norms" in out
+    summaries = [line for line in out.splitlines() if " norms rebuilt, " in line]
+    assert len(summaries) == 2 and all(", within the allowed" in line for line in summaries), summaries
+    assert out.count("model.model.layers.0.self_attn.q_norm") == 2  # a row in each table
+    [counts] = re.findall(r"delegates: (\d+) stock -> (\d+) edgefuse", out)
+    assert int(counts[1]) < int(counts[0]), counts
+    [path] = re.findall(r"delegate map \(open it in a browser\): (\S+)", out)
     assert os.path.dirname(os.path.dirname(path)) == str(shared) and not path.startswith(str(folder) + os.sep)
-    assert os.path.isfile(path) and not os.path.islink(path)
+    assert os.path.isfile(path) and not os.path.islink(path) and path.endswith(".svg")
+    assert ET.parse(path).getroot().tag == f"{SVG}svg"
     assert victim.read_text() == "the victim's file\n" and sorted(os.listdir(folder)) == [MAP_NAME]
 
 
