@@ -56,12 +56,12 @@ def test_tiny_gemma3_for_qnn_rebuilds_every_norm_as_one_op_and_keeps_each_qk_nor
     from edgefuse.inputs.models import build_model
 
     module, inputs = build_model("tiny-gemma3")
-    quantized = quantize_for_qnn(module, inputs, [inputs])
+    model = capture(module, inputs)  # captured once: the quantizer rewrites a copy, the test reads another
+    quantized = quantize_for_qnn(copy.deepcopy(model), inputs, [inputs])
     assert len(quantized.decisions) == 13 and all(d.rebuilt for d in quantized.decisions), quantized.decisions
     assert [n.how for n in quantized.norms] == ["one op"] * 13, [n.describe() for n in quantized.norms]
 
     # the graph the quantizer annotated, before annotation rewrites it: as quantize_for_qnn makes it
-    model = capture(module, inputs)
     graph = copy.deepcopy(model)
     edgefuse.remove_redundant_casts(graph)
     decisions = edgefuse.recompose_rms_norm(graph, backend="qnn", quantization_capture=True, precision="16a8w").decisions
