@@ -228,3 +228,15 @@ def test_the_real_runtime_says_why_a_run_failed_in_the_error(capsys):
         run_pte(pte, [torch.randn(3, 8, dtype=torch.float16)])
     assert capsys.readouterr().err == ""
     assert program.run([torch.ones(3, 8)])[0].flatten().tolist() == [1.0, 1.0, 1.0]
+
+
+def test_an_error_the_caller_names_as_explained_carries_the_log_and_keeps_its_type(capsys):
+    # A method meta's refusal of a value that is no tensor: an IndexError, after the runtime logs why.
+    def step() -> int:
+        _log("[method_meta.cpp:246] Tag: 4 output: 1 is not Tensor")
+        raise IndexError("Cannot get output tensor meta at 1")
+
+    with pytest.raises(IndexError) as raised:
+        with_its_log(step, explained=(IndexError,))
+    assert str(raised.value) == "Cannot get output tensor meta at 1 (the runtime logged: Tag: 4 output: 1 is not Tensor)"
+    assert capsys.readouterr().err == ""

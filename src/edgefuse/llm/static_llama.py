@@ -345,6 +345,17 @@ def _emulator_outputs(pte: bytes, inputs: list, method: str) -> list:
     return [torch.tensor(values).to(getattr(torch, dtype)).reshape(shape) for dtype, shape, values in contained(step)]
 
 
+def not_run(io, inputs: tuple, outputs: tuple) -> str | None:
+    """Why a method whose program declares ``inputs`` and ``outputs`` (:func:`edgefuse.runtime.method_io`)
+    is not run against its module's :class:`edgefuse.qnn.emulator.QuantizedIo` ``io``; None when it is.
+    Past the buffers only when a declaration is smaller than the levels QNN reads or writes."""
+    mistyped = io.mismatches(inputs, outputs)
+    if not mistyped:
+        return None
+    past = ", past the buffers the runtime sizes by the declared types" if io.overruns(inputs, outputs) else ""
+    return f"not run: the program's {'; '.join(mistyped)}; QNN reads and writes the levels it was compiled with{past}"
+
+
 def check_method(run: ScriptRun, name: str) -> MethodCheck:
     """Run method ``name`` of ``run``'s program once on the HTP emulator on the inputs the script lowered
     it with, and compare each output with the module's; a method the program lacks raises
@@ -366,10 +377,8 @@ def check_method(run: ScriptRun, name: str) -> MethodCheck:
     check = MethodCheck(name, _whole_norms(run.edge.exported_program(name)), sum(g.rms_norms for g in graphs),
                         list(paired.decisions) if paired else [], list(paired.legalized) if paired else [])
     io = quantized_io(method.module)
-    mistyped = io.mismatches(*method_io(run.pte, name))
-    if mistyped:
-        check.failure = (f"not run: the program's {'; '.join(mistyped)}; QNN reads and writes the levels it was "
-                         "compiled with, past the buffers the runtime sizes by the declared types")
+    check.failure = not_run(io, *method_io(run.pte, name))
+    if check.failure is not None:
         return check
     try:
         actual = io.module_outputs(_emulator_outputs(run.pte, io.program_inputs(method.inputs), name))

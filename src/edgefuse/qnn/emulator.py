@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -290,9 +290,18 @@ def output_tolerances(converted, inputs: Sequence[Any]) -> list[tuple[float, Rou
 _LEVEL_DTYPES = {(0, 255): torch.uint8, (-128, 127): torch.int8, (0, 65535): torch.uint16, (-32768, 32767): torch.int16}
 
 
+def _argument(node, name: str) -> Any:
+    """The argument ``name`` of the op ``node`` calls, found by the op's schema: a per-tensor and a
+    per-channel quantize hold their range and dtype at different positions."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    names = [argument.name for argument in node.target._schema.arguments]
+    return node.args[names.index(name)]
+
+
 def _levels_dtype(node) -> torch.dtype:
-    low, high = int(node.args[3]), int(node.args[4])
-    return _LEVEL_DTYPES.get((low, high), node.args[5])
+    low, high = int(_argument(node, "quant_min")), int(_argument(node, "quant_max"))
+    return _LEVEL_DTYPES.get((low, high), _argument(node, "dtype"))
 
 
 @dataclass(frozen=True)
@@ -319,31 +328,54 @@ class QuantizedIo:
     def module_outputs(self, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The program's ``outputs`` in the module's terms: each quantized one dequantized by its op."""
         return [
-            value if node is None or value.is_floating_point() else node.target(value.to(node.args[5]), *node.args[1:])
+            value if node is None or value.is_floating_point() else node.target(value.to(_argument(node, "dtype")), *node.args[1:])
             for value, node in zip(outputs, self.outputs)
         ]
 
     def mismatches(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> list[str]:
         """Where the program (``inputs`` and ``outputs`` as its method declares them, each an
         :class:`edgefuse.runtime.TensorMeta` or None: :func:`edgefuse.runtime.method_io`) holds a quantized
-        input or output in another integer type than its module's levels, one sentence each.
+        input or output in another integer type than its module's levels, or declares another count of
+        inputs or outputs than its module has, one sentence each. A float declaration is what QNN gives a
+        quantized output it dequantizes itself, and is no mismatch.
 
         QNN's delegate reads and writes each tensor in the type of the levels it was compiled with,
         whatever the program declares, into buffers the runtime sized by the declaration: an output
         declared narrower than its levels is written past its buffer's end (a heap corruption that shows
         when the buffers are freed), and its values read back in the wrong type. Such a method is not run.
         """
-        found = []
+        found = [f"method declares {len(declared)} {kind}s where its module has {len(nodes)}"
+                 for kind, nodes, declared in (("input", self.inputs, inputs), ("output", self.outputs, outputs))
+                 if len(declared) != len(nodes)]
+        for kind, i, meta, levels in self._mistyped(inputs, outputs):
+            found.append(f"{kind} {i} is declared {meta.type_name} {list(meta.shape)} ({meta.nbytes} bytes) where "
+                         f"its module's levels are {str(levels).removeprefix('torch.')} ({_levels_nbytes(meta, levels)} bytes)")
+        return found
+
+    def overruns(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> bool:
+        """Whether a quantized input or output is declared in fewer bytes than its levels take, so that QNN
+        reads or writes past the buffer the runtime sized by the declaration (arguments as in
+        :meth:`mismatches`)."""
+        return any(meta.nbytes < _levels_nbytes(meta, levels) for _, _, meta, levels in self._mistyped(inputs, outputs))
+
+    def _mistyped(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> Iterator[tuple[str, int, Any, torch.dtype]]:
+        """``(kind, index, declared, levels)`` of each quantized input or output the program declares in
+        another integer type than its levels'."""
         for kind, nodes, declared in (("input", self.inputs, inputs), ("output", self.outputs, outputs)):
             for i, (node, meta) in enumerate(zip(nodes, declared)):
                 levels = None if node is None else _levels_dtype(node)
-                if levels is None or meta is None or meta.dtype == levels:
-                    continue
-                wants = math.prod(meta.shape) * levels.itemsize
-                found.append(f"{kind} {i} is declared {str(meta.dtype).removeprefix('torch.')} {list(meta.shape)} "
-                             f"({meta.nbytes} bytes) where its module's levels are "
-                             f"{str(levels).removeprefix('torch.')} ({wants} bytes)")
-        return found
+                if levels is not None and meta is not None and meta.dtype != levels and not _is_float(meta.dtype):
+                    yield kind, i, meta, levels
+
+
+def _levels_nbytes(meta, levels: torch.dtype) -> int:
+    """The bytes the levels of a tensor of ``meta``'s shape take."""
+    return math.prod(meta.shape) * levels.itemsize
+
+
+def _is_float(dtype) -> bool:
+    """Whether ``dtype`` (a torch dtype, or None for a type torch lacks) is a floating type."""
+    return dtype is not None and dtype.is_floating_point
 
 
 def quantized_io(converted) -> QuantizedIo:

@@ -94,11 +94,23 @@ class LoadedProgram:
 class TensorMeta:
     """A tensor input or output as a program's method declares it. The runtime sizes the buffer of an
     output the program does not plan by these (a delegate writes into it), and refuses an input of
-    another dtype or shape."""
+    another dtype or shape. ``dtype`` is None for a type torch has no dtype for (``Bits16``, a code
+    this ExecuTorch does not know), whose runtime code ``code`` then holds."""
 
     shape: tuple[int, ...]
     dtype: Any  # a torch.dtype
     nbytes: int
+    code: int | None = None
+
+    @property
+    def type_name(self) -> str:
+        """The declared type as a message names it: ``uint8``, or the runtime's name or code."""
+        if self.dtype is not None:
+            return str(self.dtype).removeprefix("torch.")
+        from executorch.exir.schema import ScalarType
+
+        known = {member.value: member.name for member in ScalarType}
+        return f"ScalarType {known.get(self.code, self.code)}"
 
 
 def method_io(pte: bytes, method: str = "forward") -> tuple[tuple[TensorMeta | None, ...], tuple[TensorMeta | None, ...]]:
@@ -108,25 +120,40 @@ def method_io(pte: bytes, method: str = "forward") -> tuple[tuple[TensorMeta | N
     from executorch.runtime import Runtime
 
     start_threadpool()
-    program = with_its_log(lambda: Runtime.get().load_program(pte))
-    if method not in program.method_names:
-        raise MethodMissing(method, sorted(program.method_names))
-    meta = program.metadata(method)
-    return (tuple(_tensor_meta(meta.input_tensor_meta, i) for i in range(meta.num_inputs())),
-            tuple(_tensor_meta(meta.output_tensor_meta, i) for i in range(meta.num_outputs())))
+
+    def read():
+        program = Runtime.get().load_program(pte)
+        if method not in program.method_names:
+            raise MethodMissing(method, sorted(program.method_names))
+        meta = program.metadata(method)
+        return (tuple(_tensor_meta(meta.input_tensor_meta, i) for i in range(meta.num_inputs())),
+                tuple(_tensor_meta(meta.output_tensor_meta, i) for i in range(meta.num_outputs())))
+
+    return with_its_log(read)
 
 
 def _tensor_meta(read, index: int) -> TensorMeta | None:
     """The :class:`TensorMeta` that ``read(index)`` (a method meta's ``input_tensor_meta`` or
-    ``output_tensor_meta``) gives, None where the value at ``index`` is not a tensor."""
+    ``output_tensor_meta``) gives, None where the value at ``index`` is not a tensor: the runtime logs
+    why it refuses one, which goes into the refusal and is dropped with it."""
     try:
-        info = read(index)
+        info = with_its_log(lambda: read(index), explained=(IndexError, RuntimeError))
     except (IndexError, RuntimeError):
         return None
+    code = info.dtype()
+    dtype = _torch_dtype(code)
+    return TensorMeta(tuple(info.sizes()), dtype, info.nbytes(), None if dtype is not None else code)
+
+
+def _torch_dtype(code: int) -> Any:
+    """The torch dtype of the runtime's ScalarType ``code``; None for one torch lacks or an unknown code."""
     from executorch.exir.schema import ScalarType
     from executorch.exir.tensor import get_scalar_type
 
-    return TensorMeta(tuple(info.sizes()), get_scalar_type(ScalarType(info.dtype())), info.nbytes())
+    try:
+        return get_scalar_type(ScalarType(code))
+    except (KeyError, ValueError):
+        return None
 
 
 def set_threads(threads: int) -> int:

@@ -135,20 +135,21 @@ def in_one_line(log: str) -> str:
     return printable("; ".join(shown))
 
 
-def with_its_log(step: Callable[[], T]) -> T:
+def with_its_log(step: Callable[[], T], explained: tuple[type[Exception], ...] = (RuntimeError,)) -> T:
     """Call into the runtime, holding what it logs from this thread while the call runs.
 
-    When the call raises a ``RuntimeError`` (what the bindings raise), the log becomes part of the
-    message and nothing is printed; otherwise (success, another error, an interrupt) the log is written
-    out as it would have been, after the call. A crash of the process itself loses it.
+    When the call raises one of ``explained`` (the bindings raise ``RuntimeError``, and ``IndexError``
+    where a method meta has no tensor at an index), the log becomes part of the message, in an error of
+    the same type, and nothing is printed; otherwise (success, another error, an interrupt) the log is
+    written out as it would have been, after the call. A crash of the process itself loses it.
     """
     with _standing_in(_Held) as stream:
         try:
             result = step()
-        except RuntimeError as error:
+        except explained as error:
             log = in_one_line(stream.held.getvalue())
             if log:
-                raise RuntimeError(f"{error} (the runtime logged: {log})") from error
+                raise type(error)(f"{error} (the runtime logged: {log})") from error
             raise
         except BaseException:
             stream.target.write(stream.held.getvalue())
