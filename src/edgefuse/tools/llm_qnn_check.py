@@ -171,6 +171,11 @@ def counted_step(reference, clipped: dict[str, tuple[str, float]] | None = None)
     return counting, tolerances
 
 
+#: The largest ``--seed``: the weights are drawn from the seed and the calibration prompt from ``seed + 1``,
+#: each within a signed 64-bit integer (torch's generators refuse a seed past 64 bits with a traceback).
+MAX_SEED = 2**63 - 2
+
+
 def calibration_arguments(directory: str, vocab: int, calls: int, seed: int = 0) -> list[str]:
     """The overrides that have export_llm calibrate over ``calls`` calls, one token each: a prompt of
     :data:`CALIBRATION_PROMPT` tokens drawn from ``seed + 1`` (not the checked prompt, drawn from 0), then
@@ -374,8 +379,8 @@ def _main(argv: list[str] | None) -> int:
         parser.error("--calibration from 0 to 128 calls (the default context is 128)")
     if args.mask is not None and not -65504 <= args.mask < 0:
         parser.error("--mask is a negative float16 value, from -65504 to below 0")
-    if args.seed < 0:
-        parser.error("--seed is a whole number from 0")
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed is a whole number from 0 to {MAX_SEED}")
     from edgefuse.inputs.errors import UNAVAILABLE, Unavailable
     from edgefuse.compare.qnn_flows import require_libraries
     from edgefuse.console.tables import format_table
