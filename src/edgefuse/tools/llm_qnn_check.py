@@ -33,11 +33,11 @@ prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) an
   input) unless given calibration data, so every later call leaves ranges that call set, and the norms
   stock leaves in pieces clip their ``rsqrt``: the ``clipped`` column says which ops and how far.
   ``--calibration 16`` has export_llm calibrate over 16 calls instead; ``--seed`` draws other weights
-  and another calibration prompt. ``mean err`` is the mean absolute error of the logits against the
+  and another calibration prompt (from 0 to 2**63 - 2; the checked prompt stays the same). ``mean err`` is the mean absolute error of the logits against the
   module (steadier than the largest, which one logit sets); for a program of rebuilt norms, ``mean err,
   RmsNorm rounding down`` is the same against its module with each ``rms_norm`` output rounding down as
-  QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`), which says how much of the program's
-  error that rounding is. docs/qnn-16a4w.md has the measurements and what they show about the norms.
+  QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`): the two side by side say how much the
+  program's error moves when the module rounds as QNN does. docs/qnn-16a4w.md has the measurements and what they show about the norms.
 
 A case passes when edgefuse's program rebuilds every norm it decided on into one QNN ``RmsNorm``, has no
 fewer RmsNorm ops than stock's, and stays within its bound at every step, as stock's is held to.
