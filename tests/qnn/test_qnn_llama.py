@@ -3,7 +3,8 @@ tests write (one layer, QK norms, head dims 32 and 64, random weights, a Sentenc
 here on four sentences), compile-only, each method run on the HTP emulator.
 
 The script is run once per config for the module (it compiles for about two minutes); the tests read
-those runs. The third config, head dim 64 with a vocabulary of 64, is the one the script types wrong.
+those runs. The script's wrong typing of logits as large as a head dim (a vocabulary of 64 at head dim 64)
+is tested on the smallest program that has it: one linear layer whose 16-bit output is declared ``uint8``.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def write_config(folder, head_dim: int, vocab: int = VOCAB) -> list[str]:
 
 
 #: The configs the script is run on, by name: head dim and vocabulary.
-CONFIGS = {"hd32": (32, VOCAB), "hd64": (64, VOCAB), "hd64-vocab64": (64, 64)}
+CONFIGS = {"hd32": (32, VOCAB), "hd64": (64, VOCAB)}
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -95,20 +96,11 @@ def test_compile_only_writes_a_program_of_a_prefill_and_a_decode(script_run):
 
 
 #: What QNN 2.51's HTP emulator makes of each method of each config, measured: both methods match their
-#: fake-quantized modules at head dims 32 and 64. With a vocabulary equal to the head dim the script
-#: declares the logits ``uint8`` (the KV cache's type, see :data:`VOCAB`) where QNN writes 16-bit levels:
-#: run so, the method writes past the runtime's buffer (glibc's "free(): invalid next size" when it is
-#: freed) and its logits are read as the wrong type; edgefuse does not run it and says why. A QNN, a script
-#: or an edgefuse that changes one fails this test, and the entry is measured again.
+#: fake-quantized modules at head dims 32 and 64. A QNN, a script or an edgefuse that changes one fails
+#: this test, and the entry is measured again.
 MEASURED = {
     "hd32": {"kv_forward": "matches", "prefill_forward": "matches"},
     "hd64": {"kv_forward": "matches", "prefill_forward": "matches"},
-    "hd64-vocab64": {
-        "kv_forward": "not run: the program's output 0 is declared uint8 [1, 1, 64] (64 bytes) where its "
-                      "module's levels are uint16 (128 bytes)",
-        "prefill_forward": "not run: the program's output 0 is declared uint8 [1, 16, 64] (1024 bytes) where "
-                           "its module's levels are uint16 (2048 bytes)",
-    },
 }
 
 
@@ -128,6 +120,72 @@ def test_each_method_runs_on_the_emulator_against_its_fake_quantized_module(scri
     for check in checks.values():
         if check.failure is None:  # the logits are quantized: compared at their quantization steps
             assert len(check.comparisons) == 3 and check.tolerances[0] is not None
+
+
+@pytest.fixture(scope="module")
+def logits_declared_uint8(qnn_sdk):
+    """The script's run of a vocabulary equal to the head dim, on the smallest program that has what it
+    did to the logits: one ``nn.Linear(64, 64)`` quantized 16a8w, lowered for SM8650 with the QNN backend's
+    own ``TagQuantIO`` declaring its input ``uint16`` and its output ``uint8``, and written as the script writes its program
+    (``BuildQuantIo``, inputs and outputs not planned). A :class:`edgefuse.llm.static_llama.ScriptRun` of
+    its one method, ``forward``."""
+    import argparse
+
+    from executorch.backends.qualcomm._passes.build_quant_io import BuildQuantIo
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import QnnPassManager
+    from executorch.backends.qualcomm._passes.tag_quant_io import TagQuantIO
+    from executorch.backends.qualcomm.quantizer.quantizer import QnnQuantizer, QuantDtype
+    from executorch.backends.qualcomm.serialization.qc_schema import QcomChipset, QnnExecuTorchBackendType
+    from executorch.backends.qualcomm.utils.constants import QCOM_PASS_ACTIVATE_KEY, QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY
+    from executorch.backends.qualcomm.utils.utils import (
+        generate_htp_compiler_spec,
+        generate_qnn_executorch_compiler_spec,
+        get_qnn_context_binary_alignment,
+        to_edge_transform_and_lower_to_qnn,
+    )
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    from edgefuse.llm.static_llama import Method, ScriptRun
+
+    torch.manual_seed(0)
+    module, x = torch.nn.Linear(64, 64).eval(), torch.randn(1, 16, 64)
+    quantizer = QnnQuantizer(backend=QnnExecuTorchBackendType.kHtpBackend, soc_model=QcomChipset.SM8650)
+    quantizer.set_default_quant_config(QuantDtype.use_16a8w)
+    prepared = prepare_pt2e(torch.export.export(module, (x,)).module(), quantizer)
+    prepared(x)
+    converted = convert_pt2e(prepared)
+
+    def declared(node):  # the input in its levels' type, as the script declares its own; the output uint8
+        if node.op == "placeholder":
+            return torch.uint16
+        return torch.uint8 if any(user.op == "output" for user in node.users) else None
+
+    passes = QnnPassManager.get_capture_program_passes()
+    passes[TagQuantIO][QCOM_PASS_ACTIVATE_KEY] = True
+    passes[TagQuantIO][QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY]["get_quant_io_dtype_fn"] = declared
+    specs = generate_qnn_executorch_compiler_spec(
+        soc_model=QcomChipset.SM8650, backend_options=generate_htp_compiler_spec(use_fp16=False))
+    edge = to_edge_transform_and_lower_to_qnn(converted, (x,), specs, passes_job=passes)
+    pte = edge.to_executorch(ExecutorchBackendConfig(
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, alloc_graph_output=False),
+        passes=[BuildQuantIo()], segment_alignment=get_qnn_context_binary_alignment())).buffer
+    return ScriptRun(argparse.Namespace(), "", pte, {"forward": Method("forward", converted, (x,))}, edge)
+
+
+@pytest.mark.slow
+def test_a_method_declaring_its_16_bit_logits_uint8_is_not_run(logits_declared_uint8):
+    """Run so, QNN writes the output's 16-bit levels, 2048 bytes, into the 1024-byte buffer the runtime
+    sizes by the declaration, and the process ends when the method is freed (docs/qnn-llama.md)."""
+    from edgefuse.llm.static_llama import check_method
+
+    check = check_method(logits_declared_uint8, "forward")
+    assert check.failure == (
+        "not run: the program's output 0 is declared uint8 [1, 16, 64] (1024 bytes) where its module's levels "
+        "are uint16 (2048 bytes); QNN reads and writes the levels it was compiled with, past the buffers the "
+        "runtime sizes by the declared types")
+    assert not check.ok and check.comparisons == []
 
 
 @pytest.mark.slow

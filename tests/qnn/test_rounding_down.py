@@ -49,3 +49,24 @@ def test_without_quantizes_to_round_down_it_is_the_module():
     x, weight = _inputs()
     for got, expected in zip(rounding_down(converted, [])(x, weight), converted(x, weight)):
         assert torch.equal(got, expected)
+
+
+class NormPerChannel(torch.nn.Module):
+    """A norm whose output is quantized per channel beside one quantized per tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("scales", torch.full((8,), STEP))
+        self.register_buffer("zero_points", torch.zeros(8, dtype=torch.long))
+
+    def forward(self, x, weight):
+        norm = torch.ops.aten.rms_norm.default(x, [8], weight, 1e-6)
+        per_channel = OPS.quantize_per_channel.default(norm, self.scales, self.zero_points, 1, -128, 127, torch.int8)
+        return per_channel, _fake_quantized(norm)
+
+
+def test_a_norm_output_quantized_per_channel_is_not_one_to_round_down():
+    """:func:`rounding_down` reads a per-tensor op's scale, zero point, range and dtype; a per-channel op's
+    arguments in those places are its scales, zero points, axis and range."""
+    converted = torch.fx.symbolic_trace(NormPerChannel())
+    assert [str(node.target) for node in rms_norm_roundings(converted)] == ["quantized_decomposed.quantize_per_tensor.default"]

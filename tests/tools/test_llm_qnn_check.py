@@ -17,7 +17,8 @@ from edgefuse.tools.llm_qnn_check import CASES, calibration_arguments, check_cas
     (["--mask", "nan"], "--mask is a negative float16 value"),
     (["--calibration", "-1"], "--calibration from 0 to 128 calls"),
     (["--calibration", "129"], "--calibration from 0 to 128 calls"),
-    (["--seed", "-1"], "--seed is a whole number from 0"),
+    (["--seed", "-1"], "--seed is a whole number from 0 to 9223372036854775806"),
+    (["--seed", str(2**63 - 1)], "--seed is a whole number from 0 to 9223372036854775806"),
 ])
 def test_each_bad_option_names_itself(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -120,3 +121,79 @@ def test_each_row_gives_the_mean_errors():
     table = rows(CASES["llama-16a4w"], {"stock": check("stock", []), "edgefuse": check("edgefuse", [0.002, 0.004])})
     mean, down = HEADER.index("mean err"), HEADER.index("mean err, RmsNorm rounding down")
     assert [(row[mean], row[down]) for row in table] == [("0.02", "-"), ("0.02", "0.003")]
+
+
+class _Reference(torch.fx.GraphModule):
+    """A traced :class:`_NormModel` called as export_llm's converted module is: tokens, then ``{"input_pos": ...}``."""
+
+    def __call__(self, tokens, kwargs):
+        return super().__call__(tokens, kwargs["input_pos"])
+
+
+#: What the stand-in program adds to its module's logits: two of their quantization steps.
+_OFF = 0.02
+
+
+def _stand_ins(monkeypatch, fed: list) -> None:
+    """export_llm, the float model and the program loader replaced: each lowering's converted module is a
+    :class:`_Reference` (a norm for edgefuse, none for stock), the float model gives logits of 5, and the
+    program gives its module's logits plus :data:`_OFF`, recording the tokens it is fed in ``fed``."""
+    import copy
+    from types import SimpleNamespace
+
+    import edgefuse.llm.export
+    import edgefuse.llm.pte
+    import edgefuse.runtime
+
+    references = {}
+
+    def export(arguments, lowering):
+        (path,) = [a.split("=", 1)[1] for a in arguments if a.startswith("export.output_name=")]
+        open(path, "wb").close()
+        torch.manual_seed(0)
+        model = _NormModel(norm=lowering == "edgefuse")
+        references[path] = _Reference(model, torch.fx.Tracer().trace(model))
+        decisions = [SimpleNamespace(rebuilt=True)] if lowering == "edgefuse" else []
+        record = SimpleNamespace(decisions=decisions, rms_norms=len(decisions), quantized=True, reference=references[path])
+        return SimpleNamespace(config=None, swap=SimpleNamespace(qnn=record))
+
+    class Program:
+        def __init__(self, pte):
+            self.module = copy.deepcopy(next(reversed(references.values())))  # the program just written
+
+        def run(self, inputs):
+            tokens, position = inputs
+            fed.append(tokens.flatten().tolist())
+            return [self.module(tokens, {"input_pos": position}) + _OFF]
+
+    monkeypatch.setattr(edgefuse.llm.eager, "write_small_model", lambda directory, params, seed=0: ("p.json", "c.pth"))
+    monkeypatch.setattr(edgefuse.llm.eager, "eager_model", lambda config: lambda tokens, kwargs: torch.full((1, 1, 8), 5.0))
+    monkeypatch.setattr(edgefuse.llm.export, "run_export_llm", export)
+    monkeypatch.setattr(edgefuse.llm.pte, "read_pte", lambda path: None)
+    monkeypatch.setattr(edgefuse.runtime, "LoadedProgram", Program)
+
+
+def test_a_quantized_program_is_held_to_its_module_and_edgefuses_to_its_norms_rounding_down(monkeypatch, tmp_path):
+    """The quantized branch of :func:`check_case`: mean errors against the converted module's logits, not
+    float eager's; against the module whose norms round down for edgefuse's lowering, whose module has a
+    norm (none for stock's)."""
+    case = llm_qnn_check.QnnCase("tiny-8a8w", {"vocab_size": 16}, "llama3", "qnn_8a8w")
+    _stand_ins(monkeypatch, [])
+    checks = check_case(case, str(tmp_path), prefill=2, decode=3)
+    for check in checks.values():
+        assert check.mean_errors == pytest.approx([_OFF] * 4, abs=1e-6)
+        assert min(check.versus_float) > 3  # the module's logits are within 1.28 of 0, the float model's 5
+    assert checks["stock"].rounding_down == []
+    down = checks["edgefuse"].rounding_down
+    assert len(down) == 4 and all(_OFF < d <= _OFF + 0.01 + 1e-6 for d in down)
+
+
+def test_the_checked_prompt_does_not_change_with_the_seed(monkeypatch, tmp_path):
+    case = llm_qnn_check.QnnCase("tiny-8a8w", {"vocab_size": 16}, "llama3", "qnn_8a8w")
+    fed = {}
+    for seed in (0, 3):
+        fed[seed] = []
+        (tmp_path / str(seed)).mkdir()
+        _stand_ins(monkeypatch, fed[seed])
+        check_case(case, str(tmp_path / str(seed)), prefill=2, decode=3, lowerings=("edgefuse",), seed=seed)
+    assert len(fed[0]) == 5 and fed[0] == fed[3]

@@ -235,14 +235,17 @@ def _largest_move(moved: list[list], base: list, i: int, step: float | None) -> 
 
 
 def rms_norm_roundings(converted) -> list:
-    """The quantize ops of a converted (fake-quantized) graph module that round an ``rms_norm``'s output:
-    where the module rounds to the nearest level and QNN's ``RmsNorm`` kernel does not (:func:`rounding_down`)."""
+    """The per-tensor quantize ops of a converted (fake-quantized) graph module that round an ``rms_norm``'s
+    output: where the module rounds to the nearest level and QNN's ``RmsNorm`` kernel does not
+    (:func:`rounding_down`, which reads a per-tensor op's arguments: one scale, one zero point, the range
+    and the dtype)."""
     from edgefuse.core.ops import Role, table_for
     from edgefuse.quant.facts import is_quantize
 
     table = table_for(converted.graph)
     return [node for node in converted.graph.nodes
-            if is_quantize(node) and node.args and table.is_a(node.args[0], Role.RMS_NORM)]
+            if is_quantize(node) and "quantize_per_tensor" in str(node.target)
+            and node.args and table.is_a(node.args[0], Role.RMS_NORM)]
 
 
 def rounding_down(converted, quantizes: Sequence[Any]):

@@ -33,11 +33,11 @@ prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) an
   input) unless given calibration data, so every later call leaves ranges that call set, and the norms
   stock leaves in pieces clip their ``rsqrt``: the ``clipped`` column says which ops and how far.
   ``--calibration 16`` has export_llm calibrate over 16 calls instead; ``--seed`` draws other weights
-  and another calibration prompt. ``mean err`` is the mean absolute error of the logits against the
+  and another calibration prompt (from 0 to 2**63 - 2; the checked prompt stays the same). ``mean err`` is the mean absolute error of the logits against the
   module (steadier than the largest, which one logit sets); for a program of rebuilt norms, ``mean err,
   RmsNorm rounding down`` is the same against its module with each ``rms_norm`` output rounding down as
-  QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`), which says how much of the program's
-  error that rounding is. docs/qnn-16a4w.md has the measurements and what they show about the norms.
+  QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`): the two side by side say how much the
+  program's error moves when the module rounds as QNN does. docs/qnn-16a4w.md has the measurements and what they show about the norms.
 
 A case passes when edgefuse's program rebuilds every norm it decided on into one QNN ``RmsNorm``, has no
 fewer RmsNorm ops than stock's, and stays within its bound at every step, as stock's is held to.
@@ -169,6 +169,11 @@ def counted_step(reference, clipped: dict[str, tuple[str, float]] | None = None)
         return logits
 
     return counting, tolerances
+
+
+#: The largest ``--seed``: the weights are drawn from the seed and the calibration prompt from ``seed + 1``,
+#: each within a signed 64-bit integer (torch's generators refuse a seed past 64 bits with a traceback).
+MAX_SEED = 2**63 - 2
 
 
 def calibration_arguments(directory: str, vocab: int, calls: int, seed: int = 0) -> list[str]:
@@ -374,8 +379,8 @@ def _main(argv: list[str] | None) -> int:
         parser.error("--calibration from 0 to 128 calls (the default context is 128)")
     if args.mask is not None and not -65504 <= args.mask < 0:
         parser.error("--mask is a negative float16 value, from -65504 to below 0")
-    if args.seed < 0:
-        parser.error("--seed is a whole number from 0")
+    if not 0 <= args.seed <= MAX_SEED:
+        parser.error(f"--seed is a whole number from 0 to {MAX_SEED}")
     from edgefuse.inputs.errors import UNAVAILABLE, Unavailable
     from edgefuse.compare.qnn_flows import require_libraries
     from edgefuse.console.tables import format_table
