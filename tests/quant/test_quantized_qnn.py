@@ -285,8 +285,29 @@ def rebuilt_norm_bound(converted, key: str, x: torch.Tensor, weight: torch.Tenso
     return norm_perturbation(x, w, s_in / 2, EPS) + dw * n.abs() + s_out / 2 + roundings * half * y + 8 * torch.finfo(torch.float32).eps * y
 
 
+@pytest.fixture(scope="module")
+def tiny_flows():
+    """A tiny model quantized for QNN rebuilt (``edgefuse``) and not (the ``casts`` flow), each model and
+    dtype once: the model, its example, its calibration inputs and the two flows by mode. The accuracy
+    test and the casts test read the same tiny Gemma3 flows."""
+    from edgefuse.inputs.models import build_model
+    from edgefuse.compare.quant_tables import calibration_inputs
+
+    built = {}
+
+    def flows(name, dtype):
+        if (name, dtype) not in built:
+            module, example = build_model(name, dtype, 0)
+            calibration = calibration_inputs(example)
+            built[name, dtype] = module, example, calibration, {
+                mode: quantize_for_qnn(module, example, calibration, recompose=mode) for mode in ("edgefuse", "casts")}
+        return built[name, dtype]
+
+    return flows
+
+
 @pytest.mark.parametrize("name, dtype", TINY_MODELS, ids=[f"{n}-{dtype_name(d)}" for n, d in TINY_MODELS])
-def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(name, dtype):
+def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(tiny_flows, name, dtype):
     """Each norm edgefuse rebuilds, inside the whole quantized model, against the same graph not rebuilt.
 
     The baseline is the ``casts`` flow: edgefuse's graph before it rebuilds (casts that change nothing
@@ -301,15 +322,12 @@ def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(
     The logits are not compared: there every quantized op downstream rounds, and a norm moved by a
     fraction of a step flips those roundings either way (``python -m edgefuse.tools.quant`` shows them).
     """
-    from edgefuse.inputs.models import build_model
     from edgefuse.quant.diagnose import norm_ends, norm_runs, own_errors
-    from edgefuse.compare.quant_tables import calibration_inputs, held_out_inputs
+    from edgefuse.compare.quant_tables import held_out_inputs
 
-    module, example = build_model(name, dtype, 0)
-    calibration = calibration_inputs(example)
+    module, example, calibration, flows = tiny_flows(name, dtype)
     runs = calibration + held_out_inputs(example, 4)
-    rebuilt = quantize_for_qnn(module, example, calibration, recompose="edgefuse")
-    baseline = quantize_for_qnn(module, example, calibration, recompose="casts")
+    rebuilt, baseline = flows["edgefuse"], flows["casts"]
     assert rebuilt.removed_casts == baseline.removed_casts
     keys = [n.key for n in rebuilt.norms if n.rebuilt]
     assert len(keys) == len([d for d in rebuilt.decisions if d.rebuilt]), "a rebuilt norm has no quantization facts"
@@ -342,16 +360,11 @@ def test_recomposition_never_makes_a_rebuilt_norm_of_a_tiny_model_less_accurate(
             assert bool((error <= bound).all()), f"{key}: {float((error - bound).max()):.3g} beyond its bound"
 
 
-def test_a_rebuilt_norm_covers_the_casts_its_decomposed_norm_covered():
+def test_a_rebuilt_norm_covers_the_casts_its_decomposed_norm_covered(tiny_flows):
     """Tiny Gemma3 in bfloat16 keeps an upcast before and a ``type_as`` after each rebuilt float32 norm
     (its ``1 + w`` weight is float32, which a bfloat16 ``rms_norm`` would round). Those casts stay in
     the norm's window, so the pairs the norms are said to save are exactly the pairs the program saves."""
-    from edgefuse.inputs.models import build_model
-    from edgefuse.compare.quant_tables import calibration_inputs
-
-    module, example = build_model("tiny-gemma3", torch.bfloat16, 0)
-    calibration = calibration_inputs(example)
-    flows = {mode: quantize_for_qnn(module, example, calibration, recompose=mode) for mode in ("casts", "edgefuse")}
+    *_, flows = tiny_flows("tiny-gemma3", torch.bfloat16)
 
     rebuilt = [n for n in flows["edgefuse"].norms if n.rebuilt]
     assert rebuilt and all(n.ops == ("to", "rms_norm", "type_as") for n in rebuilt), [n.ops for n in rebuilt]
