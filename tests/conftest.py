@@ -162,6 +162,33 @@ def _cia_ops_cached():
         yield
 
 
+#: The modes each case of a test parametrized by ``mode`` is collected in, by the case's other parameters
+#: (read through :func:`case_modes` by tests/harness.py).
+_MODES_OF_CASE: dict[tuple, set[str]] = collections.defaultdict(set)
+
+
+def _case(item: pytest.Item) -> tuple | None:
+    """A case's key: its test and its parameters other than ``mode``, or only those a ``dim_order_case``
+    marker names (a design that runs each value of those in every mode, each time with other values)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "mode" not in params:
+        return None
+    marker = item.get_closest_marker("dim_order_case")
+    names = set(marker.args) if marker else set(params) - {"mode"}
+    return item.path, item.originalname, tuple(sorted((name, repr(params[name])) for name in names))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    if (case := _case(item)) is not None:
+        _MODES_OF_CASE[case].add(item.callspec.params["mode"])
+
+
+def case_modes() -> set[str] | None:
+    """The modes the running test's case is collected in, ``None`` for a test not parametrized by ``mode``."""
+    case = None if _running is None else _case(_running)
+    return None if case is None else _MODES_OF_CASE[case]
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
     global _running

@@ -17,7 +17,7 @@ from edgefuse.core.profiles import FLOAT, PROFILES, QUANTIZED, ShapeLimit
 from edgefuse.core.ops import Role, table_for
 from edgefuse.core.verify import compare_elementwise
 
-from tests.harness import MODES, cast_path, rewrite, rms_norm_nodes
+from tests.harness import DIM_ORDER_MODES, MODES, cast_path, rewrite, rms_norm_nodes
 
 EPS = 1e-6
 LIMIT = ShapeLimit(
@@ -66,7 +66,7 @@ def _view_source(node):
 
 
 @pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_a_covered_norm_is_rebuilt_on_a_rows_view(mode, dtype):
     module, inputs = QkNorm().to(dtype), (_x((1, 16, 4, 32), dtype),)
     rewritten = rewrite(module, inputs, mode, backend=_profile(LIMIT))
@@ -200,7 +200,7 @@ class OneElementExponent(ConstantExponent):
         self.exponent = torch.tensor([2.0], dtype=torch.float32)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_a_pow_by_a_one_element_tensor_of_two_is_not_a_square(mode):
     # float16 x to the power of a float32 [1] tensor is float32: a square of x in float16 it is not.
     module, inputs = OneElementExponent().half(), (_x((2, 5, 16), torch.float16),)

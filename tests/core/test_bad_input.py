@@ -10,14 +10,14 @@ from torch.export import Dim, export
 import edgefuse
 from edgefuse.core.verify import compare
 from tests.forms import LlamaNorm
-from tests.harness import MODES, cast_path, norm_input, exported, rewrite, rms_norm_nodes
+from tests.harness import DIM_ORDER_MODES, MODES, cast_path, norm_input, exported, rewrite, rms_norm_nodes
 
 
 def _x(dtype=torch.float16, shape=(2, 5, 16)):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(dtype)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_a_graph_without_tensor_metadata_leaves_norms_with_a_reason(mode):
     target = exported(LlamaNorm().to(torch.float16), (_x(),), mode)
     graph_module = target if mode == "capture" else target.graph_module
@@ -41,7 +41,7 @@ def test_a_symbolic_normalized_shape_leaves_the_norm_with_a_reason(mode):
     assert not decision.rebuilt and "symbolic" in decision.reason
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_symbolic_leading_dims_are_rebuilt_and_match_eager_at_several_sizes(mode):
     module = LlamaNorm().to(torch.float16)
     rows = Dim("rows", min=1, max=64)
@@ -71,7 +71,7 @@ class UnknownCastNorm(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_an_unknown_cast_is_never_walked_past(mode):
     module = UnknownCastNorm().to(torch.float16)
     rewritten = rewrite(module, (_x(),), mode)

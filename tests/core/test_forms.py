@@ -14,7 +14,7 @@ from edgefuse.fuzz.render import norm_module
 from edgefuse.core.ops import Role, table_for
 from edgefuse.core.verify import compare_elementwise
 from tests.forms import WRITTEN, FunctionalNorm, LlamaNorm
-from tests.harness import DTYPES, MODES, cast_path, norm_input, rewrite, rms_norm_nodes
+from tests.harness import DTYPES, DIM_ORDER_MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 #: Every form of the registry (edgefuse.core.forms.FORMS) that captured graphs hold decomposed:
 #: ``F.rms_norm`` stays one node there, and edge graphs decompose it (its own test below).
@@ -70,16 +70,17 @@ def assert_matches_eager(module, inputs, rewritten, units=ONE_ROUNDING_MORE):
 #: Each (form, dtype) rebuilt in one mode, the mode moving on by one with the form and with the dtype (a
 #: Latin square): every (form, mode) and every (dtype, mode) pair is still rebuilt, in a third of the
 #: full product's cases.
-CASES = [(form, dtype, MODES[(i + j) % len(MODES)]) for i, form in enumerate(FORMS) for j, dtype in enumerate(DTYPES)]
+CASES = [(form, dtype, DIM_ORDER_MODES[(i + j) % len(DIM_ORDER_MODES)]) for i, form in enumerate(FORMS) for j, dtype in enumerate(DTYPES)]
 
 
 def test_the_form_cases_cover_every_form_and_dtype_in_every_mode():
     """The covering design above leaves no form of the registry, and no dtype, untested in any mode."""
     assert {(form, dtype) for form, dtype, _ in CASES} == set(itertools.product(FORMS, DTYPES))
-    assert {(form, mode) for form, _, mode in CASES} == set(itertools.product(FORMS, MODES))
-    assert {(dtype, mode) for _, dtype, mode in CASES} == set(itertools.product(DTYPES, MODES))
+    assert {(form, mode) for form, _, mode in CASES} == set(itertools.product(FORMS, DIM_ORDER_MODES))
+    assert {(dtype, mode) for _, dtype, mode in CASES} == set(itertools.product(DTYPES, DIM_ORDER_MODES))
 
 
+@pytest.mark.dim_order_case("form")  # each form runs in both edge modes, each in one dtype
 @pytest.mark.parametrize(("form", "dtype", "mode"), [pytest.param(*case, id="-".join(map(str, case))) for case in CASES])
 def test_every_form_is_rebuilt_on_its_input(form, dtype, mode):
     entry = registry.FORMS[form]
@@ -126,7 +127,7 @@ def test_functional_rms_norm_decomposed_by_edge_is_rebuilt(dtype, mode):
     assert_matches_eager(module, inputs, rewritten)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_qk_norm_on_four_dims_is_rebuilt_over_the_head_dim(dtype, mode):
     module = LlamaNorm().to(dtype)

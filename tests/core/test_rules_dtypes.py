@@ -9,7 +9,7 @@ from torch import nn
 import edgefuse
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import EPS, LlamaNorm, RoundInsideNorm
-from tests.harness import MODES, cast_path, norm_input, exported, rewrite, rms_norm_nodes
+from tests.harness import DIM_ORDER_MODES, MODES, cast_path, norm_input, exported, rewrite, rms_norm_nodes
 
 
 # Rule 7: input and output share a dtype D, and everything the norm computes is D or wider, and no wider
@@ -30,7 +30,7 @@ class Float64Inside(nn.Module):
         return self.weight * h.to(x.dtype)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_rule_a_norm_computed_wider_than_rms_norm_computes_stays(mode, dtype):
     # rms_norm computes a float32 (or bfloat16) norm in float32: rebuilt, squares of 1e20 would overflow
@@ -40,7 +40,7 @@ def test_rule_a_norm_computed_wider_than_rms_norm_computes_stays(mode, dtype):
     assert_left(rewrite(module, inputs, mode), "computes in float64 inside a", "would add roundings")
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_rule_a_float64_norm_is_rebuilt_in_float64(mode):
     # eps a float32 value: to_edge lifts a scalar eps into a float32 constant, so 1e-6 would already be
     # rounded in the unrewritten edge program
@@ -52,7 +52,7 @@ def test_rule_a_float64_norm_is_rebuilt_in_float64(mode):
     assert_matches_eager(module, inputs, rewritten)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_rule_rounding_inside_the_norm_stays(mode):
     module = RoundInsideNorm()
     rewritten = rewrite(module, (sample(),), mode)
@@ -73,7 +73,7 @@ class HalfRoundInsideNorm(nn.Module):
         return h.to(self.inside).to(x.dtype)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 @pytest.mark.parametrize(
     "dtype, inside", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)], ids=["f16-via-bf16", "bf16-via-f16"]
 )
@@ -97,7 +97,7 @@ class UpcastThroughTheOtherHalfNorm(nn.Module):
         return h.to(x.dtype)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_rule_the_walk_back_never_passes_a_cast_between_half_dtypes(mode):
     module, inputs = UpcastThroughTheOtherHalfNorm(), (sample(torch.bfloat16),)
     rewritten = rewrite(module, inputs, mode)
@@ -107,7 +107,7 @@ def test_rule_the_walk_back_never_passes_a_cast_between_half_dtypes(mode):
     assert_matches_eager(module, inputs, rewritten, dtype=torch.bfloat16)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_rule_a_half_norm_with_a_float32_weight_stays(mode):
     module = LlamaNorm().to(torch.float16)
     module.weight.data = module.weight.data.float()
@@ -117,7 +117,7 @@ def test_rule_a_half_norm_with_a_float32_weight_stays(mode):
 
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_qnn_folds_a_narrower_weight_that_the_multiply_widens(mode):
     """A bfloat16 weight on a float32 norm: the multiply promotes it to float32 exactly, so the float32
     constant qnn takes holds the same values."""

@@ -8,7 +8,7 @@ from torch import nn
 
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import EPS
-from tests.harness import MODES, cast_path, norm_input, rewrite, rms_norm_nodes
+from tests.harness import DIM_ORDER_MODES, MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 
 # Rule 4: eps is a finite, non-negative constant.
@@ -57,7 +57,7 @@ def _with_a_zero_row(dtype):
     return x
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_rule_an_eps_that_underflows_where_it_is_added_is_eps_zero(mode):
     """1e-12 is 0 in float16: the model's zero row is 0 * rsqrt(0) = NaN, and the rebuilt norm must agree."""
     module, inputs = EpsNorm(1e-12), (_with_a_zero_row(torch.float16),)
@@ -84,7 +84,7 @@ def test_rule_an_eps_that_fits_keeps_its_value_and_has_no_note(mode):
     assert_matches_eager(module, inputs, rewritten)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_rule_an_eps_that_overflows_where_it_is_added_stays(mode):
     """1e5 is inf in float16: every sum is inf and the model's norm is 0; rms_norm in float32 would not be."""
     module, inputs = EpsNorm(1e5), (sample(torch.float16),)
@@ -108,7 +108,7 @@ class CastFactor(nn.Module):
         return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + EPS).to(x.dtype)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_a_norm_left_for_its_shared_sum_or_its_cast_factor_names_that_node(mode):
     assert_left(rewrite(SharedEpsSum(), (sample(),), mode), "the mean of squares plus eps (", "is used by more than one node")
     assert_left(rewrite(CastFactor(), (sample(torch.float16),), mode), "the rsqrt is cast (")

@@ -10,7 +10,7 @@ from torch import nn
 
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import EPS, GemmaNorm, LlamaNorm
-from tests.harness import MODES, cast_path, norm_input, rewrite, rms_norm_nodes
+from tests.harness import DIM_ORDER_MODES, MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 
 # Backend profiles.
@@ -85,7 +85,7 @@ def test_qnn_folds_gemmas_one_plus_w_into_a_constant(mode):
     assert_matches_eager(module, inputs, rewritten)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_qnn_rebuilds_a_half_gemma_norm_in_float32_before_its_cast(mode):
     # Gemma applies its float32 (1 + w) in float32: QNN takes one dtype, so the norm is rebuilt in
     # float32 on the float32 upcast, with the folded float32 weight, and the cast back stays after it.
@@ -100,7 +100,7 @@ def test_qnn_rebuilds_a_half_gemma_norm_in_float32_before_its_cast(mode):
     assert_matches_eager(module, inputs, rewritten)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_qnn_takes_the_weight_in_the_norm_dtype_behind_a_cast(mode):
     module = __import__("tests.forms", fromlist=["Olmo2Norm"]).Olmo2Norm().to(torch.float16)
     inputs = (sample(torch.float16),)
@@ -124,7 +124,7 @@ class WeightTypeAs(nn.Module):
         return self.weight.type_as(x) * h.to(x.dtype)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_qnn_folds_a_weight_cast_with_type_as(mode):
     module = WeightTypeAs()
     inputs = (sample(torch.float16),)

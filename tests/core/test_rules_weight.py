@@ -7,14 +7,14 @@ import torch
 
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import LaterMul, NormThenScale
-from tests.harness import MODES, cast_path, norm_input, rewrite, rms_norm_nodes
+from tests.harness import DIM_ORDER_MODES, cast_path, norm_input, rewrite, rms_norm_nodes
 
 
 # Rule 5: only dtype-only casts between normalization and weight; the weight has the normalized shape.
 
 
 @pytest.mark.parametrize("scale", [2.0, torch.tensor(2.0)], ids=["python-scalar", "0-d-constant"])
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_rule_a_scalar_after_the_norm_is_never_the_weight(scale, mode, dtype):
     module = LaterMul(scale)
@@ -27,7 +27,7 @@ def test_rule_a_scalar_after_the_norm_is_never_the_weight(scale, mode, dtype):
     assert_matches_eager(module, inputs, rewritten)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_rule_a_weight_of_another_shape_is_not_the_weight(mode):
     module = LaterMul(torch.linspace(0.5, 2, 16).reshape(1, 16))
     inputs = (sample(torch.float16),)
@@ -38,7 +38,7 @@ def test_rule_a_weight_of_another_shape_is_not_the_weight(mode):
     assert_matches_eager(module, inputs, rewritten)
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_rule_a_tensor_multiply_after_the_norm_stays_outside(mode, dtype):
     module = NormThenScale(scale_dtype=torch.float32).to(dtype)
@@ -51,7 +51,7 @@ def test_rule_a_tensor_multiply_after_the_norm_stays_outside(mode, dtype):
     assert_matches_eager(module, inputs, rewritten, dtype=dtype)  # a float32 multiply follows the norm
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 def test_rule_a_half_norm_left_for_qnn_lends_no_weight_to_a_later_multiply(mode):
     module = NormThenScale().to(torch.bfloat16)
     module.scale = module.scale.float()

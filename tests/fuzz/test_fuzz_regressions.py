@@ -36,7 +36,7 @@ from edgefuse.fuzz.render import build
 from edgefuse.fuzz.spec import CastSpec, CaseSpec, NormSpec, Tail, WeightSpec
 from edgefuse.fuzz.units import run_unit
 from edgefuse.core.verify import Comparison, compare
-from tests.harness import MODES, exported
+from tests.harness import DIM_ORDER_MODES, exported
 
 # --- eps that rounds to zero in float16 -----------------------------------------------------------------
 
@@ -65,7 +65,7 @@ class TinyEpsNorm(nn.Module):
         return x * r
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
 @pytest.mark.parametrize("backend", ["aten", "qnn"])
 def test_eps_that_is_zero_in_float16_is_rebuilt_as_zero_and_a_zero_row_stays_nan(mode, backend):
     x = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.5, -1.0, 2.0, 0.25]], dtype=torch.float16)
