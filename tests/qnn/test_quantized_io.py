@@ -60,6 +60,17 @@ def test_a_quantized_output_declared_float_is_dequantized_by_qnn_and_no_mismatch
     assert _io().mismatches([uint16], [float32]) == []
 
 
+def test_a_quantized_input_declared_float_is_a_mismatch():
+    """The program is fed a quantized input's levels, which the runtime refuses for an input declared float:
+    the float exemption holds for outputs alone."""
+    uint16 = TensorMeta((1, 16, 48), torch.uint16, 1536)
+    float32 = TensorMeta((1, 16, 48), torch.float32, 3072)
+    assert _io().mismatches([float32], [uint16]) == [
+        "input 0 is declared float32 [1, 16, 48] (3072 bytes) where its module's levels are uint16 (1536 bytes), "
+        "and is fed those levels, which the runtime refuses for a float input"
+    ]
+
+
 def test_a_count_of_declared_inputs_or_outputs_other_than_the_modules_is_a_mismatch():
     uint16 = TensorMeta((1, 16, 48), torch.uint16, 1536)
     assert _io().mismatches([uint16], [uint16, None]) == ["method declares 2 outputs where its module has 1"]
