@@ -110,3 +110,24 @@ def test_a_per_channel_quantize_is_read_by_its_schema():
     assert io.mismatches([uint8], [int8]) == [
         "input 0 is declared uint8 [2, 3] (6 bytes) where its module's levels are int8 (6 bytes)"
     ]
+
+
+class KeywordThrough(torch.nn.Module):
+    """Reads its input as 16-bit levels and gives them back, its quantize ops given the range and dtype by
+    keyword."""
+
+    def forward(self, x):
+        ops = torch.ops.quantized_decomposed
+        levels = ops.quantize_per_tensor.default(x, 0.001, 32768, quant_min=0, quant_max=65535, dtype=torch.int32)
+        return ops.dequantize_per_tensor.default(levels, 0.001, 32768, quant_min=0, quant_max=65535, dtype=torch.int32)
+
+
+def test_quantize_ops_given_keyword_arguments_quantize_the_inputs_and_dequantize_the_outputs():
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+
+    io = quantized_io(torch.fx.symbolic_trace(KeywordThrough()))
+    x = torch.tensor([[0.0, 0.5, -0.25]])
+    (levels,) = io.program_inputs([x])
+    assert levels.dtype == torch.uint16 and levels.tolist() == [[32768, 33268, 32518]]
+    (back,) = io.module_outputs([levels])
+    assert torch.allclose(back, x)

@@ -293,18 +293,12 @@ def output_tolerances(converted, inputs: Sequence[Any]) -> list[tuple[float, Rou
 _LEVEL_DTYPES = {(0, 255): torch.uint8, (-128, 127): torch.int8, (0, 65535): torch.uint16, (-32768, 32767): torch.int16}
 
 
-def _argument(node, name: str) -> Any:
-    """The argument ``name`` of the op ``node`` calls, found by the op's schema: a per-tensor and a
-    per-channel quantize hold their range and dtype at different positions."""
-    if name in node.kwargs:
-        return node.kwargs[name]
-    names = [argument.name for argument in node.target._schema.arguments]
-    return node.args[names.index(name)]
-
-
 def _levels_dtype(node) -> torch.dtype:
-    low, high = int(_argument(node, "quant_min")), int(_argument(node, "quant_max"))
-    return _LEVEL_DTYPES.get((low, high), _argument(node, "dtype"))
+    """The integer type a program holds the levels of the quantize or dequantize op ``node`` in."""
+    from edgefuse.core.mutation import schema_argument
+
+    low, high = int(schema_argument(node, "quant_min")), int(schema_argument(node, "quant_max"))
+    return _LEVEL_DTYPES.get((low, high), schema_argument(node, "dtype"))
 
 
 @dataclass(frozen=True)
@@ -324,14 +318,17 @@ class QuantizedIo:
 
         leaves = pytree.tree_leaves(tuple(inputs))
         return [
-            value if node is None else node.target(value, *node.args[1:]).to(_levels_dtype(node))
+            value if node is None else node.target(value, *node.args[1:], **node.kwargs).to(_levels_dtype(node))
             for value, node in zip(leaves, self.inputs)
         ]
 
     def module_outputs(self, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The program's ``outputs`` in the module's terms: each quantized one dequantized by its op."""
+        from edgefuse.core.mutation import schema_argument
+
         return [
-            value if node is None or value.is_floating_point() else node.target(value.to(_argument(node, "dtype")), *node.args[1:])
+            value if node is None or value.is_floating_point()
+            else node.target(value.to(schema_argument(node, "dtype")), *node.args[1:], **node.kwargs)
             for value, node in zip(outputs, self.outputs)
         ]
 
