@@ -126,9 +126,10 @@ def test_each_method_runs_on_the_emulator_against_its_fake_quantized_module(scri
 def logits_declared_uint8(qnn_sdk):
     """The script's run of a vocabulary equal to the head dim, on the smallest program that has what it
     did to the logits: one ``nn.Linear(64, 64)`` quantized 16a8w, lowered for SM8650 with the QNN backend's
-    own ``TagQuantIO`` declaring its input ``uint16`` and its output ``uint8``, and written as the script writes its program
-    (``BuildQuantIo``, inputs and outputs not planned). A :class:`edgefuse.llm.static_llama.ScriptRun` of
-    its one method, ``forward``."""
+    own ``TagQuantIO`` declaring every placeholder (the input, and the lifted weight and bias) ``uint16`` and
+    the output ``uint8``, and written as the script writes its program (``BuildQuantIo``, inputs and outputs
+    not planned). A :class:`edgefuse.llm.static_llama.ScriptRun` of its one method, ``forward``: its test
+    holds edgefuse's refusal to run the method, not the crash running it ends in (docs/qnn-llama.md)."""
     import argparse
 
     from executorch.backends.qualcomm._passes.build_quant_io import BuildQuantIo

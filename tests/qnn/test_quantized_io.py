@@ -60,6 +60,17 @@ def test_a_quantized_output_declared_float_is_dequantized_by_qnn_and_no_mismatch
     assert _io().mismatches([uint16], [float32]) == []
 
 
+def test_a_quantized_input_declared_float_is_a_mismatch():
+    """The program is fed a quantized input's levels, which the runtime refuses for an input declared float:
+    the float exemption holds for outputs alone."""
+    uint16 = TensorMeta((1, 16, 48), torch.uint16, 1536)
+    float32 = TensorMeta((1, 16, 48), torch.float32, 3072)
+    assert _io().mismatches([float32], [uint16]) == [
+        "input 0 is declared float32 [1, 16, 48] (3072 bytes) where its module's levels are uint16 (1536 bytes), "
+        "and is fed those levels, which the runtime refuses for a float input"
+    ]
+
+
 def test_a_count_of_declared_inputs_or_outputs_other_than_the_modules_is_a_mismatch():
     uint16 = TensorMeta((1, 16, 48), torch.uint16, 1536)
     assert _io().mismatches([uint16], [uint16, None]) == ["method declares 2 outputs where its module has 1"]
@@ -99,3 +110,24 @@ def test_a_per_channel_quantize_is_read_by_its_schema():
     assert io.mismatches([uint8], [int8]) == [
         "input 0 is declared uint8 [2, 3] (6 bytes) where its module's levels are int8 (6 bytes)"
     ]
+
+
+class KeywordThrough(torch.nn.Module):
+    """Reads its input as 16-bit levels and gives them back, its quantize ops given the range and dtype by
+    keyword."""
+
+    def forward(self, x):
+        ops = torch.ops.quantized_decomposed
+        levels = ops.quantize_per_tensor.default(x, 0.001, 32768, quant_min=0, quant_max=65535, dtype=torch.int32)
+        return ops.dequantize_per_tensor.default(levels, 0.001, 32768, quant_min=0, quant_max=65535, dtype=torch.int32)
+
+
+def test_quantize_ops_given_keyword_arguments_quantize_the_inputs_and_dequantize_the_outputs():
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
+
+    io = quantized_io(torch.fx.symbolic_trace(KeywordThrough()))
+    x = torch.tensor([[0.0, 0.5, -0.25]])
+    (levels,) = io.program_inputs([x])
+    assert levels.dtype == torch.uint16 and levels.tolist() == [[32768, 33268, 32518]]
+    (back,) = io.module_outputs([levels])
+    assert torch.allclose(back, x)

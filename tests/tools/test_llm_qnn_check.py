@@ -174,13 +174,22 @@ def _stand_ins(monkeypatch, fed: list) -> None:
 
 
 def test_a_quantized_program_is_held_to_its_module_and_edgefuses_to_its_norms_rounding_down(monkeypatch, tmp_path):
-    """The quantized branch of :func:`check_case`: mean errors against the converted module's logits, not
-    float eager's; against the module whose norms round down for edgefuse's lowering, whose module has a
-    norm (none for stock's)."""
+    """The quantized branch of :func:`check_case`: errors and mean errors against the converted module's
+    logits, not float eager's, each allowed the module's step times its counted steps, at the calls whose
+    logits are compared (not the prompt's first); against the module whose norms round down for
+    edgefuse's lowering, whose module has a norm (none for stock's)."""
     case = llm_qnn_check.QnnCase("tiny-8a8w", {"vocab_size": 16}, "llama3", "qnn_8a8w")
     _stand_ins(monkeypatch, [])
     checks = check_case(case, str(tmp_path), prefill=2, decode=3)
     for check in checks.values():
+        assert check.errors == pytest.approx([_OFF] * 4, abs=1e-6)
+        assert len(check.tolerances) == 4  # five calls (two prompt tokens, three decoded), the first one's logits unchecked
+        assert [step for step, _ in check.tolerances] == [0.01] * 4  # the logits' quantization step
+        steps = [counted.steps for _, counted in check.tolerances]
+        assert steps == pytest.approx([1.0] * 4, abs=1e-4)  # one rounding, carried one step
+        allowed = [step * counted.steps for step, counted in check.tolerances]
+        assert check.allowed == pytest.approx(allowed, abs=1e-6)  # plus float32's rounding at the logits' magnitude
+        assert check.told_apart is False  # 0.01 is looser than float16's bound on logits within 1.28 of 0
         assert check.mean_errors == pytest.approx([_OFF] * 4, abs=1e-6)
         assert min(check.versus_float) > 3  # the module's logits are within 1.28 of 0, the float model's 5
     assert checks["stock"].rounding_down == []

@@ -32,7 +32,7 @@ def returns_an_alias(node: Node) -> bool:
     schema = node.target._schema
     if not schema.returns or schema.returns[0].alias_info is None:
         return False
-    return not _argument(node, "copy", False)
+    return not schema_argument(node, "copy", False)
 
 
 def _is_view_of_first_input(node: Node) -> bool:
@@ -57,8 +57,10 @@ def reaches_an_output(node: Node) -> bool:
     return False
 
 
-def _argument(node: Node, name: str, default: object) -> object:
-    """An argument of an ``OpOverload`` call by its schema name, positional or keyword."""
+def schema_argument(node: Node, name: str, default: object = None) -> object:
+    """An argument of an ``OpOverload`` call by its schema name, positional or keyword, or ``default`` when
+    the call leaves it out: ops that hold an argument at different positions (a per-tensor and a
+    per-channel quantize) are read alike."""
     for i, argument in enumerate(node.target._schema.arguments):
         if argument.name == name:
             return node.args[i] if i < len(node.args) else node.kwargs.get(name, default)
@@ -73,7 +75,7 @@ def _written_args(node: Node) -> list[Node]:
     for argument in node.target._schema.arguments:
         if argument.alias_info is None or not argument.alias_info.is_write:
             continue
-        value = _argument(node, argument.name, None)
+        value = schema_argument(node, argument.name)
         written.extend(v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, Node))
     return written
 

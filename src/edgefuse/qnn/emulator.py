@@ -293,18 +293,12 @@ def output_tolerances(converted, inputs: Sequence[Any]) -> list[tuple[float, Rou
 _LEVEL_DTYPES = {(0, 255): torch.uint8, (-128, 127): torch.int8, (0, 65535): torch.uint16, (-32768, 32767): torch.int16}
 
 
-def _argument(node, name: str) -> Any:
-    """The argument ``name`` of the op ``node`` calls, found by the op's schema: a per-tensor and a
-    per-channel quantize hold their range and dtype at different positions."""
-    if name in node.kwargs:
-        return node.kwargs[name]
-    names = [argument.name for argument in node.target._schema.arguments]
-    return node.args[names.index(name)]
-
-
 def _levels_dtype(node) -> torch.dtype:
-    low, high = int(_argument(node, "quant_min")), int(_argument(node, "quant_max"))
-    return _LEVEL_DTYPES.get((low, high), _argument(node, "dtype"))
+    """The integer type a program holds the levels of the quantize or dequantize op ``node`` in."""
+    from edgefuse.core.mutation import schema_argument
+
+    low, high = int(schema_argument(node, "quant_min")), int(schema_argument(node, "quant_max"))
+    return _LEVEL_DTYPES.get((low, high), schema_argument(node, "dtype"))
 
 
 @dataclass(frozen=True)
@@ -324,14 +318,17 @@ class QuantizedIo:
 
         leaves = pytree.tree_leaves(tuple(inputs))
         return [
-            value if node is None else node.target(value, *node.args[1:]).to(_levels_dtype(node))
+            value if node is None else node.target(value, *node.args[1:], **node.kwargs).to(_levels_dtype(node))
             for value, node in zip(leaves, self.inputs)
         ]
 
     def module_outputs(self, outputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """The program's ``outputs`` in the module's terms: each quantized one dequantized by its op."""
+        from edgefuse.core.mutation import schema_argument
+
         return [
-            value if node is None or value.is_floating_point() else node.target(value.to(_argument(node, "dtype")), *node.args[1:])
+            value if node is None or value.is_floating_point()
+            else node.target(value.to(schema_argument(node, "dtype")), *node.args[1:], **node.kwargs)
             for value, node in zip(outputs, self.outputs)
         ]
 
@@ -340,7 +337,8 @@ class QuantizedIo:
         :class:`edgefuse.runtime.TensorMeta` or None: :func:`edgefuse.runtime.method_io`) holds a quantized
         input or output in another integer type than its module's levels, or declares another count of
         inputs or outputs than its module has, one sentence each. A float declaration is what QNN gives a
-        quantized output it dequantizes itself, and is no mismatch.
+        quantized output it dequantizes itself, and is no mismatch; a quantized input is fed its levels
+        (:meth:`program_inputs`), which the runtime refuses for an input declared float.
 
         QNN's delegate reads and writes each tensor in the type of the levels it was compiled with,
         whatever the program declares, into buffers the runtime sized by the declaration: an output
@@ -351,8 +349,9 @@ class QuantizedIo:
                  for kind, nodes, declared in (("input", self.inputs, inputs), ("output", self.outputs, outputs))
                  if len(declared) != len(nodes)]
         for kind, i, meta, levels in self._mistyped(inputs, outputs):
+            fed = ", and is fed those levels, which the runtime refuses for a float input" if kind == "input" and _is_float(meta.dtype) else ""
             found.append(f"{kind} {i} is declared {meta.type_name} {list(meta.shape)} ({meta.nbytes} bytes) where "
-                         f"its module's levels are {str(levels).removeprefix('torch.')} ({_levels_nbytes(meta, levels)} bytes)")
+                         f"its module's levels are {str(levels).removeprefix('torch.')} ({_levels_nbytes(meta, levels)} bytes){fed}")
         return found
 
     def overruns(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> bool:
@@ -362,12 +361,13 @@ class QuantizedIo:
         return any(meta.nbytes < _levels_nbytes(meta, levels) for _, _, meta, levels in self._mistyped(inputs, outputs))
 
     def _mistyped(self, inputs: Sequence[Any], outputs: Sequence[Any]) -> Iterator[tuple[str, int, Any, torch.dtype]]:
-        """``(kind, index, declared, levels)`` of each quantized input or output the program declares in
-        another integer type than its levels'."""
+        """``(kind, index, declared, levels)`` of each quantized input the program declares in another type
+        than its levels', and each quantized output it declares in another integer type."""
         for kind, nodes, declared in (("input", self.inputs, inputs), ("output", self.outputs, outputs)):
             for i, (node, meta) in enumerate(zip(nodes, declared)):
                 levels = None if node is None else _levels_dtype(node)
-                if levels is not None and meta is not None and meta.dtype != levels and not _is_float(meta.dtype):
+                dequantized_by_qnn = kind == "output" and meta is not None and _is_float(meta.dtype)
+                if levels is not None and meta is not None and meta.dtype != levels and not dequantized_by_qnn:
                     yield kind, i, meta, levels
 
 

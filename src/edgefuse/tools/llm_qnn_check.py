@@ -171,8 +171,9 @@ def counted_step(reference, clipped: dict[str, tuple[str, float]] | None = None)
     return counting, tolerances
 
 
-#: The largest ``--seed``: the weights are drawn from the seed and the calibration prompt from ``seed + 1``,
-#: each within a signed 64-bit integer (torch's generators refuse a seed past 64 bits with a traceback).
+#: The largest ``--seed``: the weights are drawn from the seed and the calibration prompt from ``seed + 1``.
+#: torch's ``manual_seed`` takes up to 2**64 - 1 and refuses a larger seed with a traceback; the bound keeps
+#: both within a signed 64-bit integer, a margin below that.
 MAX_SEED = 2**63 - 2
 
 
