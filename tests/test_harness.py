@@ -1,6 +1,9 @@
-"""tests/harness.py finds the ops dim order changes, and fails a case run in edge alone whose graph holds one."""
+"""tests/harness.py finds the ops dim order changes, and fails a case run in edge alone whose graph holds one;
+the modes of a case are read by tests/conftest.py's ``case_modes``."""
 
 from __future__ import annotations
+
+import collections
 
 import pytest
 import torch
@@ -57,3 +60,21 @@ def test_a_case_run_also_without_dim_order_passes_on_a_graph_with_a_cast(monkeyp
     graph = _half_norm_graph("edge")
     monkeypatch.setattr(tests.conftest, "case_modes", lambda: {"capture", "edge", "edge-no-dim-order"})
     _assert_dim_order_mode_kept(graph)
+
+
+def _collected_alone(monkeypatch, item: pytest.Item) -> None:
+    """Record ``item`` as the only item collected, as a run of it by its node id does."""
+    monkeypatch.setattr(tests.conftest, "_MODES_OF_CASE", collections.defaultdict(set))
+    tests.conftest.pytest_itemcollected(item)
+
+
+@pytest.mark.parametrize("mode", ("capture", pytest.param("edge", id="edge-as-param")))
+def test_a_case_runs_in_the_modes_its_mode_marker_lists_whichever_are_collected(monkeypatch, request, mode):
+    _collected_alone(monkeypatch, request.node)
+    assert tests.conftest.case_modes() == {"capture", "edge"}
+
+
+@pytest.mark.parametrize(("other", "mode"), [(1, "capture"), (1, "edge")])
+def test_a_case_with_mode_among_other_parameters_runs_in_the_modes_collected(monkeypatch, request, other, mode):
+    _collected_alone(monkeypatch, request.node)
+    assert tests.conftest.case_modes() == {mode}
