@@ -31,6 +31,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _pytest.mark.structures import ParameterSet
 
 LAYERS = ("core", "runtime", "quant", "xnnpack", "qnn", "llm", "hf", "inputs", "compare", "console", "tools", "cli", "fuzz")
 
@@ -183,10 +184,26 @@ def pytest_itemcollected(item: pytest.Item) -> None:
         _MODES_OF_CASE[case].add(item.callspec.params["mode"])
 
 
+def _declared_modes(item: pytest.Item) -> set[str] | None:
+    """The values of the item's ``parametrize`` marker whose only parameter is ``mode``, whichever of its
+    items are collected (a run of one item by its node id collects that mode alone); ``None`` without one."""
+    for marker in item.iter_markers("parametrize"):
+        names = marker.args[0] if marker.args else marker.kwargs["argnames"]
+        values = marker.args[1] if len(marker.args) > 1 else marker.kwargs["argvalues"]
+        names = [name.strip() for name in names.split(",")] if isinstance(names, str) else list(names)
+        if names == ["mode"]:
+            return {value.values[0] if isinstance(value, ParameterSet) else value for value in values}
+    return None
+
+
 def case_modes() -> set[str] | None:
-    """The modes the running test's case is collected in, ``None`` for a test not parametrized by ``mode``."""
+    """The modes the running test's case runs in, ``None`` for a test not parametrized by ``mode``: those
+    its ``mode`` marker names, or, for ``mode`` among other parameters of one marker, those collected."""
     case = None if _running is None else _case(_running)
-    return None if case is None else _MODES_OF_CASE[case]
+    if case is None:
+        return None
+    declared = _declared_modes(_running)
+    return _MODES_OF_CASE[case] if declared is None else declared
 
 
 @pytest.hookimpl(wrapper=True)
