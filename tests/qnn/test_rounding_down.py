@@ -70,3 +70,21 @@ def test_a_norm_output_quantized_per_channel_is_not_one_to_round_down():
     arguments in those places are its scales, zero points, axis and range."""
     converted = torch.fx.symbolic_trace(NormPerChannel())
     assert [str(node.target) for node in rms_norm_roundings(converted)] == ["quantized_decomposed.quantize_per_tensor.default"]
+
+
+class NormQuantizedByKeyword(torch.nn.Module):
+    """A norm whose output's quantize op gets its range and dtype by keyword."""
+
+    def forward(self, x, weight):
+        norm = torch.ops.aten.rms_norm.default(x, [8], weight, 1e-6)
+        q = OPS.quantize_per_tensor.default(norm, STEP, 0, quant_min=-128, quant_max=127, dtype=torch.int8)
+        return OPS.dequantize_per_tensor.default(q, STEP, 0, -128, 127, torch.int8)
+
+
+def test_a_quantize_given_its_arguments_by_keyword_rounds_down_alike():
+    """:func:`rounding_down` reads each argument by its schema name, positional or keyword."""
+    converted = torch.fx.symbolic_trace(NormQuantizedByKeyword())
+    x, weight = _inputs()
+    norm = rounding_down(converted, rms_norm_roundings(converted))(x, weight)
+    exact = torch.ops.aten.rms_norm.default(x, [8], weight, 1e-6)
+    assert torch.equal(norm, torch.floor(exact / STEP).clamp(-128, 127) * STEP)

@@ -259,13 +259,17 @@ def rounding_down(converted, quantizes: Sequence[Any]):
     rounding is. Like a call of the module, a call writes the module's buffers (a KV cache)."""
     from torch.utils import _pytree as pytree
 
+    from edgefuse.core.mutation import schema_argument
+
     down = set(quantizes)
+    names = ("input", "scale", "zero_point", "quant_min", "quant_max", "dtype")
 
     class RoundingDown(torch.fx.Interpreter):
         def run_node(self, node):
             if node not in down:
                 return super().run_node(node)
-            value, scale, zero_point, low, high, dtype = self.map_nodes_to_values(node.args, node)[:6]
+            arguments = tuple(schema_argument(node, name) for name in names)
+            value, scale, zero_point, low, high, dtype = self.map_nodes_to_values(arguments, node)
             return torch.clamp(torch.floor(value * (1.0 / scale)) + zero_point, low, high).to(dtype)
 
     def call(*inputs):
