@@ -2,14 +2,18 @@
 tests write (one layer, QK norms, head dims 32 and 64, random weights, a SentencePiece tokenizer trained
 here on four sentences), compile-only, each method run on the HTP emulator.
 
-The script is run once per config for the module (it compiles for about two minutes); the tests read
-those runs. The script's wrong typing of logits as large as a head dim (a vocabulary of 64 at head dim 64)
-is tested on the smallest program that has it: one linear layer whose 16-bit output is declared ``uint8``.
+The command runs the script once per config for the module (it compiles for about two minutes); the
+tests read those runs and the command's report. The script's wrong typing of logits as large as a head
+dim (a vocabulary of 64 at head dim 64) is tested on the smallest program that has it: one linear layer
+whose 16-bit output is declared ``uint8``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -74,15 +78,43 @@ def write_config(folder, head_dim: int, vocab: int = VOCAB) -> list[str]:
 CONFIGS = {"hd32": (32, VOCAB), "hd64": (64, VOCAB)}
 
 
+@dataclass
+class CommandRun:
+    """The command on one config of :data:`CONFIGS`: its name, exit code and report (stdout), and the
+    script's run it made, as :func:`edgefuse.llm.static_llama.run_script` returned it."""
+
+    config: str
+    code: int
+    out: str
+    run: object
+
+
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
-def script_run(request, qnn_sdk, tmp_path_factory):
-    """The script's run on one config of :data:`CONFIGS` (its name and the run), its outputs in a folder
-    of the test's."""
-    from edgefuse.llm.static_llama import parse_script_args, run_script
+def command_run(request, qnn_sdk, tmp_path_factory) -> CommandRun:
+    """``edgefuse qnn-llama --method prefill_forward`` on one config, as a user runs it, its outputs in a
+    folder of the test's: the script compiles each config once, and the tests read this run and report."""
+    from edgefuse.llm import static_llama
 
     folder = tmp_path_factory.mktemp(f"llama-{request.param}")
     argv = write_config(folder, *CONFIGS[request.param]) + ["--artifact", str(folder / "artifact")]
-    return request.param, run_script(parse_script_args(argv))
+    runs = []
+
+    def run_script(args):
+        runs.append(original(args))
+        return runs[-1]
+
+    original, stdout = static_llama.run_script, io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(stdout):
+        patch.setattr(static_llama, "run_script", run_script)
+        code = main(["-q", "qnn-llama", "--method", "prefill_forward", *argv])
+    (run,) = runs
+    return CommandRun(request.param, code, stdout.getvalue(), run)
+
+
+@pytest.fixture
+def script_run(command_run):
+    """The script's run on one config (its name and the run)."""
+    return command_run.config, command_run.run
 
 
 @pytest.mark.slow
@@ -321,9 +353,8 @@ def test_the_command_refuses_an_artifact_folder_others_could_write(config_args, 
 
 
 @pytest.mark.slow
-def test_the_command_prints_each_method_report_alone_on_stdout(config_args, tmp_path, capsys):
-    code = main(["-q", "qnn-llama", "--method", "prefill_forward", *config_args, "--artifact", str(tmp_path / "out")])
-    out = capsys.readouterr().out
+def test_the_command_prints_each_method_report_alone_on_stdout(command_run):
+    code, out = command_run.code, command_run.out
     assert code == 0, out
     assert "methods kv_forward, prefill_forward" in out
     assert "Finish compile_only" not in out  # the script's own printing goes to stderr
