@@ -13,8 +13,9 @@ blocks at width 2048 for decode, 1 token, and prefill, 64 tokens):
 - ``blocks``: four pre-norm residual blocks ``x + Linear(RMSNorm(x))`` over 2048, at 1 and 64 rows;
 - ``blocks-512``: the same blocks over 512, at 1, 32 and 128 rows.
 
-Each workload is lowered both ways; both ``.pte`` files are loaded in the released
-``executorch.runtime.Runtime`` with the threadpool reset to the stated thread count before loading.
+Each workload is exported once per row and lowered both ways (each lowering takes a copy); both ``.pte``
+files are loaded in the released ``executorch.runtime.Runtime`` with the threadpool reset to the stated
+thread count before loading.
 Every timed round runs each program twice, in a fresh random order in which no program runs twice in a
 row: once as a full call (``Method.execute(inputs)``: copy the input in, run, clone the outputs out)
 and once as the program alone (run again on the inputs already in place, nothing copied). The full
@@ -54,6 +55,7 @@ if __name__ == "__main__":  # run as a command: torchao and torch log warnings a
 
 if TYPE_CHECKING:
     import torch
+    from torch.export import ExportedProgram
 
     from edgefuse.runtime import LoadedProgram
 
@@ -95,15 +97,15 @@ class TimedProgram:
     error: float
 
 
-def _lower(label: str, module: torch.nn.Module, x: torch.Tensor, expected: torch.Tensor, how) -> TimedProgram:
-    from torch.export import export
-
+def _lower(label: str, program: ExportedProgram, x: torch.Tensor, expected: torch.Tensor, how) -> TimedProgram:
+    """``program`` lowered by ``how`` (which lowers a detached copy, so one export serves every lowering of
+    a row), loaded, and checked against ``expected``."""
     from edgefuse.core._fx import ops_outside
     from edgefuse.core.verify import max_error
     from edgefuse.runtime import LoadedProgram
     from edgefuse.xnnpack.inspect import lowered_modules, to_pte
 
-    manager = how(export(module, (x,)))
+    manager = how(program)
     delegates, outside = len(lowered_modules(manager)), ops_outside(manager)
     loaded = LoadedProgram(to_pte(manager))
     error = max_error(expected, loaded.run([x])[0])
@@ -168,6 +170,7 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
     # Eager PyTorch (the reference outputs) leaves OpenMP workers spinning, which on 2 cores slowed every
     # runtime call here to about 8 ms; set_threads gives the reference one thread.
     import torch
+    from torch.export import export
 
     from edgefuse.core._fx import dtype_name
     from edgefuse.inputs import workloads as modules
@@ -209,11 +212,12 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
                 x = torch.randn(1, count, workload.width).to(dtype)
                 with torch.no_grad():
                     expected = module(x)
-                stock = _lower("stock", module, x, expected, lower_stock)
+                program = export(module, (x,))
+                stock = _lower("stock", program, x, expected, lower_stock)
                 other = "auto" if DEFAULT_SINGLE_ROW_POLICY == "delegate" else "delegate"
                 variants = [DEFAULT_SINGLE_ROW_POLICY] + ([other] if count == 1 else [])
                 ours = [
-                    _lower(policy, module, x, expected, lambda ep, p=policy: lower(ep, single_row=p))
+                    _lower(policy, program, x, expected, lambda ep, p=policy: lower(ep, single_row=p))
                     for policy in variants
                 ]
                 timed = [stock, *ours]
@@ -221,7 +225,7 @@ def run(quick: bool, threads: int, runs: int, budget: float, only: Optional[list
                     floor_module = getattr(modules, workload.floor)(module).eval()
                     with torch.no_grad():
                         floor_expected = floor_module(x)
-                    timed.append(_lower("floor", floor_module, x, floor_expected, lower_stock))
+                    timed.append(_lower("floor", export(floor_module, (x,)), x, floor_expected, lower_stock))
                 medians, used = _time(timed, x, runs, budget)
                 base = medians[0]
                 floor = (f"{medians[-1].run_cpu / base.run_cpu:>5.2f} {medians[-1].run_wall / base.run_wall:>5.2f}"
