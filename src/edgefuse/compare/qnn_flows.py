@@ -88,6 +88,7 @@ class QnnProgram:
     error: float | None = None
     allowed: float | None = None
     float_error: float | None = None  # quantized programs: against float eager, for information
+    module_float_error: float | None = None  # quantized programs: the fake-quantized module against float eager
     roundings: Any = None  # quantized programs: the Roundings of the worst output (edgefuse.qnn.emulator)
     step: float | None = None  # quantized programs: that output's quantization step
     within: bool = False  # every output within its tolerance
@@ -347,6 +348,7 @@ def run_and_check(
             told_apart(e, c.allowed) for e, c in zip(simulated, comparisons)
         )
         program.float_error = max((c.max_error for c in _compared(expected, actual, _plain)), default=0.0)
+        program.module_float_error = max((c.max_error for c in _compared(expected, simulated, _plain)), default=0.0)
     worst = max(comparisons, key=lambda c: (not c.ok, _ratio(c.max_error, c.allowed)), default=None)
     if program.precision != FP16 and worst is not None:
         i = comparisons.index(worst)

@@ -177,6 +177,14 @@ def counted_step(reference, clipped: dict[str, tuple[str, float]] | None = None)
 MAX_SEED = 2**63 - 2
 
 
+def checked_seed(parser: argparse.ArgumentParser, value: int, option: str = "--seed") -> int:
+    """``value`` of a seed option, or the parser's exit 2 naming ``option`` and its bounds (0 to
+    :data:`MAX_SEED`): a seed torch refuses would end the command in a traceback after minutes of work."""
+    if not 0 <= value <= MAX_SEED:
+        parser.error(f"{option} is a whole number from 0 to {MAX_SEED}")
+    return value
+
+
 def calibration_arguments(directory: str, vocab: int, calls: int, seed: int = 0) -> list[str]:
     """The overrides that have export_llm calibrate over ``calls`` calls, one token each: a prompt of
     :data:`CALIBRATION_PROMPT` tokens drawn from ``seed + 1`` (not the checked prompt, drawn from 0), then
@@ -380,8 +388,7 @@ def _main(argv: list[str] | None) -> int:
         parser.error("--calibration from 0 to 128 calls (the default context is 128)")
     if args.mask is not None and not -65504 <= args.mask < 0:
         parser.error("--mask is a negative float16 value, from -65504 to below 0")
-    if not 0 <= args.seed <= MAX_SEED:
-        parser.error(f"--seed is a whole number from 0 to {MAX_SEED}")
+    checked_seed(parser, args.seed)
     from edgefuse.inputs.errors import UNAVAILABLE, Unavailable
     from edgefuse.compare.qnn_flows import require_libraries
     from edgefuse.console.tables import format_table
