@@ -56,13 +56,14 @@ _LOWERED = SimpleNamespace(graphs=SimpleNamespace(rms_norms=0))
 
 def test_a_quantized_row_gives_its_error_in_output_steps_and_its_modules_distance_from_float():
     program = QnnProgram("stock", "16a8w", "SM8650", lowered=_LOWERED, error=6e-4, allowed=1e-3, step=2e-4,
-                         float_error=8e-3, module_float_error=7e-3, within=True)
+                         float_error=8e-3, module_float_error=7e-3, rounding_down_error=1e-4, within=True)
     row = dict(zip(HEADER, qnn_check._row("et-llama-hd32", "16a8w", program, None)))
     assert row["max err"] == "6.00e-04" and row["err steps"] == "3.00"
+    assert row["err steps, RmsNorm rounding down"] == "0.50"
     assert row["vs float"] == "8.00e-03" and row["module vs float"] == "7.00e-03"
 
 
 def test_an_fp16_row_has_no_steps():
     program = QnnProgram("stock", "fp16", "SM8650", lowered=_LOWERED, error=1e-3, allowed=2e-3, within=True)
     row = dict(zip(HEADER, qnn_check._row("et-llama-hd32", "fp16", program, None)))
-    assert row["err steps"] == "-" and row["module vs float"] == "-"
+    assert row["err steps"] == "-" and row["err steps, RmsNorm rounding down"] == "-" and row["module vs float"] == "-"

@@ -14,7 +14,9 @@ view for a limit of the SoC's HTP generation, the QNN RmsNorm ops in the compile
 module for quantized programs, with float eager beside it as information) and the tolerance. A quantized
 row also gives that error in steps of the output's quantization (``err steps``: each program's own step)
 and how far its fake-quantized module itself is from float eager (``module vs float``), which tells the
-error the quantization makes from the error the HTP adds to it. ``--seed N`` draws the weights and the
+error the quantization makes from the error the HTP adds to it; for a program of rebuilt norms, its error
+against its module run with each ``rms_norm`` output rounding down as QNN's RmsNorm does
+(:func:`edgefuse.qnn.emulator.rounding_down`), in the same steps. ``--seed N`` draws the weights and the
 inputs (which a quantized program is calibrated on and checked with) from ``N``; 0 is the table of the
 docs. Each
 program runs once more after the other flow's program ran on other values; a result marked ``varies``
@@ -42,8 +44,8 @@ from edgefuse.console.command import run_command
 
 DEFAULT_PRECISIONS = ("fp16", "16a8w")
 PROG = "python -m edgefuse.tools.qnn_check"
-HEADER = ("model", "precision", "flow", "norms", "rebuilt", "viewed", "RmsNorm", "max err", "err steps", "allowed",
-          "vs float", "module vs float", "result", "lowered")
+HEADER = ("model", "precision", "flow", "norms", "rebuilt", "viewed", "RmsNorm", "max err", "err steps",
+          "err steps, RmsNorm rounding down", "allowed", "vs float", "module vs float", "result", "lowered")
 
 
 def check(name: str, precision: str, soc: str, say, seed: int = 0) -> tuple[list[list[str]], list[str]]:
@@ -91,13 +93,19 @@ def _row(name: str, precision: str, program, passed: bool | None) -> list[str]:
         str(program.viewed) if program.how == "edgefuse" and program.lowered_ok else "-",
         str(program.rms_norms) if program.lowered_ok else "-",
         _number(program.error) if program.ran else ("did not run" if program.lowered_ok else "-"),
-        f"{program.error / program.step:.2f}" if program.ran and program.step else "-",
+        _in_steps(program.error, program),
+        _in_steps(program.rounding_down_error, program),
         _number(program.allowed) if program.ran else "-",
         _number(program.float_error),
         _number(program.module_float_error),
         result,
         lowered,
     ]
+
+
+def _in_steps(error: float | None, program) -> str:
+    """``error`` of a quantized program in steps of its output's quantization, "-" without either."""
+    return f"{error / program.step:.2f}" if program.ran and program.step and error is not None else "-"
 
 
 def _short(text: str | None, width: int = 90) -> str:
