@@ -158,7 +158,7 @@ def test_the_qnn_table_passes_one_small_row(qnn_sdk, capsys):
     assert [row[2] for row in rows] == ["edgefuse", "stock"]
     ours = rows[0]
     # 2 norms found and rebuilt, none viewed for a limit, 2 RmsNorm in QNN
-    assert ours[3:7] == ["2", "2", "0", "2"] and ours[10] == "PASS"
+    assert ours[3:7] == ["2", "2", "0", "2"] and ours[qnn_check.HEADER.index("result")] == "PASS"
     assert stdout.rstrip().endswith("all passed")
 
 
@@ -176,6 +176,14 @@ def test_a_masked_layer_at_16a8w_is_within_its_derived_tolerance(qnn_sdk):
     assert program.ok, program.line()
     assert program.told_apart  # no looser than float16's bound on the same output
     assert program.roundings.coarsest < 10 * program.step  # no step on the way dwarfs the output's
+    with torch.no_grad():  # the module's own distance from float eager, beside the program's
+        quantization = float((program.lowered.reference(*inputs) - module(*inputs)).abs().max())
+    assert program.module_float_error == pytest.approx(quantization, rel=1e-6) and quantization > 0
+    from edgefuse.qnn.emulator import rms_norm_roundings, rounding_down
+
+    fake = program.lowered.reference  # the program against its module with each norm's output rounding down
+    down = rounding_down(fake, rms_norm_roundings(fake))(*inputs)[0]
+    assert program.rounding_down_error == pytest.approx(float((down - program.outputs[0]).abs().max()), rel=1e-6)
 
 
 def test_a_quantized_tolerance_looser_than_float16s_does_not_tell_a_program_apart():

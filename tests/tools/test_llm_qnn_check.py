@@ -19,6 +19,10 @@ from edgefuse.tools.llm_qnn_check import CASES, calibration_arguments, check_cas
     (["--calibration", "129"], "--calibration from 0 to 128 calls"),
     (["--seed", "-1"], "--seed is a whole number from 0 to 9223372036854775806"),
     (["--seed", str(2**63 - 1)], "--seed is a whole number from 0 to 9223372036854775806"),
+    (["--calibration", "16", "--calibration-seed", "-1"], "--calibration-seed is a whole number from 0 to 9223372036854775806"),
+    (["--calibration", "16", "--calibration-seed", str(2**63 - 1)],
+     "--calibration-seed is a whole number from 0 to 9223372036854775806"),
+    (["--calibration-seed", "3"], "--calibration-seed draws the prompt of --calibration: give --calibration CALLS"),
 ])
 def test_each_bad_option_names_itself(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -36,6 +40,20 @@ def test_seed_reaches_each_case(monkeypatch):
     main(["--cases", "llama-16a4w,llama-8a8w", "--seed", "3"])
     main(["--cases", "llama-16a4w"])
     assert seeds == [3, 3, 0]
+
+
+def test_calibration_seed_reaches_each_case_none_when_not_given(monkeypatch):
+    """``--calibration-seed`` reaches every case beside ``--seed``; not given, the case draws the
+    calibration from ``--seed`` as before."""
+    import edgefuse.compare.qnn_flows
+
+    seeds = []
+    monkeypatch.setattr(edgefuse.compare.qnn_flows, "require_libraries", lambda: None)
+    monkeypatch.setattr(llm_qnn_check, "check_case",
+                        lambda *args, seed, calibration_seed, **kwargs: seeds.append((seed, calibration_seed)) or {})
+    main(["--cases", "llama-16a4w", "--calibration", "16", "--seed", "7", "--calibration-seed", "2"])
+    main(["--cases", "llama-16a4w", "--calibration", "16", "--seed", "7"])
+    assert seeds == [(7, 2), (7, None)]
 
 
 class _Stop(Exception):
@@ -58,6 +76,9 @@ def test_seed_draws_the_weights_and_the_calibration(monkeypatch, tmp_path):
     with pytest.raises(_Stop):
         check_case(CASES["llama-16a4w"], str(tmp_path), calibration=16, seed=5)
     assert drawn == {"weights": 5, "calibration": 5}
+    with pytest.raises(_Stop):
+        check_case(CASES["llama-16a4w"], str(tmp_path), calibration=16, seed=5, calibration_seed=9)
+    assert drawn == {"weights": 5, "calibration": 9}
 
 
 def test_calibration_prompt_follows_the_seed_and_seed_0_keeps_the_first_one(tmp_path):
@@ -116,11 +137,14 @@ def test_each_row_gives_the_mean_errors():
     def check(how, rounding_down):
         return QnnProgramCheck(how, "p.pte", type("Contents", (), {"delegates": {}, "kernels": {}})(), 0, 0, 0,
                                "fake-quantized", errors=[0.1, 0.2], allowed=[1.0, 1.0], mean_errors=[0.01, 0.03],
-                               rounding_down=rounding_down)
+                               rounding_down=rounding_down, module_versus_float=[3.5, 2.0],
+                               module_mean_versus_float=[2.0, 3.0])
 
     table = rows(CASES["llama-16a4w"], {"stock": check("stock", []), "edgefuse": check("edgefuse", [0.002, 0.004])})
     mean, down = HEADER.index("mean err"), HEADER.index("mean err, RmsNorm rounding down")
     assert [(row[mean], row[down]) for row in table] == [("0.02", "-"), ("0.02", "0.003")]
+    module = HEADER.index("module vs float eager (max, mean)")
+    assert [row[module] for row in table] == ["3.5, 2.5"] * 2
 
 
 class _Reference(torch.fx.GraphModule):
@@ -192,6 +216,12 @@ def test_a_quantized_program_is_held_to_its_module_and_edgefuses_to_its_norms_ro
         assert check.told_apart is False  # 0.01 is looser than float16's bound on logits within 1.28 of 0
         assert check.mean_errors == pytest.approx([_OFF] * 4, abs=1e-6)
         assert min(check.versus_float) > 3  # the module's logits are within 1.28 of 0, the float model's 5
+        # the module itself against float eager: the program's distance from it less the program's offset
+        assert check.module_versus_float == pytest.approx([v + _OFF for v in check.versus_float], abs=1e-6)
+        means = check.module_mean_versus_float
+        assert len(means) == 4 and all(5 - 1.28 <= m <= v for m, v in zip(means, check.module_versus_float))
+    ours = checks["edgefuse"]  # a norm's logits differ from one another: their mean error is not the largest
+    assert all(m < v for m, v in zip(ours.module_mean_versus_float, ours.module_versus_float))
     assert checks["stock"].rounding_down == []
     down = checks["edgefuse"].rounding_down
     assert len(down) == 4 and all(_OFF < d <= _OFF + 0.01 + 1e-6 for d in down)

@@ -88,6 +88,8 @@ class QnnProgram:
     error: float | None = None
     allowed: float | None = None
     float_error: float | None = None  # quantized programs: against float eager, for information
+    module_float_error: float | None = None  # quantized programs: the fake-quantized module against float eager
+    rounding_down_error: float | None = None  # against the module whose rms_norm outputs round down as QNN's do
     roundings: Any = None  # quantized programs: the Roundings of the worst output (edgefuse.qnn.emulator)
     step: float | None = None  # quantized programs: that output's quantization step
     within: bool = False  # every output within its tolerance
@@ -329,7 +331,7 @@ def run_and_check(
         program.reference = reference
         comparisons = _compared(expected, actual, lambda e, a, _: compare(e, a, ulps=FP16_ULPS, dtype=torch.float16))
     else:
-        from edgefuse.qnn.emulator import compare_at_steps, output_tolerances
+        from edgefuse.qnn.emulator import compare_at_steps, output_tolerances, rms_norm_roundings, rounding_down
 
         program.reference = "the fake-quantized module"
         fake = program.lowered.reference
@@ -347,6 +349,12 @@ def run_and_check(
             told_apart(e, c.allowed) for e, c in zip(simulated, comparisons)
         )
         program.float_error = max((c.max_error for c in _compared(expected, actual, _plain)), default=0.0)
+        program.module_float_error = max((c.max_error for c in _compared(expected, simulated, _plain)), default=0.0)
+        norms = rms_norm_roundings(fake)
+        if norms:
+            with kept_state(fake):
+                down = flat_tensors(rounding_down(fake, norms)(*fresh(tuple(inputs))))
+            program.rounding_down_error = max((c.max_error for c in _compared(down, actual, _plain)), default=0.0)
     worst = max(comparisons, key=lambda c: (not c.ok, _ratio(c.max_error, c.allowed)), default=None)
     if program.precision != FP16 and worst is not None:
         i = comparisons.index(worst)

@@ -2,7 +2,7 @@
 export_llm's own QNN path, stock beside edgefuse, run on QNN's x86 HTP emulator.
 
 ``python -m edgefuse.tools.llm_qnn_check [--cases llama-fp16,...] [--prefill 4] [--decode 6] [--mask -255]
-[--calibration 16] [--seed 0]``
+[--calibration 16] [--seed 0] [--calibration-seed N]``
 
 For each case: write small params and a random checkpoint, export with ExecuTorch's ``export_llm``
 (``backend.qnn.enabled=True``, KV cache, static shapes, SM8650) with the released QNN passes and with
@@ -33,7 +33,11 @@ prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) an
   input) unless given calibration data, so every later call leaves ranges that call set, and the norms
   stock leaves in pieces clip their ``rsqrt``: the ``clipped`` column says which ops and how far.
   ``--calibration 16`` has export_llm calibrate over 16 calls instead; ``--seed`` draws other weights
-  and another calibration prompt (from 0 to 2**63 - 2; the checked prompt stays the same). ``mean err`` is the mean absolute error of the logits against the
+  and another calibration prompt (from 0 to 2**63 - 2; the checked prompt stays the same);
+  ``--calibration-seed`` draws the calibration prompt alone, the weights staying those of ``--seed``, so
+  that what the calibration alone changes can be set beside what another model changes. ``module vs
+  float eager`` is how far the fake-quantized module itself is from float eager (largest and mean), which
+  tells the error the quantization makes from the error the HTP adds to it. ``mean err`` is the mean absolute error of the logits against the
   module (steadier than the largest, which one logit sets); for a program of rebuilt norms, ``mean err,
   RmsNorm rounding down`` is the same against its module with each ``rms_norm`` output rounding down as
   QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`): the two side by side say how much the
@@ -112,6 +116,8 @@ class QnnProgramCheck:
     errors: list[float] = field(default_factory=list)
     allowed: list[float] = field(default_factory=list)
     versus_float: list[float] = field(default_factory=list)  # quantized programs: against float eager
+    module_versus_float: list[float] = field(default_factory=list)  # the fake-quantized module against float eager
+    module_mean_versus_float: list[float] = field(default_factory=list)  # the same, mean |error| per call
     tolerances: list = field(default_factory=list)  # quantized programs: (step, Roundings) per compared call
     clipped: dict = field(default_factory=dict)  # quantized programs: quantize op -> (op, most levels beyond range)
     mean_errors: list[float] = field(default_factory=list)  # quantized programs: mean |error| per call
@@ -177,6 +183,14 @@ def counted_step(reference, clipped: dict[str, tuple[str, float]] | None = None)
 MAX_SEED = 2**63 - 2
 
 
+def checked_seed(parser: argparse.ArgumentParser, value: int, option: str = "--seed") -> int:
+    """``value`` of a seed option, or the parser's exit 2 naming ``option`` and its bounds (0 to
+    :data:`MAX_SEED`): a seed torch refuses would end the command in a traceback after minutes of work."""
+    if not 0 <= value <= MAX_SEED:
+        parser.error(f"{option} is a whole number from 0 to {MAX_SEED}")
+    return value
+
+
 def calibration_arguments(directory: str, vocab: int, calls: int, seed: int = 0) -> list[str]:
     """The overrides that have export_llm calibrate over ``calls`` calls, one token each: a prompt of
     :data:`CALIBRATION_PROMPT` tokens drawn from ``seed + 1`` (not the checked prompt, drawn from 0), then
@@ -226,13 +240,15 @@ def mean_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
 
 def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
                lowerings=("stock", "edgefuse"), mask: float | None = None,
-               calibration: int = 0, seed: int = 0) -> dict[str, QnnProgramCheck]:
+               calibration: int = 0, seed: int = 0, calibration_seed: int | None = None) -> dict[str, QnnProgramCheck]:
     """Export ``case`` with each lowering in ``directory`` and check each program on the emulator.
 
     ``mask`` replaces the -inf of export_llm's QNN causal mask (:func:`edgefuse.llm.qnn.qnn_causal_mask`);
     ``calibration`` calls (:func:`calibration_arguments`) replace its one calibration call. ``seed`` draws
     the random weights and the calibration prompt, so that a difference between the lowerings can be
-    set beside what another model or calibration gives; the checked prompt stays the same."""
+    set beside what another model or calibration gives; the checked prompt stays the same.
+    ``calibration_seed``, when given, draws the calibration prompt in place of ``seed``, the weights
+    staying those of ``seed``."""
     import contextlib
 
     import torch
@@ -249,7 +265,8 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
     params_path, checkpoint_path = write_small_model(directory, case.params, seed=seed)
     prompt, steps = prompt_and_steps(case.params["vocab_size"], prefill, decode)
     vocab = case.params["vocab_size"]
-    calibrated = calibration_arguments(directory, vocab, calibration, seed) if calibration else []
+    drawn = seed if calibration_seed is None else calibration_seed
+    calibrated = calibration_arguments(directory, vocab, calibration, drawn) if calibration else []
     checks, float_logits = {}, None
     for how in lowerings:
         path = os.path.join(directory, f"{how}.pte")
@@ -275,6 +292,8 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
             check.tolerances = tolerances
             check.told_apart = all(told_apart(e, c.allowed) for e, c in zip(expected, comparisons))
             check.versus_float = [max_error(e, a) for e, a in zip(float_logits, actual)]
+            check.module_versus_float = [max_error(f, e) for f, e in zip(float_logits, expected)]
+            check.module_mean_versus_float = [mean_error(f, e) for f, e in zip(float_logits, expected)]
             check.mean_errors = [mean_error(e, a) for e, a in zip(expected, actual)]
             check.rounding_down = [mean_error(e, a) for e, a in zip(rounded_down or [], actual)]
         else:
@@ -296,7 +315,7 @@ def passed(checks: dict[str, QnnProgramCheck]) -> bool:
 
 HEADER = ("case", "lowering", "delegates", "kernels outside", "QNN RmsNorm", "rebuilt", "reference",
           "err", "allowed", "steps = max(roundings, carried) (coarsest step, in logit steps)", "vs float eager",
-          "mean err", "mean err, RmsNorm rounding down",
+          "module vs float eager (max, mean)", "mean err", "mean err, RmsNorm rounding down",
           "clipped (ops, per op: how many, most levels beyond range)", "ok")
 
 
@@ -308,7 +327,10 @@ def rows(case: QnnCase, checks: dict[str, QnnProgramCheck]) -> list[list[object]
             case.name, how, dict(check.contents.delegates), dict(check.contents.kernels), check.rms_norms,
             f"{check.rebuilt}/{check.decisions}" if how == "edgefuse" else "-", check.reference,
             f"{check.errors[worst]:.3g}", f"{check.allowed[worst]:.3g}", _roundings(check, worst),
-            f"{max(check.versus_float):.3g}" if check.versus_float else "-", _mean(check.mean_errors),
+            f"{max(check.versus_float):.3g}" if check.versus_float else "-",
+            f"{max(check.module_versus_float):.3g}, {_mean(check.module_mean_versus_float)}"
+            if check.module_versus_float else "-",
+            _mean(check.mean_errors),
             _mean(check.rounding_down), _clipped(check),
             "yes" if check.ok else ("NOT TOLD APART" if check.within else "NO"),
         ])
@@ -369,6 +391,9 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--seed", type=int, default=0,
                         help="draws the random weights and the calibration prompt (default 0); the checked "
                              "prompt stays the same")
+    parser.add_argument("--calibration-seed", type=int, default=None, metavar="N",
+                        help="draws the calibration prompt alone (default: --seed's), the weights staying "
+                             "those of --seed")
     args = parser.parse_args(argv)
     names = args.cases.split(",")
     unknown = [n for n in names if n not in CASES]
@@ -380,8 +405,11 @@ def _main(argv: list[str] | None) -> int:
         parser.error("--calibration from 0 to 128 calls (the default context is 128)")
     if args.mask is not None and not -65504 <= args.mask < 0:
         parser.error("--mask is a negative float16 value, from -65504 to below 0")
-    if not 0 <= args.seed <= MAX_SEED:
-        parser.error(f"--seed is a whole number from 0 to {MAX_SEED}")
+    checked_seed(parser, args.seed)
+    if args.calibration_seed is not None:
+        checked_seed(parser, args.calibration_seed, "--calibration-seed")
+        if not args.calibration:
+            parser.error("--calibration-seed draws the prompt of --calibration: give --calibration CALLS")
     from edgefuse.inputs.errors import UNAVAILABLE, Unavailable
     from edgefuse.compare.qnn_flows import require_libraries
     from edgefuse.console.tables import format_table
@@ -400,7 +428,7 @@ def _main(argv: list[str] | None) -> int:
             sub = os.path.join(directory, name)
             os.makedirs(sub)
             checks = check_case(CASES[name], sub, args.prefill, args.decode, mask=args.mask,
-                                calibration=args.calibration, seed=args.seed)
+                                calibration=args.calibration, seed=args.seed, calibration_seed=args.calibration_seed)
             ok = passed(checks) and ok
             table += rows(CASES[name], checks)
             print(format_table(HEADER, rows(CASES[name], checks)), file=sys.stderr, flush=True)

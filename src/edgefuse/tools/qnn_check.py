@@ -1,6 +1,6 @@
 """The QNN model table: edgefuse beside stock through ExecuTorch's own QNN flow, compiled and run on the emulator.
 
-``python -m edgefuse.tools.qnn_check [--models NAME,...] [--precisions fp16,16a8w] [--soc SM8650] [--markdown]``
+``python -m edgefuse.tools.qnn_check [--models NAME,...] [--precisions fp16,16a8w] [--soc SM8650] [--seed 0] [--markdown]``
 
 For each model (:data:`edgefuse.inputs.qnn_models.QNN_MODEL_NAMES`: ExecuTorch's own Llama whole, with and
 without QK norms, head dims 32 and 64; one decoder layer of tiny Llama, Qwen3, Gemma3, OLMo2 and T5; an
@@ -11,7 +11,14 @@ each precision, the model is lowered for the SoC with edgefuse's recomposition a
 norms edgefuse found and rebuilt, the norms (rebuilt or written whole) it normalized on a ``[1, rows, D]``
 view for a limit of the SoC's HTP generation, the QNN RmsNorm ops in the compiled program, whether QNN lowered it
 (or the exception it raised), the max error against the reference (eager for fp16; the fake-quantized
-module for quantized programs, with float eager beside it as information) and the tolerance. Each
+module for quantized programs, with float eager beside it as information) and the tolerance. A quantized
+row also gives that error in steps of the output's quantization (``err steps``: each program's own step)
+and how far its fake-quantized module itself is from float eager (``module vs float``), which tells the
+error the quantization makes from the error the HTP adds to it; for a program of rebuilt norms, its error
+against its module run with each ``rms_norm`` output rounding down as QNN's RmsNorm does
+(:func:`edgefuse.qnn.emulator.rounding_down`), in the same steps. ``--seed N`` draws the weights and the
+inputs (which a quantized program is calibrated on and checked with) from ``N``; 0 is the table of the
+docs. Each
 program runs once more after the other flow's program ran on other values; a result marked ``varies``
 came out different (:func:`edgefuse.compare.qnn_flows.check_repeatable`: QNN read memory it did not write).
 
@@ -37,16 +44,17 @@ from edgefuse.console.command import run_command
 
 DEFAULT_PRECISIONS = ("fp16", "16a8w")
 PROG = "python -m edgefuse.tools.qnn_check"
-HEADER = ("model", "precision", "flow", "norms", "rebuilt", "viewed", "RmsNorm", "max err", "allowed", "vs float",
-          "result", "lowered")
+HEADER = ("model", "precision", "flow", "norms", "rebuilt", "viewed", "RmsNorm", "max err", "err steps",
+          "err steps, RmsNorm rounding down", "allowed", "vs float", "module vs float", "result", "lowered")
 
 
-def check(name: str, precision: str, soc: str, say) -> tuple[list[list[str]], list[str]]:
-    """The table rows of one model in one precision (edgefuse's, then stock's), and what failed."""
+def check(name: str, precision: str, soc: str, say, seed: int = 0) -> tuple[list[list[str]], list[str]]:
+    """The table rows of one model in one precision (edgefuse's, then stock's), its weights and inputs drawn
+    from ``seed``, and what failed."""
     from edgefuse.compare import qnn_flows
     from edgefuse.inputs.qnn_models import build_qnn_model
 
-    module, inputs = build_qnn_model(name)
+    module, inputs = build_qnn_model(name, seed=seed)
     programs = []
     for how in (qnn_flows.EDGEFUSE, qnn_flows.STOCK):
         program = qnn_flows.lower_qnn(module, inputs, how, soc=soc, precision=precision, say=say)
@@ -85,11 +93,19 @@ def _row(name: str, precision: str, program, passed: bool | None) -> list[str]:
         str(program.viewed) if program.how == "edgefuse" and program.lowered_ok else "-",
         str(program.rms_norms) if program.lowered_ok else "-",
         _number(program.error) if program.ran else ("did not run" if program.lowered_ok else "-"),
+        _in_steps(program.error, program),
+        _in_steps(program.rounding_down_error, program),
         _number(program.allowed) if program.ran else "-",
         _number(program.float_error),
+        _number(program.module_float_error),
         result,
         lowered,
     ]
+
+
+def _in_steps(error: float | None, program) -> str:
+    """``error`` of a quantized program in steps of its output's quantization, "-" without either."""
+    return f"{error / program.step:.2f}" if program.ran and program.step and error is not None else "-"
 
 
 def _short(text: str | None, width: int = 90) -> str:
@@ -122,10 +138,15 @@ def _main(argv: list[str] | None) -> int:
     parser.add_argument("--models", help="comma-separated (default: all)")
     parser.add_argument("--precisions", default=",".join(DEFAULT_PRECISIONS), help="comma-separated: fp16, 16a8w, 16a16w, 8a8w")
     parser.add_argument("--soc", default="SM8650", help="the Qualcomm SoC to compile for (default SM8650)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="draws each model's weights and inputs, the calibration's too (default 0)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     args = parser.parse_args(argv)
     from edgefuse.inputs.qnn_models import QNN_MODEL_NAMES
+    from edgefuse.tools.llm_qnn_check import checked_seed
+
+    checked_seed(parser, args.seed)
 
     models = args.models.split(",") if args.models is not None else list(QNN_MODEL_NAMES)
     precisions = args.precisions.split(",")
@@ -160,11 +181,12 @@ def _main(argv: list[str] | None) -> int:
     for name in models:
         for precision in precisions:
             say(f"{name} {precision}")
-            more, failures = check(name, precision, args.soc, say)
+            more, failures = check(name, precision, args.soc, say, args.seed)
             rows += more
             failed += failures
-    print(f"QNN HTP {args.soc}, x86 emulator; reference: eager (fp16), the fake-quantized module (quantized; "
-          "'vs float': against float eager, information)")
+    print(f"QNN HTP {args.soc}, x86 emulator, seed {args.seed}; reference: eager (fp16), the fake-quantized module "
+          "(quantized; 'err steps': the error in steps of the output's quantization; 'vs float' and 'module vs "
+          "float': the program and its module against float eager, information)")
     print(markdown(HEADER, rows) if args.markdown else format_table(HEADER, rows))
     for failure in failed:
         print(f"FAILED: {failure}")
