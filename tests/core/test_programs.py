@@ -88,6 +88,8 @@ def test_one_program_lowers_stock_then_edgefuse_and_still_runs():
         assert lowered.summary.delegates == 1 and not lowered.summary.outside, lowered.summary
         got[how] = LoadedProgram(lowered.pte).run((x,))[0]
         assert _same(program, before), how
+    # the second lowering of the one program writes what a lowering of a fresh export writes
+    assert lowered.pte == lower_to_pte(export(module, (x,)), "edgefuse").pte
     # no norm or mean: both flows make the same delegate, which reads the constant `c` (float32)
     assert torch.equal(got["stock"], got["edgefuse"])
     exact, bound = _matmuls_exact_and_bound(module, x)

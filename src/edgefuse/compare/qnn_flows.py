@@ -327,6 +327,7 @@ def run_and_check(
         return program
     program.outputs = actual
     expected = flat_tensors(_eager(module, inputs))
+    down_errors: list[float] = []  # each output's error against the module whose norms round down
     if program.precision == FP16:
         program.reference = reference
         comparisons = _compared(expected, actual, lambda e, a, _: compare(e, a, ulps=FP16_ULPS, dtype=torch.float16))
@@ -354,10 +355,12 @@ def run_and_check(
         if norms:
             with kept_state(fake):
                 down = flat_tensors(rounding_down(fake, norms)(*fresh(tuple(inputs))))
-            program.rounding_down_error = max((c.max_error for c in _compared(down, actual, _plain)), default=0.0)
+            down_errors = [c.max_error for c in _compared(down, actual, _plain)]
     worst = max(comparisons, key=lambda c: (not c.ok, _ratio(c.max_error, c.allowed)), default=None)
     if program.precision != FP16 and worst is not None:
         i = comparisons.index(worst)
+        if down_errors:  # the worst output's, in the steps of that output
+            program.rounding_down_error = down_errors[i]
         if i < len(tolerances) and tolerances[i] is not None:
             program.step, program.roundings = tolerances[i]
     # the error and the bound of one output, the worst against its own bound

@@ -14,8 +14,8 @@ view for a limit of the SoC's HTP generation, the QNN RmsNorm ops in the compile
 module for quantized programs, with float eager beside it as information) and the tolerance. A quantized
 row also gives that error in steps of the output's quantization (``err steps``: each program's own step)
 and how far its fake-quantized module itself is from float eager (``module vs float``), which tells the
-error the quantization makes from the error the HTP adds to it; for a program of rebuilt norms, its error
-against its module run with each ``rms_norm`` output rounding down as QNN's RmsNorm does
+error the quantization makes from the error the HTP adds to it; for a program whose module quantizes an
+``rms_norm``'s output (rebuilt or written whole), its error against its module run with each ``rms_norm`` output rounding down as QNN's RmsNorm does
 (:func:`edgefuse.qnn.emulator.rounding_down`), in the same steps. ``--seed N`` draws the weights and the
 inputs (which a quantized program is calibrated on and checked with) from ``N``; 0 is the table of the
 docs. Each

@@ -13,8 +13,8 @@ blocks at width 2048 for decode, 1 token, and prefill, 64 tokens):
 - ``blocks``: four pre-norm residual blocks ``x + Linear(RMSNorm(x))`` over 2048, at 1 and 64 rows;
 - ``blocks-512``: the same blocks over 512, at 1, 32 and 128 rows.
 
-Each workload is exported once per row and lowered both ways (each lowering takes a copy); both ``.pte``
-files are loaded in the released ``executorch.runtime.Runtime`` with the threadpool reset to the stated
+Each workload is exported once per row and lowered both ways (each lowering takes a ``detached`` program,
+with its own constants dict); both ``.pte`` files are loaded in the released ``executorch.runtime.Runtime`` with the threadpool reset to the stated
 thread count before loading.
 Every timed round runs each program twice, in a fresh random order in which no program runs twice in a
 row: once as a full call (``Method.execute(inputs)``: copy the input in, run, clone the outputs out)
