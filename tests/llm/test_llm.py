@@ -144,3 +144,19 @@ def test_the_token_tokenizer_reads_its_text_as_the_tokens_and_never_ends_a_calib
     tokens = torch.tensor([5, 17, 255, 0])
     assert tokenizer.encode(token_text(tokens), bos=True, eos=False) == tokens.tolist()
     assert tokenizer.eos_id is None  # export_llm's calibration stops at an end token: it has none
+
+
+@pytest.mark.slow
+def test_the_swapped_lowering_leaves_no_constant_to_the_cycle_collector():
+    """export_llm's lowering inside the swap frees the constants of the programs partitioning replaced
+    before it returns (``tests/xnnpack/test_lowering_memory.py`` holds the same of ``xnnpack.lower``)."""
+    from executorch.extension.llm.export import builder
+
+    from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner
+    from tests.xnnpack.xnn_helpers import tensors_left_to_the_collector
+
+    with edgefuse_lowering() as swap:
+        left = tensors_left_to_the_collector(
+            lambda program: builder.to_edge_transform_and_lower(program, partitioner=[EdgefuseXnnpackPartitioner()])
+        )
+    assert len(swap.lowerings) == 1 and left == []

@@ -10,7 +10,8 @@ module attributes when an export runs. :func:`edgefuse_lowering` replaces them f
   :class:`~edgefuse.xnnpack.EdgefuseXnnpackPartitioner` with the same options (the dynamically
   quantized one keeps ``config_precisions=DYNAMIC_QUANT``);
 - a lowering given one of them runs :class:`~edgefuse.xnnpack.SubstituteForXnnpack` before
-  partitioning and :class:`~edgefuse.xnnpack.RestoreUndelegated` after it, on every method;
+  partitioning and :class:`~edgefuse.xnnpack.RestoreUndelegated` after it, on every method, and then
+  frees the constants the replaced programs held (:func:`~edgefuse.xnnpack.lowering.restore_undelegated`);
 - the ``.pte`` is written to a temporary file beside its destination and moved into place, so a
   failed write leaves no partial file (the released writer logs the error and keeps the partial file).
 
@@ -150,8 +151,9 @@ def with_substitution(transform_passes, programs, make_pass: Callable[[], Any]):
 
 def _lowering(original: Callable, swap: Swap) -> Callable:
     """``to_edge_transform_and_lower`` that substitutes before and restores after edgefuse's partitioners."""
+    from edgefuse.xnnpack.lowering import restore_undelegated
     from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner
-    from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
+    from edgefuse.xnnpack.substitute import SubstituteForXnnpack
 
     def to_edge_transform_and_lower(*args, **kwargs):
         bound = _LOWERING_SIGNATURE.bind(*args, **kwargs)
@@ -169,9 +171,7 @@ def _lowering(original: Callable, swap: Swap) -> Callable:
         bound.arguments["transform_passes"] = with_substitution(
             bound.arguments.get("transform_passes"), programs, substitute
         )
-        manager = original(*bound.args, **bound.kwargs)
-        restore = RestoreUndelegated()
-        manager = manager.transform([restore])
+        manager, restore = restore_undelegated(original(*bound.args, **bound.kwargs))
         swap.lowerings.append(
             Lowering(
                 partitioners=[type(p).__name__ for p in partitioners],

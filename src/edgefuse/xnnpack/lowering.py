@@ -11,6 +11,7 @@ released 1.5.1 runtime, since every node it serializes is a node type that runti
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 from torch.export import ExportedProgram
@@ -75,7 +76,22 @@ def lower(
         partitioner=[partitioner],
         compile_config=compile_config,
     )
-    return manager.transform([RestoreUndelegated()])
+    return restore_undelegated(manager)[0]
+
+
+def restore_undelegated(manager: EdgeProgramManager) -> tuple[EdgeProgramManager, RestoreUndelegated]:
+    """``manager`` with every edgefuse op left outside a delegate put back (:class:`RestoreUndelegated`),
+    and the pass, which names what it restored.
+
+    The programs that partitioning replaced are reference cycles holding their own copies of the
+    constants the delegates took in, freed only when Python's cycle collector runs; they are collected
+    here, so the program goes on to ``to_executorch`` without them (for Qwen3-0.6B's width in 8da4w,
+    the 151,936 x 1024 int8 output weight among them).
+    """
+    restore = RestoreUndelegated()
+    manager = manager.transform([restore])
+    gc.collect()
+    return manager, restore
 
 
 def lower_stock(exported_program: ExportedProgram, **partitioner_kwargs: Any) -> EdgeProgramManager:
