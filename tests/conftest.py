@@ -14,12 +14,12 @@ emulator included), export an LLM (which lowers) or start the edgefuse command i
 points raise `SlowCall`, and the test fails naming the call even when the code under test catches it.
 
 With several workers (``-n``, ``--dist loadgroup``), the tests of one file run on one worker, so that a
-module fixture is built once, and the files that share a costly session fixture (:data:`SHARED_FIXTURES`)
-run on the same worker. The groups holding slow tests are sent first, those with the most slow tests first
-(xdist's own order sends the groups with the most tests first, and a long group sent last would set the
-wall time alone). torch.export's list of CompositeImplicitAutograd ops, which it rebuilds from the
-dispatcher on every ``to_edge`` (a third of the call), is kept for the session, keyed by the registered
-ops (:func:`edgefuse.fuzz.edge_programs.cached_cia_ops`).
+module fixture is built once, and the files that share a costly session fixture (:data:`SHARED_FIXTURES`:
+programs lowered for QNN, the built-in tiny models exported) run on the same worker. The groups holding
+slow tests are sent first, those with the most slow tests first (xdist's own order sends the groups with
+the most tests first, and a long group sent last would set the wall time alone). torch.export's list of
+CompositeImplicitAutograd ops, which it rebuilds from the dispatcher on every ``to_edge`` (a third of the
+call), is kept for the session, keyed by the registered ops (:func:`edgefuse.fuzz.edge_programs.cached_cia_ops`).
 """
 
 from __future__ import annotations
@@ -38,14 +38,32 @@ LAYERS = ("core", "runtime", "quant", "xnnpack", "qnn", "llm", "hf", "inputs", "
 _HERE = Path(__file__).parent
 
 
-#: Session fixtures several test files share, each a program lowered for QNN: the files that use one run on
-#: one worker, which builds it once.
-SHARED_FIXTURES = frozenset({"lowered_rms_norm", "lowered_rms_norm_16a8w"})
+#: Session fixtures several test files share, by the group of files that share them: the files that use one
+#: run on one worker, which builds it once. The programs lowered for QNN; the built-in tiny models exported.
+SHARED_FIXTURES = {
+    "lowered_rms_norm": "shared-qnn-programs",
+    "lowered_rms_norm_16a8w": "shared-qnn-programs",
+    "tiny_program": "shared-tiny-programs",
+}
+
+
+def _shared_groups(items: list[pytest.Item]) -> dict[Path, str]:
+    """The group of each file that uses a fixture of :data:`SHARED_FIXTURES`; a file using fixtures of two
+    groups would split one of them across workers, and is refused."""
+    groups: dict[Path, set[str]] = collections.defaultdict(set)
+    for item in items:
+        for name in getattr(item, "fixturenames", ()):
+            if name in SHARED_FIXTURES:
+                groups[item.path].add(SHARED_FIXTURES[name])
+    for path, names in groups.items():
+        if len(names) > 1:
+            raise pytest.UsageError(f"{path} uses session fixtures of the groups {sorted(names)}: one file, one group")
+    return {path: names.pop() for path, names in groups.items()}
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    sharing = {item.path for item in items if SHARED_FIXTURES & set(getattr(item, "fixturenames", ()))}
+    sharing = _shared_groups(items)
     for item in items:
         parts = Path(item.path).relative_to(_HERE).parts
         if len(parts) > 1 and parts[0] in LAYERS:
@@ -53,7 +71,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if parts[0] == "core" and parts[-1].startswith("test_rule"):
             item.add_marker(pytest.mark.rules)
         # --dist loadgroup: a file's tests run on one worker, so its module fixtures are built once
-        item.add_marker(pytest.mark.xdist_group("shared-qnn-programs" if item.path in sharing else "/".join(parts)))
+        item.add_marker(pytest.mark.xdist_group(sharing.get(item.path, "/".join(parts))))
     items[:] = _longest_groups_first(items)
 
 
@@ -151,6 +169,27 @@ def _slow_entry_points_guarded():
     yield
     for owner, name, original in reversed(saved):
         setattr(owner, name, original)
+
+
+@pytest.fixture(scope="session")
+def tiny_program():
+    """``tiny_program(name, dtype)``: a built-in tiny model (:func:`edgefuse.inputs.models.build_model`, its
+    default size), its inputs and its ``torch.export`` program, each built and exported once for the session
+    and read, never changed, by the files that share it (:data:`SHARED_FIXTURES`)."""
+    import torch
+    from torch.export import export
+
+    from edgefuse.inputs.models import build_model
+
+    @functools.cache
+    def exported(name: str, dtype: torch.dtype):
+        module, inputs = build_model(name, dtype=dtype)
+        return module, inputs, export(module, inputs)
+
+    def tiny_program(name: str, dtype: torch.dtype = torch.float32):
+        return exported(name, dtype)
+
+    return tiny_program
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -21,6 +21,12 @@ def _half_norm_graph(mode: str):
     return exported(LlamaNorm().to(torch.float16), inputs, mode).graph_module
 
 
+@pytest.fixture(scope="module")
+def half_norm_edge_graph():
+    """:func:`_half_norm_graph` in ``edge``, made once for the tests that read it and change nothing in it."""
+    return _half_norm_graph("edge")
+
+
 class _NormInCond(torch.nn.Module):
     """A float16 Llama norm in one branch of ``torch.cond``: its casts sit in a subgraph."""
 
@@ -32,8 +38,8 @@ class _NormInCond(torch.nn.Module):
         return torch.cond(x.sum() > 0, lambda x: self.norm(x), lambda x: x.clone(), (x,))
 
 
-def test_dim_order_ops_names_the_cast_as_each_edge_mode_writes_it():
-    assert "_to_dim_order_copy" in dim_order_ops(_half_norm_graph("edge"))
+def test_dim_order_ops_names_the_cast_as_each_edge_mode_writes_it(half_norm_edge_graph):
+    assert "_to_dim_order_copy" in dim_order_ops(half_norm_edge_graph)
     assert "_to_copy" in dim_order_ops(_half_norm_graph("edge-no-dim-order"))
 
 
@@ -49,17 +55,15 @@ def test_dim_order_ops_are_those_executorch_rewrites():
     assert DIM_ORDER_OPS == {op._opname for pair in DimOrderOpsMap.items() for op in pair}
 
 
-def test_a_case_run_in_edge_alone_fails_on_a_graph_with_a_cast(monkeypatch):
-    graph = _half_norm_graph("edge")
+def test_a_case_run_in_edge_alone_fails_on_a_graph_with_a_cast(monkeypatch, half_norm_edge_graph):
     monkeypatch.setattr(tests.conftest, "case_modes", lambda: {"capture", "edge"})
     with pytest.raises(AssertionError, match="DIM_ORDER_MODES"):
-        _assert_dim_order_mode_kept(graph)
+        _assert_dim_order_mode_kept(half_norm_edge_graph)
 
 
-def test_a_case_run_also_without_dim_order_passes_on_a_graph_with_a_cast(monkeypatch):
-    graph = _half_norm_graph("edge")
+def test_a_case_run_also_without_dim_order_passes_on_a_graph_with_a_cast(monkeypatch, half_norm_edge_graph):
     monkeypatch.setattr(tests.conftest, "case_modes", lambda: {"capture", "edge", "edge-no-dim-order"})
-    _assert_dim_order_mode_kept(graph)
+    _assert_dim_order_mode_kept(half_norm_edge_graph)
 
 
 def _collected_alone(monkeypatch, item: pytest.Item) -> None:

@@ -94,7 +94,12 @@ def key(model: str, dtype: str, check: tuple[str, str, bool]) -> str:
 def record_model(model: str, dtype: str) -> dict[str, dict]:
     """Every check :data:`PAIRS` names for one model in one dtype."""
     module, inputs = build_model(model, getattr(torch, dtype))
-    program = export(module, inputs)
+    return record_program(model, dtype, export(module, inputs))
+
+
+def record_program(model: str, dtype: str, program) -> dict[str, dict]:
+    """Every check :data:`PAIRS` names for one model in one dtype, on ``program``, its export (each check
+    rewrites a copy)."""
     out = {}
     edge = None
     for _, _, check in (case for case in cases() if case[:2] == (model, dtype)):

@@ -11,17 +11,19 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.core.decisions_record import (
-    CAPTURE_ATEN, CAPTURE_QNN, DTYPES, EDGE_QNN, PAIRS, PATH, cases, key, record_model,
+    CAPTURE_ATEN, CAPTURE_QNN, DTYPES, EDGE_QNN, PAIRS, PATH, cases, key, record_program,
 )
 
 RECORDED = json.loads(PATH.read_text())
 
 
 @pytest.mark.parametrize(("model", "dtype"), PAIRS)
-def test_decisions_are_those_recorded(model, dtype):
-    observed = record_model(model, dtype)
+def test_decisions_are_those_recorded(model, dtype, tiny_program):
+    _, _, program = tiny_program(model, getattr(torch, dtype))
+    observed = record_program(model, dtype, program)
     assert observed, "no check ran"
     for name, now in observed.items():
         before = RECORDED[name]

@@ -13,12 +13,10 @@ import copy
 
 import pytest
 import torch
-from torch.export import export
 
 from executorch.exir import to_edge
 
 import edgefuse
-from edgefuse.inputs.models import build_model
 from edgefuse.core.verify import compare, tolerance
 from tests.harness import DTYPES, rms_norm_nodes
 
@@ -59,9 +57,8 @@ def _check(module, inputs, run, result, dtype, unrewritten, against_eager=True):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("name", MODELS)
-def test_model_norms_are_rebuilt_or_explained_in_capture_and_edge(name, dtype):
-    module, inputs = build_model(name, dtype=dtype)
-    program = export(module, inputs)
+def test_model_norms_are_rebuilt_or_explained_in_capture_and_edge(name, dtype, tiny_program):
+    module, inputs, program = tiny_program(name, dtype)
 
     graph = program.module()
     result = edgefuse.recompose_rms_norm(graph, backend="aten", quantization_capture=True)
@@ -79,15 +76,14 @@ def test_model_norms_are_rebuilt_or_explained_in_capture_and_edge(name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_mamba2s_grouped_gated_norms_are_rebuilt_over_their_groups(dtype):
-    module, inputs = build_model("tiny-mamba2", dtype=dtype)
+def test_mamba2s_grouped_gated_norms_are_rebuilt_over_their_groups(dtype, tiny_program):
+    module, inputs, program = tiny_program("tiny-mamba2", dtype)
     # transformers 5.23 and later normalize each gated norm over groups of `group_size` channels: 2 groups
     # of 64 of the mixer's 128 channels (n_groups=2), never over 128. Earlier releases (the newest Python
     # 3.10 installs is 5.20.2) normalize over all 128 at once, a plain gated norm.
     norms = {f"model.backbone.layers.{i}.mixer.norm": layer.mixer.norm for i, layer in enumerate(module.model.backbone.layers)}
     groups = {path: (norm.group_size,) for path, norm in norms.items() if hasattr(norm, "group_size")}
     assert set(groups.values()) <= {(64,)}, groups
-    program = export(module, inputs)
     edge_program = to_edge(program, compile_config=edgefuse.edge_compile_config()).exported_program()
     for stage, target, unrewritten in (
         ("capture", program.module(), program.module()),

@@ -7,8 +7,8 @@ from edgefuse.inputs.models import MODEL_NAMES, build_model
 
 
 @pytest.mark.parametrize("name", MODEL_NAMES)
-def test_model_exports_and_runs(name):
-    module, inputs = build_model(name, seq_len=8)
+def test_model_exports_and_runs(name, tiny_program):
+    module, inputs, ep = tiny_program(name)  # build_model's default size: 8 tokens
     assert all(x.dtype == torch.int64 and x.shape == (1, 8) for x in inputs)
     with torch.no_grad():
         eager = module(*inputs)
@@ -17,7 +17,6 @@ def test_model_exports_and_runs(name):
     assert torch.isfinite(eager).all()
     assert eager.std() > 0
 
-    ep = torch.export.export(module, inputs)
     with torch.no_grad():
         exported = ep.module()(*inputs)
     torch.testing.assert_close(exported, eager)

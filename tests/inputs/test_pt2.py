@@ -203,11 +203,8 @@ FAST_MODELS = ("tiny-phi3", "tiny-gemma2", "tiny-t5", "tiny-mamba2")
 
 @pytest.mark.parametrize("name", [pytest.param(name, marks=() if name in FAST_MODELS else pytest.mark.slow)
                                   for name in __import__("edgefuse.inputs.models", fromlist=["MODEL_NAMES"]).MODEL_NAMES])
-def test_every_built_in_model_saved_with_torch_export_save_still_loads(name, tmp_path):
-    from edgefuse.inputs.models import build_model
-
-    module, inputs = build_model(name, layers=1, seq_len=4)
-    program = torch.export.export(module, tuple(inputs))
+def test_every_built_in_model_saved_with_torch_export_save_still_loads(name, tmp_path, tiny_program):
+    _, inputs, program = tiny_program(name)
     path = str(tmp_path / f"{name}.pt2")
     torch.export.save(program, path)
     spec = resolve(path)
