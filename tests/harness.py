@@ -127,3 +127,39 @@ def side_by_side_counts(out: str) -> dict[str, tuple[int, int]]:
     header = next(line for line in lines if line.lstrip().startswith("stock ("))
     rows = [line.split() for line in lines[lines.index(header) + 1 :] if line.strip() and not line.startswith("wrote")]
     return {row[0]: (int(row[-2]), int(row[-1])) for row in rows}
+
+
+class NormAndLinear(torch.nn.Module):
+    """An RMSNorm and the Linear after it: both delegated, the Linear's weight a constant the delegate takes in."""
+
+    def __init__(self, width: int = 64, out: int = 512):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(width)
+        self.linear = torch.nn.Linear(width, out)
+
+    def forward(self, x):
+        return self.linear(self.norm(x))
+
+
+def tensors_left_to_the_collector(lowering) -> list[torch.Tensor]:
+    """The tensors that ``lowering(exported_program)`` of :class:`NormAndLinear` leaves in reference cycles
+    no one can reach: the cycle collector is off while it runs, as it is whenever its thresholds are not
+    reached, and what it would free is then read with ``gc.DEBUG_SAVEALL``; the collector's state is put
+    back as it was."""
+    import gc
+
+    program = export(NormAndLinear().eval(), (torch.randn(2, 64),))
+    enabled, debug = gc.isenabled(), gc.get_debug()
+    gc.collect()
+    gc.garbage.clear()
+    gc.disable()
+    try:
+        lowering(program)
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        return [o for o in gc.garbage if type(o) in (torch.Tensor, torch.nn.Parameter)]
+    finally:
+        gc.set_debug(debug)
+        gc.garbage.clear()
+        if enabled:
+            gc.enable()

@@ -76,36 +76,3 @@ def means_outside(result: Result) -> list[str]:
 
 def casts_outside(result: Result) -> list[str]:
     return [op for op in result.outside if "to_dim_order_copy" in op or "_to_copy" in op]
-
-
-class NormAndLinear(torch.nn.Module):
-    """An RMSNorm and the Linear after it: both delegated, the Linear's weight a constant the delegate takes in."""
-
-    def __init__(self, width: int = 64, out: int = 512):
-        super().__init__()
-        self.norm = torch.nn.RMSNorm(width)
-        self.linear = torch.nn.Linear(width, out)
-
-    def forward(self, x):
-        return self.linear(self.norm(x))
-
-
-def tensors_left_to_the_collector(lowering) -> list[torch.Tensor]:
-    """The tensors that ``lowering(exported_program)`` of :class:`NormAndLinear` leaves in reference cycles
-    no one can reach: the cycle collector is off while it runs, as it is whenever its thresholds are not
-    reached, and what it would free is then read with ``gc.DEBUG_SAVEALL``."""
-    import gc
-
-    program = export(NormAndLinear().eval(), (torch.randn(2, 64),))
-    gc.collect()
-    gc.disable()
-    try:
-        lowering(program)
-        gc.set_debug(gc.DEBUG_SAVEALL)
-        gc.collect()
-    finally:
-        gc.set_debug(0)
-        gc.enable()
-    left = [o for o in gc.garbage if type(o) in (torch.Tensor, torch.nn.Parameter)]
-    gc.garbage.clear()
-    return left

@@ -48,7 +48,8 @@ def export_with_edgefuse_xnnpack(model, record: RecipeRecord | None = None, **kw
     from optimum.executorch.passes.remove_padding_idx_embedding_pass import RemovePaddingIdxEmbeddingPass
 
     from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner
-    from edgefuse.xnnpack.substitute import RestoreUndelegated, SubstituteForXnnpack
+    from edgefuse.xnnpack.lowering import restore_undelegated
+    from edgefuse.xnnpack.substitute import SubstituteForXnnpack
 
     record = record if record is not None else RecipeRecord()
     programs = model.export()
@@ -63,8 +64,7 @@ def export_with_edgefuse_xnnpack(model, record: RecipeRecord | None = None, **kw
         constant_methods=model.metadata,
         transform_passes=[RemovePaddingIdxEmbeddingPass(), substitution],
     )
-    restore = RestoreUndelegated()
-    manager = manager.transform([restore])
+    manager, restore = restore_undelegated(manager)
     record.substituted, record.restored = len(substitution.substituted), len(restore.restored)
     program = manager.to_executorch(config=ExecutorchBackendConfig(
         extract_delegate_segments=True,

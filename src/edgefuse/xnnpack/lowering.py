@@ -79,19 +79,39 @@ def lower(
     return restore_undelegated(manager)[0]
 
 
+#: The bytes of delegate blobs from which :func:`restore_undelegated` collects the programs partitioning
+#: replaced: a full collection takes about 0.2 s of CPU in a process holding torch and ExecuTorch, as much as
+#: a fifth of a small program's lowering, and frees memory worth it only for large constants.
+COLLECT_FROM_BYTES = 64 * 2**20
+
+
 def restore_undelegated(manager: EdgeProgramManager) -> tuple[EdgeProgramManager, RestoreUndelegated]:
     """``manager`` with every edgefuse op left outside a delegate put back (:class:`RestoreUndelegated`),
     and the pass, which names what it restored.
 
     The programs that partitioning replaced are reference cycles holding their own copies of the
-    constants the delegates took in, freed only when Python's cycle collector runs; they are collected
-    here, so the program goes on to ``to_executorch`` without them (for Qwen3-0.6B's width in 8da4w,
-    the 151,936 x 1024 int8 output weight among them).
+    constants the delegates took in, freed only when Python's cycle collector runs; once the delegates
+    hold :data:`COLLECT_FROM_BYTES` or more, they are collected here, so the program goes on to
+    ``to_executorch`` without them (for Qwen3-0.6B's width in 8da4w, the 151,936 x 1024 int8 output
+    weight among them).
     """
     restore = RestoreUndelegated()
     manager = manager.transform([restore])
-    gc.collect()
+    if delegated_bytes(manager) >= COLLECT_FROM_BYTES:
+        gc.collect()
     return manager, restore
+
+
+def delegated_bytes(manager: EdgeProgramManager) -> int:
+    """The bytes of the delegate blobs of every method of ``manager``."""
+    from executorch.exir.lowered_backend_module import LoweredBackendModule
+
+    return sum(
+        len(module.processed_bytes)
+        for method in manager.methods
+        for module in manager.exported_program(method).graph_module.modules()
+        if isinstance(module, LoweredBackendModule)
+    )
 
 
 def lower_stock(exported_program: ExportedProgram, **partitioner_kwargs: Any) -> EdgeProgramManager:
