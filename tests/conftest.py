@@ -15,9 +15,9 @@ points raise `SlowCall`, and the test fails naming the call even when the code u
 
 With several workers (``-n``, ``--dist loadgroup``), the tests of one file run on one worker, so that a
 module fixture is built once, and the files that share a costly session fixture (:data:`SHARED_FIXTURES`:
-programs lowered for QNN, the built-in tiny models exported) run on the same worker. The groups holding
-slow tests are sent first, those with the most slow tests first (xdist's own order sends the groups with
-the most tests first, and a long group sent last would set the wall time alone). torch.export's list of
+programs lowered for QNN, the built-in tiny models exported) run on the same worker. The groups are sent
+longest first, by the seconds their selected tests took in the run that wrote ``tests/durations.json``
+(``--store-durations``): a long group sent last would set the wall time alone. torch.export's list of
 CompositeImplicitAutograd ops, which it rebuilds from the dispatcher on every ``to_edge`` (a third of the
 call), is kept for the session, keyed by the registered ops (:func:`edgefuse.fuzz.edge_programs.cached_cia_ops`).
 """
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -72,22 +74,65 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.rules)
         # --dist loadgroup: a file's tests run on one worker, so its module fixtures are built once
         item.add_marker(pytest.mark.xdist_group(sharing.get(item.path, "/".join(parts))))
-    items[:] = _longest_groups_first(items)
 
 
 def _group(item: pytest.Item) -> str:
     return item.get_closest_marker("xdist_group").args[0]
 
 
-def _longest_groups_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The items with each group's tests together, the groups with the most slow tests first, then those
-    with the most tests (ties in collection order): the order in which ``--dist loadgroup`` sends them."""
-    slow, count = collections.Counter(), collections.Counter()
+#: Each test's seconds (setup, call and teardown, by node id) in the runs made with ``--store-durations``.
+DURATIONS = _HERE / "durations.json"
+#: The seconds expected of a test the file does not hold, slow or not: about the median of each kind.
+UNKNOWN_SECONDS = {True: 10.0, False: 0.2}
+
+
+def _plain_id(nodeid: str) -> str:
+    """A node id without the ``@group`` that ``--dist loadgroup`` appends to it."""
+    return re.sub(r"@[^@\[\]]*$", "", nodeid)
+
+
+def _longest_groups_first(items: list[pytest.Item], seconds: dict[str, float]) -> list[pytest.Item]:
+    """The items with each group's tests together, the groups the longest first by the recorded seconds
+    of their tests (ties in collection order): the order in which ``--dist loadgroup`` sends them."""
+    expected: collections.Counter = collections.Counter()
     for item in items:
-        count[_group(item)] += 1
-        slow[_group(item)] += item.get_closest_marker("slow") is not None
+        slow = item.get_closest_marker("slow") is not None
+        expected[_group(item)] += seconds.get(_plain_id(item.nodeid), UNKNOWN_SECONDS[slow])
     first = {group: at for at, group in reversed(list(enumerate(map(_group, items))))}
-    return sorted(items, key=lambda item: (-slow[_group(item)], -count[_group(item)], first[_group(item)]))
+    return sorted(items, key=lambda item: (-expected[_group(item)], first[_group(item)]))
+
+
+def _recorded() -> dict[str, float]:
+    try:
+        return json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class _Order:
+    """Orders the selected tests longest group first, after ``-m`` and ``-k`` have deselected, and with
+    ``--store-durations`` adds up each test's seconds and writes them to :data:`DURATIONS` at the end."""
+
+    def __init__(self, config: pytest.Config):
+        self.config, self.seconds = config, collections.Counter()
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        items[:] = _longest_groups_first(items, _recorded())
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[_plain_id(report.nodeid)] += report.duration
+
+    def pytest_sessionfinish(self) -> None:
+        if self.config.getoption("store_durations") and not hasattr(self.config, "workerinput"):
+            merged = {**_recorded(), **{nodeid: round(s, 2) for nodeid, s in self.seconds.items()}}
+            DURATIONS.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--store-durations", action="store_true",
+                     help="write each test's seconds to tests/durations.json (merged with what it holds), by "
+                          "which the next runs send the longest groups of tests first")
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -95,6 +140,7 @@ def pytest_configure(config: pytest.Config) -> None:
     their number of tests alone."""
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    config.pluginmanager.register(_Order(config), "edgefuse-test-order")
 
 
 class SlowCall(AssertionError):
