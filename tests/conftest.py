@@ -141,10 +141,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
     config.pluginmanager.register(_Order(config), "edgefuse-test-order")
-    if hasattr(config, "workerinput"):  # -n N runs N workers on N cores: each takes one thread of torch's own
-        import torch
-
-        torch.set_num_threads(1)
 
 
 class SlowCall(AssertionError):
