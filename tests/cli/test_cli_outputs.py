@@ -1,5 +1,6 @@
-"""What the commands write, in a real process: JSON that validates against the schema, a ``.pte`` that
-loads and a delegate map that names the delegates (the demo's tables: tests/cli/test_private_paths.py)."""
+"""What the commands write: JSON that validates against the schema, on the stdout of a real process, a
+``.pte`` that loads and a delegate map that names the delegates (the demo's tables:
+tests/cli/test_private_paths.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.cli.command_runs import SVG, run  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-# --- the machine form (subprocess) ----------------------------------------------------------------------
+# --- the machine form -----------------------------------------------------------------------------------
 
 def test_report_json_of_a_real_model_validates_against_the_schema(workdir):
     done = run("report", "tiny-qwen3", "--json", "--stage", "capture", "--dtype", "float16", cwd=workdir)
@@ -36,12 +37,14 @@ def test_report_json_of_a_real_model_validates_against_the_schema(workdir):
     assert data["quantization"] is None and all(n["quantized"] is None for n in data["norms"])
 
 
-def test_report_quantize_qnn_says_how_each_norm_was_quantized(workdir):
+def test_report_quantize_qnn_says_how_each_norm_was_quantized(workdir, capsys):
     # The released QnnQuantizer, built without the SDK: the rebuilt norm is annotated as one op, so it
     # costs one quantize/dequantize pair in, one out and one for its weight, read from the converted graph.
-    done = run("report", "models.py:block", "--quantize", "qnn", "--json", cwd=workdir)
-    assert done.returncode == OK, done.stderr
-    data = json.loads(done.stdout)
+    # In this process: the JSON alone on a real process's stdout is the test above.
+    code = cli.main(["-q", "report", f"{workdir / 'models.py'}:block", "--quantize", "qnn", "--json"])
+    out, err = capsys.readouterr()
+    assert code == OK, err
+    data = json.loads(out)
     jsonschema.validate(data, schema(), cls=jsonschema.Draft202012Validator)
     assert data["stage"] == "capture" and data["quantization"] == "qnn"
     [norm] = data["norms"]
