@@ -15,7 +15,8 @@ points raise `SlowCall`, and the test fails naming the call even when the code u
 
 With several workers (``-n``, ``--dist loadgroup``), the tests of one file run on one worker, so that a
 module fixture is built once, and the files that share a costly session fixture (:data:`SHARED_FIXTURES`:
-programs lowered for QNN, the built-in tiny models exported) run on the same worker. The groups are sent
+programs lowered for QNN, the built-in tiny models exported, the small Llama's float32 pair of
+``export_llm``) run on the same worker. The groups are sent
 longest first, by the seconds their selected tests took in the run that wrote ``tests/durations.json``
 (``--store-durations``): a long group sent last would set the wall time alone. torch.export's list of
 CompositeImplicitAutograd ops, which it rebuilds from the dispatcher on every ``to_edge`` (a third of the
@@ -41,11 +42,13 @@ _HERE = Path(__file__).parent
 
 
 #: Session fixtures several test files share, by the group of files that share them: the files that use one
-#: run on one worker, which builds it once. The programs lowered for QNN; the built-in tiny models exported.
+#: run on one worker, which builds it once. The programs lowered for QNN; the built-in tiny models exported;
+#: the small Llama exported in float32 by ``export_llm``, stock and with edgefuse.
 SHARED_FIXTURES = {
     "lowered_rms_norm": "shared-qnn-programs",
     "lowered_rms_norm_16a8w": "shared-qnn-programs",
     "tiny_program": "shared-tiny-programs",
+    "llama_fp32_programs": "shared-llama-fp32",
 }
 
 
@@ -236,6 +239,25 @@ def tiny_program():
         return exported(name, dtype)
 
     return tiny_program
+
+
+@pytest.fixture(scope="session")
+def llama_fp32_programs(tmp_path_factory):
+    """``python -m edgefuse.tools.llm_latency --export-only`` of its smallest Llama (64x1, the small Llama of
+    ``llm_check``) in float32, run once for the session: the folder, the exit code and stdout. Its two
+    programs, ``64x1/fp32/stock.pte`` and ``64x1/fp32/edgefuse.pte`` beside the model's ``params.json`` and
+    ``checkpoint.pth``, are what the tests that read or time an ``export_llm`` pair of that model use."""
+    import contextlib
+    import io
+
+    from edgefuse.tools import llm_latency
+
+    folder = tmp_path_factory.mktemp("latency") / "programs"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = llm_latency.main(["-q", "--export-only", "--dir", str(folder), "--sizes", "64x1", "--dtypes", "fp32",
+                                 "--prefill", "8", "--decode", "4"])
+    return folder, code, out.getvalue()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -551,13 +551,17 @@ def test_the_export_llm_example_composes_with_executorch_shipped_config():
 
 @pytest.mark.slow
 def test_the_export_llm_example_runs_with_executorch_shipped_config(tmp_path, monkeypatch, capsys):
-    """The README's export-llm line run whole (two exports, about two minutes) on small params and a random
-    checkpoint written where the line names them, with ExecuTorch's ``llama_xnnpack.yaml`` beside them:
-    stock leaves means outside the delegate, edgefuse none."""
+    """The README's export-llm line run whole (two exports) on small params and a random checkpoint written
+    where the line names them, with ExecuTorch's ``llama_xnnpack.yaml`` beside them: ``export-llm --compare``
+    through the command line. Both programs side by side, stock leaving each norm's mean outside the
+    delegate and edgefuse none; the two ``.pte`` files and hydra's record and job log beside them (stock's
+    record went with its staging folder), no other file changed, and nothing left swapped."""
     from edgefuse import cli
     from edgefuse.llm.eager import write_small_model
+    from edgefuse.llm.lowering import swapped
     from edgefuse.llm.small import SMALL_LLAMA
     from tests.harness import side_by_side_counts
+    from tests.llm.test_config_check import snapshot
 
     found = _export_llm_example()
     config = found.words[found.words.index("--config") + 1]
@@ -566,13 +570,26 @@ def test_the_export_llm_example_runs_with_executorch_shipped_config(tmp_path, mo
     overrides = dict(o.lstrip("+").split("=", 1) for o in found.overrides)
     assert (overrides["base.params"], overrides["base.checkpoint"]) == ("params.json", "checkpoint.pth")
     monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
     code = cli.main(["-q", *found.words])
     out, err = capsys.readouterr()
     assert code == 0, err
     name = overrides["export.output_name"]
-    assert (tmp_path / name).is_file() and (tmp_path / name.replace(".pte", ".stock.pte")).is_file()
+    stock_name = name.replace(".pte", ".stock.pte")
+    assert (tmp_path / name).is_file() and (tmp_path / stock_name).is_file()
+    changed = {path for path, digest in snapshot(tmp_path).items() if before.get(path) != digest}
+    assert changed == {str(tmp_path / written) for written in (
+        name, stock_name, ".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml",
+        "export_llm.log")}
+    lines = out.splitlines()
+    assert lines[0].startswith("edgefuse lowering: "), lines[:3]  # export_llm's own output went to stderr
+    assert len(lines) < 40, len(lines)
+    header = next(line for line in lines if line.lstrip().startswith("stock ("))
+    assert "edgefuse (" in header and header.index("stock (") < header.index("edgefuse (")
     stock_means, our_means = side_by_side_counts(out)["aten::mean.out"]
-    assert stock_means > 0 and our_means == 0, out
+    assert stock_means == 3 and our_means == 0, out  # two norms in the layer and the final norm
+    assert lines[-1] == f"wrote {name} and {stock_name}"
+    assert not any(swapped().values())
 
 
 def _runnable_block_commands() -> list[Command]:

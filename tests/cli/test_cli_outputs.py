@@ -1,5 +1,6 @@
-"""What the commands write, in a real process: JSON that validates against the schema, a ``.pte`` that
-loads and a delegate map that names the delegates (the demo's tables: tests/cli/test_private_paths.py)."""
+"""What the commands write: JSON that validates against the schema, on the stdout of a real process, a
+``.pte`` that loads and a delegate map that names the delegates (the demo's tables:
+tests/cli/test_private_paths.py)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from tests.cli.command_runs import SVG, run  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-# --- the machine form (subprocess) ----------------------------------------------------------------------
+# --- the machine form -----------------------------------------------------------------------------------
 
 def test_report_json_of_a_real_model_validates_against_the_schema(workdir):
     done = run("report", "tiny-qwen3", "--json", "--stage", "capture", "--dtype", "float16", cwd=workdir)
@@ -36,12 +37,14 @@ def test_report_json_of_a_real_model_validates_against_the_schema(workdir):
     assert data["quantization"] is None and all(n["quantized"] is None for n in data["norms"])
 
 
-def test_report_quantize_qnn_says_how_each_norm_was_quantized(workdir):
+def test_report_quantize_qnn_says_how_each_norm_was_quantized(workdir, capsys):
     # The released QnnQuantizer, built without the SDK: the rebuilt norm is annotated as one op, so it
     # costs one quantize/dequantize pair in, one out and one for its weight, read from the converted graph.
-    done = run("report", "models.py:block", "--quantize", "qnn", "--json", cwd=workdir)
-    assert done.returncode == OK, done.stderr
-    data = json.loads(done.stdout)
+    # In this process: the JSON alone on a real process's stdout is the test above.
+    code = cli.main(["-q", "report", f"{workdir / 'models.py'}:block", "--quantize", "qnn", "--json"])
+    out, err = capsys.readouterr()
+    assert code == OK, err
+    data = json.loads(out)
     jsonschema.validate(data, schema(), cls=jsonschema.Draft202012Validator)
     assert data["stage"] == "capture" and data["quantization"] == "qnn"
     [norm] = data["norms"]
@@ -70,7 +73,10 @@ def test_lower_writes_a_pte_and_a_delegate_map_that_names_the_delegates(workdir)
     method = Runtime.get().load_program(pte).load_method("forward")
     assert method is not None
 
-    svg = workdir / "block.delegates.svg"  # the default: next to the .pte
+    # the default map: next to the .pte, a new file (one edgefuse never writes through a link or over a file
+    # it did not write: tests/cli/test_private_paths.py)
+    svg = workdir / "block.delegates.svg"
+    assert svg.read_text().startswith("<svg")
     root = ET.parse(svg).getroot()
     assert root.tag == f"{SVG}svg"
     assert float(root.get("width")) > 0 and float(root.get("height")) > 0
@@ -81,12 +87,22 @@ def test_lower_writes_a_pte_and_a_delegate_map_that_names_the_delegates(workdir)
     assert headers[0].split(",")[0] in stock  # "stock: N delegates" agrees with the printed summary
 
 
-@pytest.mark.parametrize("stage", ["edge", "capture"])
-def test_report_map_lowers_the_export_the_report_read_and_leaves_it_unchanged(workdir, stage, monkeypatch, capsys):
-    """``report --map`` exports once: the report's recomposition leaves the exported program as it was,
-    so the map drawn from it equals the map of a fresh export."""
+@pytest.fixture(scope="module")
+def fresh_delegates(workdir) -> dict[str, int]:
+    """The delegates of a fresh export of the block lowered stock and with edgefuse, by lowering: what the map
+    of an export the report left unchanged shows, whichever stage the report read."""
     from edgefuse.compare.pte_checks import lower_to_pte
 
+    return {how: lower_to_pte(resolve(f"{workdir / 'models.py'}:block", torch.float32).export(), how,
+                              serialize=False).summary.delegates for how in ("stock", "edgefuse")}
+
+
+@pytest.mark.parametrize("stage", ["edge", "capture"])
+def test_report_map_lowers_the_export_the_report_read_and_leaves_it_unchanged(
+    workdir, stage, fresh_delegates, monkeypatch, capsys
+):
+    """``report --map`` exports once: the report's recomposition leaves the exported program as it was,
+    so the map drawn from it equals the map of a fresh export."""
     from edgefuse.inputs.modelspec import ModelSpec
 
     exports = []
@@ -109,8 +125,5 @@ def test_report_map_lowers_the_export_the_report_read_and_leaves_it_unchanged(wo
     assert capsys.readouterr().err.count("] exporting ") == 1  # its progress line, once
     root = ET.parse(path).getroot()
     headers = [t.text for t in root.iter(f"{SVG}text") if t.text and t.text.startswith(("stock:", "edgefuse:"))]
-    fresh = [lower_to_pte(resolve(f"{workdir / 'models.py'}:block", torch.float32).export(), how, serialize=False)
-             for how in ("stock", "edgefuse")]
     assert [h.split(",")[0] for h in headers] == [
-        f"{how}: {lowered.summary.delegates} delegate" + ("s" if lowered.summary.delegates != 1 else "")
-        for how, lowered in zip(("stock", "edgefuse"), fresh)], headers
+        f"{how}: {count} delegate" + ("s" if count != 1 else "") for how, count in fresh_delegates.items()], headers

@@ -1,8 +1,11 @@
 """``edgefuse export-llm`` and ``bench-llm``, and the checks of ``python -m edgefuse.tools.llm_check``.
 
 Exports of ExecuTorch's Llama and Qwen3 from small params (dim 64, one layer, random weights saved as a
-checkpoint) are made once per session. The most telling cases run here: float32 Llama through the
-command with ``--compare`` and bfloat16 Llama with ``enable_bf16``; 8da4w Qwen3 with QK norms is the scale
+checkpoint) are made once per session. The most telling cases run here: float32 Llama, the session's pair
+that the latency tool's ``--export-only`` exports through export_llm's engine (``llama_fp32_programs`` of
+tests/conftest.py), checked against eager and timed by ``bench-llm``, and bfloat16 Llama with
+``enable_bf16``; ``export-llm --compare`` through the command line is the README's line, 8da4w Llama with
+ExecuTorch's ``llama_xnnpack.yaml`` (tests/test_readme.py); 8da4w Qwen3 with QK norms is the scale
 command's toy run (tests/tools/test_scale.py); every case of ``python -m edgefuse.tools.llm_check`` (each
 model in float32, 8da4w and bfloat16) runs there.
 """
@@ -18,7 +21,6 @@ from edgefuse import cli
 from edgefuse.inputs.errors import OK, USAGE
 from edgefuse.tools.llm_check import CASES, case_arguments, check_case, check_programs, passed
 from edgefuse.llm.lowering import swapped
-from tests.harness import side_by_side_counts
 
 
 @contextlib.contextmanager
@@ -178,85 +180,53 @@ def test_a_failure_inside_edgefuses_lowering_is_an_internal_error_with_nothing_l
 
 @pytest.mark.slow
 def test_the_python_api_puts_everything_back_when_the_export_raises(small_llama, tmp_path, monkeypatch):
+    """The export raises in edgefuse's first pass, before partitioning: the exception reaches the caller
+    and every swapped function is back."""
     from edgefuse.llm import export_llm
     from edgefuse.llm.eager import config_from_overrides
-    from edgefuse.xnnpack.substitute import RestoreUndelegated
+    from edgefuse.xnnpack.substitute import SubstituteForXnnpack
 
     def fail(self, graph_module):
-        raise RuntimeError("restoration failed on purpose")
+        raise RuntimeError("substitution failed on purpose")
 
-    monkeypatch.setattr(RestoreUndelegated, "call", fail)
+    monkeypatch.setattr(SubstituteForXnnpack, "call", fail)
     directory, params, checkpoint = small_llama
     config = config_from_overrides([*case_arguments(CASES["llama-fp32"], params, checkpoint),
                                     f"export.output_name={tmp_path / 'model.pte'}"])
-    with pytest.raises(Exception, match="RestoreUndelegated") as raised:  # ExecuTorch's pass manager wraps it
+    with pytest.raises(Exception, match="SubstituteForXnnpack") as raised:  # ExecuTorch's pass manager wraps it
         export_llm(config)
-    assert "restoration failed on purpose" in str(raised.value.__cause__)
+    assert "substitution failed on purpose" in str(raised.value.__cause__)
     assert ptes(tmp_path) == [] and nothing_swapped()
 
 
 # -- the programs -----------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="session")
-def llama_fp32_command(small_llama, tmp_path_factory):
-    """``edgefuse export-llm --compare`` on the float32 Llama, run in a working folder of its own with the
-    output named relative to it (``out/llama.pte``) and the model's files in a third folder: its exit code,
-    stdout, the output folder, the overrides, and the files the run changed in the working folder and in
-    the model's."""
-    from tests.llm.test_config_check import snapshot
+def llama_fp32_pair(programs) -> tuple[dict[str, str], object]:
+    """The paths of the small Llama's float32 pair in the folder of ``llama_fp32_programs`` (tests/conftest.py),
+    by lowering, and the export's config (its model files and its context)."""
+    import json
 
-    directory, params, checkpoint = small_llama
-    arguments = case_arguments(CASES["llama-fp32"], params, checkpoint)
-    import io
-    from contextlib import redirect_stdout
-
-    work = tmp_path_factory.mktemp("llama-fp32-command")
-    (work / "out").mkdir()
-    before, model_files = snapshot(work), snapshot(directory)
-    out = io.StringIO()
-    with inside(work), redirect_stdout(out):
-        code = cli.main(["-q", "export-llm", "--compare", *arguments, "export.output_name=out/llama.pte"])
-    changed = {path for path, digest in snapshot(work).items() if before.get(path) != digest}
-    changed |= {path for path, digest in snapshot(directory).items() if model_files.get(path) != digest}
-    return code, out.getvalue(), work / "out", arguments, changed
-
-
-@pytest.mark.slow
-def test_export_llm_compare_prints_both_programs_side_by_side(llama_fp32_command):
-    code, out, directory, _, _ = llama_fp32_command
-    assert code == OK, out
-    lines = out.splitlines()
-    assert lines[0].startswith("edgefuse lowering: "), lines[:3]  # export_llm's own output went to stderr
-    assert len(lines) < 40, len(lines)
-    header = next(line for line in lines if line.lstrip().startswith("stock ("))
-    assert "edgefuse (" in header and header.index("stock (") < header.index("edgefuse (")
-    stock_means, our_means = side_by_side_counts(out)["aten::mean.out"]
-    assert stock_means == 3 and our_means == 0  # two norms in the layer and the final norm
-    assert out.splitlines()[-1] == "wrote out/llama.pte and out/llama.stock.pte"
-    assert ptes(directory) == ["llama.pte", "llama.stock.pte"]
-    assert nothing_swapped()
-
-
-@pytest.mark.slow
-def test_an_export_writes_the_ptes_and_hydras_record_in_the_output_folder_and_nothing_elsewhere(llama_fp32_command):
-    """Hydra's record and job log are beside the .pte (stock's record went with its staging folder), and no
-    other file changes: none in the working folder, none in the model's."""
-    code, out, directory, _, changed = llama_fp32_command
-    assert code == OK, out
-    assert changed == {str(directory / name) for name in (
-        "llama.pte", "llama.stock.pte", ".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml", ".hydra/overrides.yaml",
-        "export_llm.log")}
-
-
-@pytest.mark.slow
-def test_float32_llama_of_export_llm_matches_eager_with_no_mean_outside(llama_fp32_command):
     from edgefuse.llm.eager import config_from_overrides
+    from edgefuse.tools.llm_latency import dtype_case
 
-    code, _, directory, arguments, _ = llama_fp32_command
-    assert code == OK
-    paths = {"stock": str(directory / "llama.stock.pte"), "edgefuse": str(directory / "llama.pte")}
-    checks = check_programs(CASES["llama-fp32"], paths, config_from_overrides(arguments))
+    folder, code, out = programs
+    assert code == OK, out
+    manifest = json.loads((folder / "manifest.json").read_text())
+    model = folder / "64x1"
+    arguments = [*case_arguments(dtype_case("64x1", "fp32"), str(model / "params.json"), str(model / "checkpoint.pth")),
+                 *(f"export.{name}={manifest[name]}" for name in ("max_seq_length", "max_context_length"))]
+    paths = {how: str(model / "fp32" / f"{how}.pte") for how in ("stock", "edgefuse")}
+    return paths, config_from_overrides(arguments)
+
+
+@pytest.mark.slow
+def test_float32_llama_of_export_llm_matches_eager_with_no_mean_outside(llama_fp32_programs):
+    """The small Llama's float32 pair, exported stock and with edgefuse by export_llm's engine (the latency
+    tool's ``--export-only``), against eager over a prefill and 12 decode steps. ``export-llm --compare``
+    through the command line is the README's line (tests/test_readme.py)."""
+    paths, config = llama_fp32_pair(llama_fp32_programs)
+    checks = check_programs(CASES["llama-fp32"], paths, config)
     assert checks["stock"].contents.means == 3 and checks["stock"].matches
     assert checks["edgefuse"].contents.means == 0 and checks["edgefuse"].contents.casts == 0
     assert checks["edgefuse"].contents.delegate_count < checks["stock"].contents.delegate_count
@@ -282,9 +252,9 @@ def test_bfloat16_through_the_python_api_keeps_means_and_casts_inside_and_matche
 
 
 @pytest.mark.slow
-def test_bench_llm_prints_medians_ratios_and_the_thread_count(llama_fp32_command, capsys):
-    _, _, directory, _, _ = llama_fp32_command
-    stock, ours = str(directory / "llama.stock.pte"), str(directory / "llama.pte")
+def test_bench_llm_prints_medians_ratios_and_the_thread_count(llama_fp32_programs, capsys):
+    paths, _ = llama_fp32_pair(llama_fp32_programs)
+    stock, ours = paths["stock"], paths["edgefuse"]
     code = cli.main(["-q", "bench-llm", stock, ours, "--prefill", "4", "--decode", "2", "--rounds", "2",
                      "--warmup", "0", "--threads", "1", "--runs", "4"])
     out = capsys.readouterr().out.splitlines()
@@ -303,9 +273,9 @@ def test_bench_llm_prints_medians_ratios_and_the_thread_count(llama_fp32_command
 
 
 @pytest.mark.slow
-def test_bench_llm_says_when_the_context_is_too_short(llama_fp32_command, capsys):
-    _, _, directory, _, _ = llama_fp32_command
-    code = cli.main(["-q", "bench-llm", str(directory / "llama.stock.pte"), str(directory / "llama.pte"),
+def test_bench_llm_says_when_the_context_is_too_short(llama_fp32_programs, capsys):
+    paths, _ = llama_fp32_pair(llama_fp32_programs)
+    code = cli.main(["-q", "bench-llm", paths["stock"], paths["edgefuse"],
                      "--prefill", "120", "--decode", "20", "--rounds", "1", "--warmup", "0"])
     assert code == USAGE and "context length" in capsys.readouterr().err
 

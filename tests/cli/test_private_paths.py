@@ -296,12 +296,6 @@ def test_a_link_planted_at_the_default_map_name_while_lowering_is_not_written_th
     assert victim.read_text() == "the victim's file\n" and default.is_symlink()
 
 
-@pytest.mark.slow
-def test_lower_writes_its_default_map_as_a_new_file(lower_run, tmp_path):
-    assert lower_run() == OK
-    assert (tmp_path / "out.delegates.svg").read_text().startswith("<svg")
-
-
 @pytest.mark.parametrize("kind", ["symlink", "file"])
 def test_export_llm_compare_keeps_stocks_program_only_as_a_new_file(kind, tmp_path, monkeypatch, capsys):
     """``--compare`` keeps stock's program as ``NAME.stock.pte`` beside the output: a symlink or a file

@@ -168,25 +168,13 @@ def test_a_pair_is_timed_in_two_runs_and_again_in_pairs_of_runs_when_close(monke
 
 
 # -- the smallest size, exported ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory):
-    """``--export-only`` of the smallest Llama (64x1) in float32: the folder, exit code and stdout."""
-    import contextlib
-    import io
-
-    folder = tmp_path_factory.mktemp("latency") / "programs"
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = llm_latency.main(["-q", "--export-only", "--dir", str(folder), "--sizes", "64x1", "--dtypes", "fp32",
-                                 "--prefill", "8", "--decode", "4"])
-    return folder, code, out.getvalue()
+# ``--export-only`` of the smallest Llama (64x1) in float32 is the session's ``llama_fp32_programs``
+# (tests/conftest.py): tests/cli/test_export_llm.py reads and times its programs too.
 
 
 @pytest.mark.slow
-def test_export_only_writes_the_model_files_both_programs_and_the_manifest(prepared):
-    folder, code, out = prepared
+def test_export_only_writes_the_model_files_both_programs_and_the_manifest(llama_fp32_programs):
+    folder, code, out = llama_fp32_programs
     assert code == OK, out
     for name in ("manifest.json", "64x1/params.json", "64x1/checkpoint.pth", "64x1/fp32/stock.pte",
                  "64x1/fp32/edgefuse.pte"):
@@ -201,8 +189,8 @@ def test_export_only_writes_the_model_files_both_programs_and_the_manifest(prepa
 
 
 @pytest.mark.slow
-def test_bench_only_prints_a_row_per_run_and_per_pair_and_the_conditions(prepared, capsys):
-    folder, _, _ = prepared
+def test_bench_only_prints_a_row_per_run_and_per_pair_and_the_conditions(llama_fp32_programs, capsys):
+    folder, _, _ = llama_fp32_programs
     code, out, err = run(capsys, "--bench-only", str(folder), "--prefill", "8", "--decode", "4", "--rounds", "1",
                          "--warmup", "0", "--repeats", "0")
     assert code == OK, err
@@ -217,8 +205,8 @@ def test_bench_only_prints_a_row_per_run_and_per_pair_and_the_conditions(prepare
 
 
 @pytest.mark.slow
-def test_the_profile_names_the_kernels_outside_and_xnnpacks_operators(prepared, capsys):
-    folder, _, _ = prepared
+def test_the_profile_names_the_kernels_outside_and_xnnpacks_operators(llama_fp32_programs, capsys):
+    folder, _, _ = llama_fp32_programs
     code, out, err = run(capsys, "--bench-only", str(folder), "--profile", "64x1:fp32", "--prefill", "8",
                          "--decode", "2", "--profile-rounds", "1")
     assert code == OK, err

@@ -127,9 +127,9 @@ def test_a_pair_fails_when_edgefuse_leaves_a_mean_or_a_cast_outside_or_misses_it
 def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
     """Qwen3 in 8da4w at a toy size: the small Qwen3 of ``llm_check`` (QK norms) with tied embeddings, through
     export_llm's command-line engine, stock beside edgefuse, both against eager over the scale command's
-    8-token prompt and 4 decode steps; no other test exports 8da4w through that engine. Each export runs in a
-    child process, so that the swap is taken back after an export is held by the float32 ``--compare`` test
-    of tests/cli/test_export_llm.py alone. The QNN rows are checked where QNN's libraries are set up; where they
+    8-token prompt and 4 decode steps; no other test exports Qwen3 in 8da4w through that engine. Each export
+    runs in a child process, so that the swap is taken back after an export is held by the README's
+    ``export-llm --compare`` test (tests/test_readme.py) alone. The QNN rows are checked where QNN's libraries are set up; where they
     are not, the test skips after the CPU checks, saying how to set them up (the row that says so has its own test)."""
     from edgefuse.qnn.sdk import find
 
