@@ -68,7 +68,7 @@ def test_a_quantized_row_gives_its_mean_errors_in_output_steps_and_against_float
     program = QnnProgram("stock", "16a8w", "SM8650", lowered=_LOWERED, error=6e-4, allowed=1e-3, step=2e-4,
                          mean_error=3e-4, float_error=8e-3, mean_float_error=2e-3, within=True)
     row = dict(zip(HEADER, qnn_check._row("et-llama-hd32", "16a8w", program, None)))
-    assert row["mean err steps"] == "1.50" and row["mean vs float"] == "2.00e-03"
+    assert row["mean err steps"] == "1.50" and row["mean vs float"] == "2.000e-03"
 
 
 def test_an_fp16_row_has_no_steps():
