@@ -179,6 +179,11 @@ def test_a_masked_layer_at_16a8w_is_within_its_derived_tolerance(qnn_sdk):
     with torch.no_grad():  # the module's own distance from float eager, beside the program's
         quantization = float((program.lowered.reference(*inputs) - module(*inputs)).abs().max())
     assert program.module_float_error == pytest.approx(quantization, rel=1e-6) and quantization > 0
+    with torch.no_grad():  # the mean distances of its one output from its module and from float eager
+        away = (program.outputs[0] - program.lowered.reference(*inputs)).abs()
+        assert program.mean_error == pytest.approx(float(away.mean()), rel=1e-6)
+        assert program.mean_error < program.error == pytest.approx(float(away.max()), rel=1e-6)
+        assert program.mean_float_error == pytest.approx(float((program.outputs[0] - module(*inputs)).abs().mean()), rel=1e-6)
     from edgefuse.qnn.emulator import rms_norm_roundings, rounding_down
 
     fake = program.lowered.reference  # the program against its module with each norm's output rounding down

@@ -1,6 +1,7 @@
 """``python -m edgefuse.tools.qnn_check``: ``--seed`` draws each model's weights and inputs, a seed it cannot
 use is an error naming the option before any work, and a quantized row gives its error in steps of its
-output's quantization and its module's distance from float eager."""
+output's quantization, its mean in those steps and against float eager, and its module's distance from
+float eager."""
 
 from __future__ import annotations
 
@@ -63,7 +64,15 @@ def test_a_quantized_row_gives_its_error_in_output_steps_and_its_modules_distanc
     assert row["vs float"] == "8.00e-03" and row["module vs float"] == "7.00e-03"
 
 
+def test_a_quantized_row_gives_its_mean_errors_in_output_steps_and_against_float():
+    program = QnnProgram("stock", "16a8w", "SM8650", lowered=_LOWERED, error=6e-4, allowed=1e-3, step=2e-4,
+                         mean_error=3e-4, float_error=8e-3, mean_float_error=2e-3, within=True)
+    row = dict(zip(HEADER, qnn_check._row("et-llama-hd32", "16a8w", program, None)))
+    assert row["mean err steps"] == "1.50" and row["mean vs float"] == "2.000e-03"
+
+
 def test_an_fp16_row_has_no_steps():
     program = QnnProgram("stock", "fp16", "SM8650", lowered=_LOWERED, error=1e-3, allowed=2e-3, within=True)
     row = dict(zip(HEADER, qnn_check._row("et-llama-hd32", "fp16", program, None)))
     assert row["err steps"] == "-" and row["err steps, RmsNorm rounding down"] == "-" and row["module vs float"] == "-"
+    assert row["mean err steps"] == "-" and row["mean vs float"] == "-"

@@ -55,7 +55,7 @@ from edgefuse.compare.stock_and_edgefuse import DelegateSummary, op_name, summar
 from edgefuse.core.fresh import fresh, kept_state
 from edgefuse.runtime.log import native_output_held
 from edgefuse.quant.facts import is_dequantize, is_quantize
-from edgefuse.core.verify import TOLERANCES, Comparison, compare
+from edgefuse.core.verify import TOLERANCES, Comparison, compare, mean_error
 
 EDGEFUSE = "edgefuse"
 STOCK = "stock"
@@ -90,6 +90,8 @@ class QnnProgram:
     float_error: float | None = None  # quantized programs: against float eager, for information
     module_float_error: float | None = None  # quantized programs: the fake-quantized module against float eager
     rounding_down_error: float | None = None  # against the module whose rms_norm outputs round down as QNN's do
+    mean_error: float | None = None  # quantized programs: the worst output's mean |error| against its module
+    mean_float_error: float | None = None  # quantized programs: the same output's mean |error| against float eager
     roundings: Any = None  # quantized programs: the Roundings of the worst output (edgefuse.qnn.emulator)
     step: float | None = None  # quantized programs: that output's quantization step
     within: bool = False  # every output within its tolerance
@@ -312,7 +314,10 @@ def run_and_check(
 ) -> QnnProgram:
     """Run ``program``'s ``.pte`` on the x86 HTP emulator and measure its error against its reference:
     ``module`` (named ``reference``: ``eager``, or ``program`` for a saved one) for fp16, the
-    fake-quantized module for a quantized program (and ``module`` as information)."""
+    fake-quantized module for a quantized program (and ``module`` as information).
+
+    A quantized program's worst output also gets its mean distance from each: its largest is one value
+    of thousands, which one level more or less at one element moves."""
     if not program.lowered_ok:
         return program
     qnn = qnn_library()
@@ -361,6 +366,9 @@ def run_and_check(
         i = comparisons.index(worst)
         if down_errors:  # the worst output's, in the steps of that output
             program.rounding_down_error = down_errors[i]
+        if worst.shape_ok and len(simulated) == len(actual) == len(expected):
+            program.mean_error = mean_error(simulated[i], actual[i])
+            program.mean_float_error = mean_error(expected[i], actual[i])
         if i < len(tolerances) and tolerances[i] is not None:
             program.step, program.roundings = tolerances[i]
     # the error and the bound of one output, the worst against its own bound

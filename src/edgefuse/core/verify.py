@@ -156,6 +156,12 @@ def max_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
     return float(error.max()) if error.numel() else 0.0
 
 
+def mean_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
+    """The mean absolute difference of two same-shaped float tensors: steadier than the largest, which one
+    rounding at one element sets."""
+    return float((reference.double() - actual.double()).abs().mean())
+
+
 def finite_tolerance(dtype: torch.dtype, reference: torch.Tensor, ulps: float = TOLERANCES["rebuilt norm"].ulps) -> float:
     """:func:`tolerance` at the largest finite magnitude of ``reference`` (its infinities and NaNs must
     match exactly, see :func:`max_error`, and give no scale)."""

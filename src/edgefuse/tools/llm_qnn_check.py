@@ -232,12 +232,6 @@ def norms_rounding_down(reference, prompt: torch.Tensor, steps: torch.Tensor) ->
     return logits_sequence(one_token_at_a_time(step), prompt, steps)
 
 
-def mean_error(expected: torch.Tensor, actual: torch.Tensor) -> float:
-    """The mean absolute difference of two logits vectors: steadier than the largest, which one rounding
-    at one logit sets."""
-    return float((expected.double() - actual.double()).abs().mean())
-
-
 def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
                lowerings=("stock", "edgefuse"), mask: float | None = None,
                calibration: int = 0, seed: int = 0, calibration_seed: int | None = None) -> dict[str, QnnProgramCheck]:
@@ -260,7 +254,7 @@ def check_case(case: QnnCase, directory: str, prefill: int = 4, decode: int = 6,
     from edgefuse.llm.qnn import qnn_causal_mask
     from edgefuse.qnn.emulator import compare_at_steps
     from edgefuse.runtime import LoadedProgram
-    from edgefuse.core.verify import compare, max_error
+    from edgefuse.core.verify import compare, max_error, mean_error
 
     params_path, checkpoint_path = write_small_model(directory, case.params, seed=seed)
     prompt, steps = prompt_and_steps(case.params["vocab_size"], prefill, decode)

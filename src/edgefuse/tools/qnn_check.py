@@ -12,7 +12,9 @@ norms edgefuse found and rebuilt, the norms (rebuilt or written whole) it normal
 view for a limit of the SoC's HTP generation, the QNN RmsNorm ops in the compiled program, whether QNN lowered it
 (or the exception it raised), the max error against the reference (eager for fp16; the fake-quantized
 module for quantized programs, with float eager beside it as information) and the tolerance. A quantized
-row also gives that error in steps of the output's quantization (``err steps``: each program's own step)
+row also gives that error in steps of the output's quantization (``err steps``: each program's own step),
+the mean of the same output's errors in those steps (``mean err steps``) and against float eager (``mean vs
+float``): the largest of thousands of values is one level more or less at one of them, the mean is steadier;
 and how far its fake-quantized module itself is from float eager (``module vs float``), which tells the
 error the quantization makes from the error the HTP adds to it; for a program whose module quantizes an
 ``rms_norm``'s output (rebuilt or written whole), its error against its module run with each ``rms_norm`` output rounding down as QNN's RmsNorm does
@@ -45,7 +47,8 @@ from edgefuse.console.command import run_command
 DEFAULT_PRECISIONS = ("fp16", "16a8w")
 PROG = "python -m edgefuse.tools.qnn_check"
 HEADER = ("model", "precision", "flow", "norms", "rebuilt", "viewed", "RmsNorm", "max err", "err steps",
-          "err steps, RmsNorm rounding down", "allowed", "vs float", "module vs float", "result", "lowered")
+          "mean err steps", "err steps, RmsNorm rounding down", "allowed", "vs float", "mean vs float",
+          "module vs float", "result", "lowered")
 
 
 def check(name: str, precision: str, soc: str, say, seed: int = 0) -> tuple[list[list[str]], list[str]]:
@@ -94,9 +97,11 @@ def _row(name: str, precision: str, program, passed: bool | None) -> list[str]:
         str(program.rms_norms) if program.lowered_ok else "-",
         _number(program.error) if program.ran else ("did not run" if program.lowered_ok else "-"),
         _in_steps(program.error, program),
+        _in_steps(program.mean_error, program),
         _in_steps(program.rounding_down_error, program),
         _number(program.allowed) if program.ran else "-",
         _number(program.float_error),
+        _number(program.mean_float_error, digits=4),  # the two programs' means differ in the fourth digit
         _number(program.module_float_error),
         result,
         lowered,
@@ -113,8 +118,9 @@ def _short(text: str | None, width: int = 90) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _number(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2e}"
+def _number(value: float | None, digits: int = 3) -> str:
+    """``value`` to ``digits`` significant digits, "-" without it."""
+    return "-" if value is None else f"{value:.{digits - 1}e}"
 
 
 def markdown(header, rows) -> str:
@@ -185,8 +191,9 @@ def _main(argv: list[str] | None) -> int:
             rows += more
             failed += failures
     print(f"QNN HTP {args.soc}, x86 emulator, seed {args.seed}; reference: eager (fp16), the fake-quantized module "
-          "(quantized; 'err steps': the error in steps of the output's quantization; 'vs float' and 'module vs "
-          "float': the program and its module against float eager, information)")
+          "(quantized; 'err steps': the error in steps of the output's quantization, 'mean err steps' its mean; "
+          "'vs float', 'mean vs float' and 'module vs float': the program and its module against float eager, "
+          "information)")
     print(markdown(HEADER, rows) if args.markdown else format_table(HEADER, rows))
     for failure in failed:
         print(f"FAILED: {failure}")

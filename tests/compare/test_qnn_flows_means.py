@@ -1,0 +1,56 @@
+"""A quantized QNN program's mean errors: read on the output whose largest error is the worst against its
+bound, as the mean of that output's absolute differences from the fake-quantized module and from float
+eager (:func:`edgefuse.compare.qnn_flows.run_and_check`)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import edgefuse.qnn.emulator
+from edgefuse.compare import qnn_flows
+
+#: Float eager's and the fake-quantized module's two outputs, and what the program gives: the second
+#: output is the worst (0.8 of a bound of 1.0 against 0.1), and its mean differs from its largest.
+FLOAT = (torch.zeros(4), torch.tensor([0.8, 0.4, 0.4, 0.4]))
+FAKE = (torch.zeros(4), torch.zeros(4))
+PROGRAM = [torch.full((4,), 0.1), torch.tensor([0.8, 0.0, 0.0, 0.0])]
+STEP = 0.1
+
+
+class _Outputs(torch.nn.Module):
+    def __init__(self, outputs):
+        super().__init__()
+        self.outputs = outputs
+
+    def forward(self, x):
+        return tuple(o.clone() for o in self.outputs)
+
+
+@pytest.fixture
+def quantized_program(monkeypatch):
+    """A 16a8w program run and checked, its emulator's outputs :data:`PROGRAM` and each output's bound
+    ten steps of :data:`STEP`."""
+    monkeypatch.setattr(qnn_flows, "qnn_library", lambda: SimpleNamespace(
+        run_on_emulator=lambda pte, inputs: [o.clone() for o in PROGRAM], QnnSdkUnavailable=RuntimeError))
+    monkeypatch.setattr(edgefuse.qnn.emulator, "output_tolerances",
+                        lambda fake, inputs: [(STEP, SimpleNamespace(steps=10))] * 2)
+    monkeypatch.setattr(edgefuse.qnn.emulator, "rms_norm_roundings", lambda fake: [])
+    program = qnn_flows.QnnProgram("edgefuse", "16a8w", "SM8650", lowered=SimpleNamespace(reference=_Outputs(FAKE)))
+    return qnn_flows.run_and_check(program, _Outputs(FLOAT), (torch.zeros(1),))
+
+
+def test_the_mean_errors_are_the_worst_outputs_means(quantized_program):
+    assert quantized_program.error == pytest.approx(0.8)  # the worst output's largest error
+    assert quantized_program.mean_error == pytest.approx(0.2)  # (0.8 + 0 + 0 + 0) / 4 from the module
+    assert quantized_program.mean_float_error == pytest.approx(0.3)  # (0 + 0.4 + 0.4 + 0.4) / 4 from float
+
+
+def test_an_fp16_program_has_no_mean_errors(monkeypatch):
+    monkeypatch.setattr(qnn_flows, "qnn_library", lambda: SimpleNamespace(
+        run_on_emulator=lambda pte, inputs: [o.clone() for o in FLOAT], QnnSdkUnavailable=RuntimeError))
+    program = qnn_flows.QnnProgram("edgefuse", "fp16", "SM8650", lowered=object())
+    qnn_flows.run_and_check(program, _Outputs(FLOAT), (torch.zeros(1),))
+    assert program.ran and program.mean_error is None and program.mean_float_error is None
