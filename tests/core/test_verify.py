@@ -5,11 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 import torch
 
 import edgefuse
 
-from edgefuse.core.verify import compare, compare_elementwise, finite_tolerance, max_error, tolerance, ulp
+from edgefuse.core.verify import compare, compare_elementwise, finite_tolerance, max_error, mean_error, tolerance, ulp
 
 
 def test_tolerance_is_units_in_the_last_place_at_the_largest_magnitude():
@@ -96,3 +97,17 @@ def test_every_check_reads_its_slack_from_the_table():
     written = [f"{path.name}: {match.group(0)}" for path in sorted(Path(edgefuse.__file__).parent.rglob("*.py"))
                for match in call.finditer(path.read_text())]
     assert written == []
+
+
+def test_mean_error_is_the_mean_absolute_difference():
+    assert mean_error(torch.tensor([1.0, 2.0]), torch.tensor([1.5, 1.0])) == 0.75
+
+
+def test_mean_error_refuses_tensors_of_different_shapes():
+    # broadcast, a (2,) tensor against a (2, 1) one would give a mean over four differences
+    with pytest.raises(ValueError, match=r"\(2,\) and \(2, 1\)"):
+        mean_error(torch.zeros(2), torch.ones(2, 1))
+
+
+def test_mean_error_of_empty_tensors_is_zero():
+    assert mean_error(torch.zeros(0), torch.zeros(0)) == 0.0 == max_error(torch.zeros(0), torch.zeros(0))

@@ -189,6 +189,7 @@ def test_a_masked_layer_at_16a8w_is_within_its_derived_tolerance(qnn_sdk):
     fake = program.lowered.reference  # the program against its module with each norm's output rounding down
     down = rounding_down(fake, rms_norm_roundings(fake))(*inputs)[0]
     assert program.rounding_down_error == pytest.approx(float((down - program.outputs[0]).abs().max()), rel=1e-6)
+    assert program.rounding_down_mean_error == pytest.approx(float((down - program.outputs[0]).abs().mean()), rel=1e-6)
 
 
 def test_a_quantized_tolerance_looser_than_float16s_does_not_tell_a_program_apart():

@@ -66,13 +66,15 @@ def test_a_quantized_row_gives_its_error_in_output_steps_and_its_modules_distanc
 
 def test_a_quantized_row_gives_its_mean_errors_in_output_steps_and_against_float():
     program = QnnProgram("stock", "16a8w", "SM8650", lowered=_LOWERED, error=6e-4, allowed=1e-3, step=2e-4,
-                         mean_error=3e-4, float_error=8e-3, mean_float_error=2e-3, within=True)
+                         mean_error=3e-4, float_error=8e-3, mean_float_error=2e-3, rounding_down_error=1e-4,
+                         rounding_down_mean_error=5e-5, within=True)
     row = dict(zip(HEADER, qnn_check._row("et-llama-hd32", "16a8w", program, None)))
     assert row["mean err steps"] == "1.50" and row["mean vs float"] == "2.000e-03"
+    assert row["err steps, RmsNorm rounding down"] == "0.50" and row["mean err steps, RmsNorm rounding down"] == "0.25"
 
 
 def test_an_fp16_row_has_no_steps():
     program = QnnProgram("stock", "fp16", "SM8650", lowered=_LOWERED, error=1e-3, allowed=2e-3, within=True)
     row = dict(zip(HEADER, qnn_check._row("et-llama-hd32", "fp16", program, None)))
     assert row["err steps"] == "-" and row["err steps, RmsNorm rounding down"] == "-" and row["module vs float"] == "-"
-    assert row["mean err steps"] == "-" and row["mean vs float"] == "-"
+    assert row["mean err steps"] == "-" and row["mean vs float"] == "-" and row["mean err steps, RmsNorm rounding down"] == "-"

@@ -92,6 +92,8 @@ class QnnProgram:
     rounding_down_error: float | None = None  # against the module whose rms_norm outputs round down as QNN's do
     mean_error: float | None = None  # quantized programs: the worst output's mean |error| against its module
     mean_float_error: float | None = None  # quantized programs: the same output's mean |error| against float eager
+    rounding_down_mean_error: float | None = None  # quantized programs: that output's mean |error| against the
+    # module whose rms_norm outputs round down
     roundings: Any = None  # quantized programs: the Roundings of the worst output (edgefuse.qnn.emulator)
     step: float | None = None  # quantized programs: that output's quantization step
     within: bool = False  # every output within its tolerance
@@ -332,7 +334,8 @@ def run_and_check(
         return program
     program.outputs = actual
     expected = flat_tensors(_eager(module, inputs))
-    down_errors: list[float] = []  # each output's error against the module whose norms round down
+    down: list[torch.Tensor] = []  # the outputs of the module whose norms round down
+    down_errors: list[float] = []  # each output's error against them
     if program.precision == FP16:
         program.reference = reference
         comparisons = _compared(expected, actual, lambda e, a, _: compare(e, a, ulps=FP16_ULPS, dtype=torch.float16))
@@ -369,6 +372,8 @@ def run_and_check(
         if worst.shape_ok and len(simulated) == len(actual) == len(expected):
             program.mean_error = mean_error(simulated[i], actual[i])
             program.mean_float_error = mean_error(expected[i], actual[i])
+            if len(down) == len(actual):
+                program.rounding_down_mean_error = mean_error(down[i], actual[i])
         if i < len(tolerances) and tolerances[i] is not None:
             program.step, program.roundings = tolerances[i]
     # the error and the bound of one output, the worst against its own bound

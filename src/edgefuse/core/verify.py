@@ -157,8 +157,13 @@ def max_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
 
 
 def mean_error(reference: torch.Tensor, actual: torch.Tensor) -> float:
-    """The mean absolute difference of two same-shaped float tensors: steadier than the largest, which one
-    rounding at one element sets."""
+    """The mean absolute difference of two float tensors of one shape: steadier than the largest, which one
+    rounding at one element sets. Tensors of different shapes raise ValueError rather than broadcast; two
+    empty tensors differ by 0.0, as in :func:`max_error`."""
+    if actual.shape != reference.shape:
+        raise ValueError(f"no mean error between shapes {tuple(reference.shape)} and {tuple(actual.shape)}")
+    if not reference.numel():
+        return 0.0
     return float((reference.double() - actual.double()).abs().mean())
 
 

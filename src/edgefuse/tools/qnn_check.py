@@ -47,8 +47,8 @@ from edgefuse.console.command import run_command
 DEFAULT_PRECISIONS = ("fp16", "16a8w")
 PROG = "python -m edgefuse.tools.qnn_check"
 HEADER = ("model", "precision", "flow", "norms", "rebuilt", "viewed", "RmsNorm", "max err", "err steps",
-          "mean err steps", "err steps, RmsNorm rounding down", "allowed", "vs float", "mean vs float",
-          "module vs float", "result", "lowered")
+          "mean err steps", "err steps, RmsNorm rounding down", "mean err steps, RmsNorm rounding down", "allowed",
+          "vs float", "mean vs float", "module vs float", "result", "lowered")
 
 
 def check(name: str, precision: str, soc: str, say, seed: int = 0) -> tuple[list[list[str]], list[str]]:
@@ -99,6 +99,7 @@ def _row(name: str, precision: str, program, passed: bool | None) -> list[str]:
         _in_steps(program.error, program),
         _in_steps(program.mean_error, program),
         _in_steps(program.rounding_down_error, program),
+        _in_steps(program.rounding_down_mean_error, program),
         _number(program.allowed) if program.ran else "-",
         _number(program.float_error),
         _number(program.mean_float_error, digits=4),  # the two programs' means differ in the fourth digit
