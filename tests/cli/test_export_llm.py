@@ -180,22 +180,20 @@ def test_a_failure_inside_edgefuses_lowering_is_an_internal_error_with_nothing_l
 
 @pytest.mark.slow
 def test_the_python_api_puts_everything_back_when_the_export_raises(small_llama, tmp_path, monkeypatch):
-    """The export raises in edgefuse's first pass, before partitioning: the exception reaches the caller
-    and every swapped function is back."""
     from edgefuse.llm import export_llm
     from edgefuse.llm.eager import config_from_overrides
-    from edgefuse.xnnpack.substitute import SubstituteForXnnpack
+    from edgefuse.xnnpack.substitute import RestoreUndelegated
 
     def fail(self, graph_module):
-        raise RuntimeError("substitution failed on purpose")
+        raise RuntimeError("restoration failed on purpose")
 
-    monkeypatch.setattr(SubstituteForXnnpack, "call", fail)
+    monkeypatch.setattr(RestoreUndelegated, "call", fail)
     directory, params, checkpoint = small_llama
     config = config_from_overrides([*case_arguments(CASES["llama-fp32"], params, checkpoint),
                                     f"export.output_name={tmp_path / 'model.pte'}"])
-    with pytest.raises(Exception, match="SubstituteForXnnpack") as raised:  # ExecuTorch's pass manager wraps it
+    with pytest.raises(Exception, match="RestoreUndelegated") as raised:  # ExecuTorch's pass manager wraps it
         export_llm(config)
-    assert "substitution failed on purpose" in str(raised.value.__cause__)
+    assert "restoration failed on purpose" in str(raised.value.__cause__)
     assert ptes(tmp_path) == [] and nothing_swapped()
 
 
