@@ -37,12 +37,14 @@ def test_report_json_of_a_real_model_validates_against_the_schema(workdir):
     assert data["quantization"] is None and all(n["quantized"] is None for n in data["norms"])
 
 
-def test_report_quantize_qnn_says_how_each_norm_was_quantized(workdir, capsys):
-    # The released QnnQuantizer, built without the SDK: the rebuilt norm is annotated as one op, so it
-    # costs one quantize/dequantize pair in, one out and one for its weight, read from the converted graph.
-    # In this process: the JSON alone on a real process's stdout is the test above.
-    code = cli.main(["-q", "report", f"{workdir / 'models.py'}:block", "--quantize", "qnn", "--json"])
-    out, err = capsys.readouterr()
+def test_report_quantize_qnn_says_how_each_norm_was_quantized(workdir, capfd, monkeypatch):
+    # The released QnnQuantizer, built without the SDK (a QNN_SDK_ROOT an earlier test of this process set
+    # is taken away): the rebuilt norm is annotated as one op, so it costs one quantize/dequantize pair in,
+    # one out and one for its weight, read from the converted graph. In this process, with what reaches the
+    # process's stdout and stderr descriptors captured (capfd), so a library writing to them is seen.
+    monkeypatch.delenv("QNN_SDK_ROOT", raising=False)
+    code = cli.main(["report", f"{workdir / 'models.py'}:block", "--quantize", "qnn", "--json"])
+    out, err = capfd.readouterr()
     assert code == OK, err
     data = json.loads(out)
     jsonschema.validate(data, schema(), cls=jsonschema.Draft202012Validator)

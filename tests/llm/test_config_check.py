@@ -339,19 +339,31 @@ def test_hydra_reads_the_bytes_that_were_checked_not_the_file_again(place, monke
     assert not place["marker"].exists()
 
 
-@pytest.mark.parametrize("hydra_dir", [False, True], ids=["beside-the-pte", "hydra-dir"])
-def test_hydra_writes_its_record_and_log_beside_the_pte_or_in_hydra_dir_and_nowhere_else(place, capsys, hydra_dir):
+@pytest.mark.parametrize("hydra_dir, compare", [(False, False), (True, False), (False, True)],
+                         ids=["beside-the-pte", "hydra-dir", "compare-relative-output"])
+def test_hydra_writes_its_record_and_log_beside_the_pte_or_in_hydra_dir_and_nowhere_else(
+    place, capsys, hydra_dir, compare
+):
     """An export that hydra starts and that fails in ExecuTorch (a missing checkpoint), run in a working
-    folder of its own: the working folder and the config's are unchanged; hydra's files are in one folder."""
+    folder of its own: the working folder and the config's are unchanged; hydra's files are in one folder.
+    With ``--compare`` and the output named relative to the working folder (``out/model.pte``), stock's run
+    comes first, in a staging folder of its own, and fails: its record goes with that folder, so nothing is
+    left anywhere, in the working folder least of all."""
     path = write_config(place, FAILS_SOON)
     chosen = place["root"] / "hydra-record"
+    if compare:
+        (place["work"] / "out").mkdir()
     before = snapshot(place["root"])
     code = cli.main(["-q", "export-llm", "--config", path, *(["--hydra-dir", str(chosen)] if hydra_dir else []),
-                     f"+export.output_name={place['out'] / 'model.pte'}"])
+                     *(["--compare", "+export.output_name=out/model.pte"] if compare
+                       else [f"+export.output_name={place['out'] / 'model.pte'}"])])
     err = capsys.readouterr().err
     assert code == USAGE and "missing.pth" in err, err
-    record = chosen if hydra_dir else place["out"]
     changed = {p for p, h in snapshot(place["root"]).items() if before.get(p) != h}
+    if compare:
+        assert changed == set()
+        return
+    record = chosen if hydra_dir else place["out"]
     assert changed == {str(record / name) for name in (".hydra", ".hydra/config.yaml", ".hydra/hydra.yaml",
                                                        ".hydra/overrides.yaml", "export_llm.log")} | (
         {str(chosen)} if hydra_dir else set())
