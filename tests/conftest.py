@@ -21,12 +21,15 @@ longest first, by the seconds their selected tests took in the run that wrote ``
 (``--store-durations``): a long group sent last would set the wall time alone. torch.export's list of
 CompositeImplicitAutograd ops, which it rebuilds from the dispatcher on every ``to_edge`` (a third of the
 call), is kept for the session, keyed by the registered ops (:func:`edgefuse.fuzz.edge_programs.cached_cia_ops`).
+What the collection made, torch's, ExecuTorch's and the test modules' objects, is frozen out of the cycle
+collector's reach once collected: every full collection would walk it again and free nothing.
 """
 
 from __future__ import annotations
 
 import collections
 import functools
+import gc
 import json
 import re
 import subprocess
@@ -144,6 +147,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
     config.pluginmanager.register(_Order(config), "edgefuse-test-order")
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Freeze the objects the collection made (``gc.freeze``): torch's, ExecuTorch's and the test modules'
+    live as long as the process, and each full collection, Python's own and every ``gc.collect()``, walked
+    them all again (over 400,000) to free none. The garbage among them is collected first."""
+    gc.collect()
+    gc.freeze()
 
 
 class SlowCall(AssertionError):

@@ -1,9 +1,11 @@
 """tests/conftest.py sends the files that share a costly session fixture to one worker, a group per fixture
 group, and refuses a file that would tie two groups together; it sends the groups longest first by the
-seconds recorded with ``--store-durations``."""
+seconds recorded with ``--store-durations``; it freezes what the collection made out of the cycle
+collector's reach."""
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -88,3 +90,9 @@ def test_store_durations_adds_up_each_tests_phases_and_keeps_what_the_file_held(
     config.workerinput = {}
     order.pytest_sessionfinish()
     assert conftest.DURATIONS.read_text() == "{}"
+
+
+def test_the_objects_the_collection_made_are_out_of_the_collectors_reach():
+    # the conftest's own functions were made as the collection imported it
+    tracked = {id(o) for o in gc.get_objects()}
+    assert gc.get_freeze_count() > 0 and id(_longest_groups_first) not in tracked

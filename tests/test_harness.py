@@ -4,6 +4,7 @@ the modes of a case are read by tests/conftest.py's ``case_modes``."""
 from __future__ import annotations
 
 import collections
+import itertools
 
 import pytest
 import torch
@@ -12,7 +13,8 @@ from executorch.exir.passes.dim_order_ops_registry import DimOrderOpsMap
 
 import tests.conftest
 from tests.forms import LlamaNorm
-from tests.harness import DIM_ORDER_OPS, _assert_dim_order_mode_kept, dim_order_ops, exported
+from tests.harness import (DIM_ORDER_MODES, DIM_ORDER_OPS, DTYPES, _assert_dim_order_mode_kept, dim_order_ops,
+                           dtype_mode_cases, exported)
 
 
 def _half_norm_graph(mode: str):
@@ -82,3 +84,8 @@ def test_a_case_runs_in_the_modes_its_mode_marker_lists_whichever_are_collected(
 def test_a_case_with_mode_among_other_parameters_runs_in_the_modes_collected(monkeypatch, request, other, mode):
     _collected_alone(monkeypatch, request.node)
     assert tests.conftest.case_modes() == {mode}
+
+
+def test_the_dtype_cases_leave_out_float32_without_dim_order_alone():
+    cases = {tuple(case.values) for case in dtype_mode_cases()}
+    assert cases == set(itertools.product(DTYPES, DIM_ORDER_MODES)) - {(torch.float32, "edge-no-dim-order")}

@@ -17,7 +17,7 @@ from edgefuse.core.profiles import FLOAT, PROFILES, QUANTIZED, ShapeLimit
 from edgefuse.core.ops import Role, table_for
 from edgefuse.core.verify import compare_elementwise
 
-from tests.harness import DIM_ORDER_MODES, MODES, cast_path, rewrite, rms_norm_nodes
+from tests.harness import DIM_ORDER_MODES, MODES, cast_path, dtype_mode_cases, rewrite, rms_norm_nodes
 
 EPS = 1e-6
 LIMIT = ShapeLimit(
@@ -65,8 +65,7 @@ def _view_source(node):
     return node.args[0], list(node.args[1])
 
 
-@pytest.mark.parametrize("dtype", (torch.float32, torch.float16))
-@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
+@pytest.mark.parametrize(("dtype", "mode"), dtype_mode_cases((torch.float32, torch.float16)))
 def test_a_covered_norm_is_rebuilt_on_a_rows_view(mode, dtype):
     module, inputs = QkNorm().to(dtype), (_x((1, 16, 4, 32), dtype),)
     rewritten = rewrite(module, inputs, mode, backend=_profile(LIMIT))

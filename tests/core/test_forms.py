@@ -14,7 +14,7 @@ from edgefuse.fuzz.render import norm_module
 from edgefuse.core.ops import Role, table_for
 from edgefuse.core.verify import compare_elementwise
 from tests.forms import WRITTEN, FunctionalNorm, LlamaNorm
-from tests.harness import DTYPES, DIM_ORDER_MODES, cast_path, norm_input, rewrite, rms_norm_nodes
+from tests.harness import DTYPES, DIM_ORDER_MODES, cast_path, dtype_mode_cases, norm_input, rewrite, rms_norm_nodes
 
 #: Every form of the registry (edgefuse.core.forms.FORMS) that captured graphs hold decomposed:
 #: ``F.rms_norm`` stays one node there, and edge graphs decompose it (its own test below).
@@ -121,8 +121,7 @@ def test_the_form_tests_cover_every_root_the_matcher_labels():
     assert any(form.groups > 1 for form in tested) and any(form.weight is None for form in tested)
 
 
-@pytest.mark.parametrize("mode", ("edge", "edge-no-dim-order"))
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize(("dtype", "mode"), dtype_mode_cases(modes=("edge", "edge-no-dim-order")))
 def test_functional_rms_norm_decomposed_by_edge_is_rebuilt(dtype, mode):
     module = FunctionalNorm().to(dtype)
     inputs = _inputs(dtype)

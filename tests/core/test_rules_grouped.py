@@ -9,7 +9,7 @@ from torch import nn
 from edgefuse.core.verify import compare_elementwise
 from tests.core.rule_checks import assert_matches_eager, sample
 from tests.forms import EPS, GroupedNorm
-from tests.harness import DIM_ORDER_MODES, MODES, rewrite, rms_norm_nodes
+from tests.harness import DIM_ORDER_MODES, MODES, dtype_mode_cases, rewrite, rms_norm_nodes
 
 
 # Rule 8: a grouped norm is rebuilt over one group, reading the split tensor, never over the full width.
@@ -26,8 +26,7 @@ def _assert_rebuilt_over_groups(rewritten, split_shape, dtype):
     assert tuple(read.shape) == split_shape and read.dtype == dtype, read
 
 
-@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize(("dtype", "mode"), dtype_mode_cases((torch.float32, torch.float16)))
 def test_rule_a_grouped_norm_is_rebuilt_over_one_group(mode, dtype):
     # 4 groups of 4 values of a width of 16, computed in float32, merged back, then a full-width weight
     module, inputs = GroupedNorm().to(dtype), (sample(dtype),)

@@ -7,15 +7,14 @@ import torch
 
 from tests.core.rule_checks import assert_left, assert_matches_eager, sample
 from tests.forms import LaterMul, NormThenScale
-from tests.harness import DIM_ORDER_MODES, cast_path, norm_input, rewrite, rms_norm_nodes
+from tests.harness import DIM_ORDER_MODES, cast_path, dtype_mode_cases, norm_input, rewrite, rms_norm_nodes
 
 
 # Rule 5: only dtype-only casts between normalization and weight; the weight has the normalized shape.
 
 
 @pytest.mark.parametrize("scale", [2.0, torch.tensor(2.0)], ids=["python-scalar", "0-d-constant"])
-@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("dtype", "mode"), dtype_mode_cases())
 def test_rule_a_scalar_after_the_norm_is_never_the_weight(scale, mode, dtype):
     module = LaterMul(scale)
     inputs = (sample(dtype),)
@@ -38,8 +37,7 @@ def test_rule_a_weight_of_another_shape_is_not_the_weight(mode):
     assert_matches_eager(module, inputs, rewritten)
 
 
-@pytest.mark.parametrize("mode", DIM_ORDER_MODES)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize(("dtype", "mode"), dtype_mode_cases())
 def test_rule_a_tensor_multiply_after_the_norm_stays_outside(mode, dtype):
     module = NormThenScale(scale_dtype=torch.float32).to(dtype)
     module.scale = module.scale.float()  # a float32 scale after a half norm, as in the released pass's bug
