@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.conftest import _longest_groups_first, _plain_id, _shared_groups
+from tests.conftest import GC_THRESHOLDS, _longest_groups_first, _plain_id, _shared_groups
 
 
 def _item(path: str, *fixtures: str) -> SimpleNamespace:
@@ -96,3 +96,7 @@ def test_the_objects_the_collection_made_are_out_of_the_collectors_reach():
     # the conftest's own functions were made as the collection imported it
     tracked = {id(o) for o in gc.get_objects()}
     assert gc.get_freeze_count() > 0 and id(_longest_groups_first) not in tracked
+
+
+def test_the_collector_runs_at_the_conftests_thresholds():
+    assert gc.get_threshold() == GC_THRESHOLDS != (700, 10, 10)
