@@ -24,7 +24,9 @@ call), is kept for the session, keyed by the registered ops (:func:`edgefuse.fuz
 What the collection made, torch's, ExecuTorch's and the test modules' objects, is frozen out of the cycle
 collector's reach once collected: every full collection would walk it again and free nothing. The collector
 then runs after 50,000 new container objects instead of Python's 700 (:data:`GC_THRESHOLDS`): tracing and
-lowering graphs make containers by the hundred thousand, few of them in cycles.
+lowering graphs make containers by the hundred thousand, and each young collection walked the graphs still
+in use again. Every FX graph is a reference cycle, so a graph that reaches the oldest generation stays
+until an explicit ``gc.collect()``: what this costs in the workers' peak memory is not yet measured.
 """
 
 from __future__ import annotations
@@ -152,8 +154,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 #: The cycle collector's thresholds for the tests' processes (``gc.set_threshold``): a youngest-generation
-#: collection after 50,000 new container objects, not Python's 700, and the older generations as rarely
-#: after it. Measured on tests/core and tests/fuzz's fast tests (-n0, three alternating pairs): 128 CPU-s
+#: collection after 50,000 new container objects, not Python's 700; a middle one after 20 of those (Python:
+#: 10) and an oldest one after 100 middle ones (Python: 10), so full collections almost never run unasked. Measured on tests/core and tests/fuzz's fast tests (-n0, three alternating pairs): 128 CPU-s
 #: on average with Python's thresholds, 110 with these.
 GC_THRESHOLDS = (50_000, 20, 100)
 

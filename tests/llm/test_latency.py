@@ -97,7 +97,7 @@ def test_a_run_releases_the_last_runs_programs_before_it_loads(clock):
     def load(order):  # the stand-ins hold no reference cycle: one still alive here is still referenced
         alive_at_load.append(sum(ref() is not None for ref in previous))
         fresh = [_Program(clock, ns=1) for _ in order]
-        previous[:] = [weakref.ref(p) for p in fresh]
+        previous[:] = [weakref.ref(p) for p in fresh] + [weakref.ref(p.method) for p in fresh]
         return fresh
 
     time_runs(load, 2, prefill=2, decode=1, runs=3, rounds=1, warmup=0, clock=_timer_clock(clock))

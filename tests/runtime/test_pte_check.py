@@ -281,9 +281,10 @@ def test_files_that_are_not_regular_missing_or_too_large_are_refused_before_read
 
 
 #: Runs the command given as its arguments, passes its stderr through, and prints its exit code and peak
-#: resident memory (kilobytes, the command and its children). A process started from this small one counts
-#: its peak; one started from the test's own process would count the worker's peak as its own, since Linux
-#: gives a new program the peak of the memory it was started from.
+#: resident memory (kilobytes: the largest peak of the command or of any child it waited for). A process
+#: started from this small one counts its own peak; one started from the test's worker would count the
+#: worker's peak as its own, since Linux gives a program started by vfork and exec the peak of the memory
+#: it was started from.
 PEAK_OF_COMMAND = """
 import os, subprocess, sys
 command = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL)
@@ -299,6 +300,7 @@ def test_a_program_declaring_3_gb_is_refused_before_the_memory_is_taken(program,
     hostile.write_bytes(REFUSED["3-gb-planned-memory"][0](program))
     done = subprocess.run([sys.executable, "-c", PEAK_OF_COMMAND, sys.executable, "-m", "edgefuse", "-q", "bench-llm",
                            str(good), str(hostile)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
     code, peak = map(int, done.stdout.split())
     assert code == USAGE and "plan 3,000,000,000 bytes" in done.stderr, done.stderr
     assert peak < 1_500_000, peak  # kilobytes: the command and its children, at their peak
