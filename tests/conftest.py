@@ -26,7 +26,8 @@ collector's reach once collected: every full collection would walk it again and 
 then runs after 50,000 new container objects instead of Python's 700 (:data:`GC_THRESHOLDS`): tracing and
 lowering graphs make containers by the hundred thousand, and each young collection walked the graphs still
 in use again. Every FX graph is a reference cycle, so a graph that reaches the oldest generation stays
-until an explicit ``gc.collect()``: what this costs in the workers' peak memory is not yet measured.
+until an explicit ``gc.collect()``. What that costs was measured on whole runs of a fresh clone: each worker's
+peak resident memory 1.75 and 1.75 GB with these thresholds, 1.73 and 1.67 GB with Python's.
 """
 
 from __future__ import annotations
