@@ -89,7 +89,7 @@ class QnnProgram:
     allowed: float | None = None
     float_error: float | None = None  # quantized programs: against float eager, for information
     module_float_error: float | None = None  # quantized programs: the fake-quantized module against float eager
-    rounding_down_error: float | None = None  # against the module whose rms_norm outputs round down as QNN's do
+    rounding_down_error: float | None = None  # against the module whose rms_norm outputs round down as ExecuTorch's QNN RmsNorm does
     mean_error: float | None = None  # quantized programs: the worst output's mean |error| against its module
     mean_float_error: float | None = None  # quantized programs: the same output's mean |error| against float eager
     rounding_down_mean_error: float | None = None  # quantized programs: that output's mean |error| against the
