@@ -503,6 +503,20 @@ def describe_norm(ops: list[tuple[str, str]]) -> str:
     return text
 
 
+def describe_rounding(lowered, module_path: str | None, described: str) -> str:
+    """``described`` (:func:`describe_norm`, of the norm of ``module_path``) with how its quantized
+    ``RmsNorm`` rounds its output: ``RmsNorm, output rounds to nearest`` (edgefuse's builder,
+    :mod:`edgefuse.qnn.visitors`) or ``... rounds down`` (ExecuTorch's); unchanged for a float norm, a norm
+    not one ``RmsNorm``, or a module path whose norms QNN's graphs place with no one rounding."""
+    from edgefuse.qnn.graphs import DOWN
+
+    found = {p.rounding for p in lowered.graphs.norms if p.module_path == module_path and p.rounding}
+    rounding = found.pop() if len(found) == 1 else None
+    if rounding is None or not described.startswith(RMS_NORM):
+        return described
+    return described.replace(RMS_NORM, f"{RMS_NORM}, output rounds {'down' if rounding == DOWN else 'to ' + rounding}", 1)
+
+
 def _counts(ops: list[str]) -> str:
     return ", ".join(f"{n}× {op}" if n > 1 else op for op, n in Counter(ops).most_common())
 
