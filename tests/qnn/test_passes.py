@@ -19,6 +19,7 @@ from torch import nn
 import edgefuse.qnn
 from edgefuse.qnn.passes import QNN_PACKAGE, QnnRecomposeRmsNorm, QnnRemoveRedundancy
 from edgefuse.qnn.quantizer import sdk_setup_left_to_caller
+from edgefuse.qnn.visitors import visitor
 from edgefuse.core.verify import compare_elementwise
 
 pytestmark = pytest.mark.slow
@@ -44,6 +45,13 @@ def _holders():
     }
 
 
+def _rms_norm_builder():
+    """The builder ExecuTorch's QNN lowering takes for ``aten.rms_norm`` now."""
+    from edgefuse.qnn.visitors import RMS_NORM_TARGET, VISITORS_MODULE
+
+    return importlib.import_module(VISITORS_MODULE)._node_visitor_dict[RMS_NORM_TARGET]
+
+
 def _manager():
     from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
 
@@ -53,10 +61,12 @@ def _manager():
 def test_patched_swaps_every_reference_and_restores_them_when_the_block_raises():
     with edgefuse.qnn.patched():
         pass  # imports every module that names the passes
-    before = _holders()
+    before, builder = _holders(), _rms_norm_builder()
     assert before and all(value is _stock(name) for (_, name), value in before.items())
+    assert builder.__module__.startswith("executorch.")
     with pytest.raises(KeyError, match="raised inside"):
         with edgefuse.qnn.patched() as patch:
+            assert _rms_norm_builder() is visitor() and issubclass(visitor(), builder)
             inside = _holders()
             assert all(value is getattr(patch, "recompose" if name == "RecomposeRmsNorm" else "remove_redundancy")
                        for (_, name), value in inside.items())
@@ -68,6 +78,7 @@ def test_patched_swaps_every_reference_and_restores_them_when_the_block_raises()
             assert patch.recompose in manager.get_capture_program_passes()
             raise KeyError("raised inside")
     assert _holders() == before
+    assert _rms_norm_builder() is builder
 
 
 def test_the_pass_manager_hands_edgefuse_the_program_it_asks_for():
@@ -94,11 +105,14 @@ def test_blocks_that_end_out_of_order_leave_the_stock_classes():
     from executorch.backends.qualcomm._passes import qnn_pass_manager
 
     first, second = edgefuse.qnn.patched(), edgefuse.qnn.patched()
+    builder = _rms_norm_builder()
     a = first.__enter__()
     b = second.__enter__()
     first.__exit__(None, None, None)
     assert qnn_pass_manager.RecomposeRmsNorm is b.recompose  # the open block keeps its classes
+    assert _rms_norm_builder() is visitor()  # and edgefuse's rms_norm builder
     second.__exit__(None, None, None)
+    assert _rms_norm_builder() is builder and builder is not visitor()
     assert qnn_pass_manager.RecomposeRmsNorm is _stock("RecomposeRmsNorm")
     assert qnn_pass_manager.RemoveRedundancy is _stock("RemoveRedundancy")
     assert a.recompose is not b.recompose

@@ -130,6 +130,15 @@ def test_report_compile_says_which_qnn_op_each_norm_became(models, capsys):
     assert "compiled for QNN SM8650 fp16: 1 of 1 norms are one QNN RmsNorm; 1 RmsNorm in the QNN program" in stdout
 
 
+def test_report_compile_says_a_quantized_rms_norm_rounds_to_nearest(models, capsys):
+    code = cli.main(["-q", "report", f"{models / 'models.py'}:linear_block", "--compile", "--precision", "16a8w"])
+    stdout = capsys.readouterr().out
+    assert code == OK, stdout
+    row = stdout.splitlines()[2]
+    assert row.split()[1] == "norm" and " RmsNorm, output rounds to nearest" in row
+    assert "compiled for QNN SM8650 16a8w: 1 of 1 norms are one QNN RmsNorm" in stdout
+
+
 def test_a_model_qnn_cannot_lower_exits_2_with_qnns_reason_and_writes_nothing(models, capsys):
     out = models / "llama.pte"
     code = cli.main(["-q", "lower", f"{models / 'models.py'}:whole_llama", "--backend", "qnn", "-o", str(out)])

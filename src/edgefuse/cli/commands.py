@@ -386,7 +386,8 @@ def _add_compiled(result, spec, soc: str, precision: str, say: Say) -> None:
     result.rms_norms = program.rms_norms
     norms = qnn_flows.norm_ops(program.lowered)
     for row in result.rows:
-        row.compiled = qnn_flows.describe_norm(norms.get(row.decision.module_path or qnn_flows.ROOT, []))
+        described = qnn_flows.describe_norm(norms.get(row.decision.module_path or qnn_flows.ROOT, []))
+        row.compiled = qnn_flows.describe_rounding(program.lowered, row.decision.module_path, described)
 
 
 def _module(spec):

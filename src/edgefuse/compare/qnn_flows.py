@@ -89,7 +89,7 @@ class QnnProgram:
     allowed: float | None = None
     float_error: float | None = None  # quantized programs: against float eager, for information
     module_float_error: float | None = None  # quantized programs: the fake-quantized module against float eager
-    rounding_down_error: float | None = None  # against the module whose rms_norm outputs round down as QNN's do
+    rounding_down_error: float | None = None  # against the module whose rms_norm outputs round down as ExecuTorch's QNN RmsNorm does
     mean_error: float | None = None  # quantized programs: the worst output's mean |error| against its module
     mean_float_error: float | None = None  # quantized programs: the same output's mean |error| against float eager
     rounding_down_mean_error: float | None = None  # quantized programs: that output's mean |error| against the
@@ -501,6 +501,20 @@ def describe_norm(ops: list[tuple[str, str]]) -> str:
     if outside:
         text += ("; " if text else "") + f"{len(outside)} op{'s' if len(outside) != 1 else ''} outside QNN: {_counts(outside)}"
     return text
+
+
+def describe_rounding(lowered, module_path: str | None, described: str) -> str:
+    """``described`` (:func:`describe_norm`, of the norm of ``module_path``) with how its quantized
+    ``RmsNorm`` rounds its output: ``RmsNorm, output rounds to nearest`` (edgefuse's builder,
+    :mod:`edgefuse.qnn.visitors`) or ``... rounds down`` (ExecuTorch's); unchanged for a float norm, a norm
+    not one ``RmsNorm``, or a module path whose norms QNN's graphs place with no one rounding."""
+    from edgefuse.qnn.graphs import DOWN
+
+    found = {p.rounding for p in lowered.graphs.norms if p.module_path == module_path and p.rounding}
+    rounding = found.pop() if len(found) == 1 else None
+    if rounding is None or not described.startswith(RMS_NORM):
+        return described
+    return described.replace(RMS_NORM, f"{RMS_NORM}, output rounds {'down' if rounding == DOWN else 'to ' + rounding}", 1)
 
 
 def _counts(ops: list[str]) -> str:

@@ -73,7 +73,8 @@ def _capture(original: Callable, swap: Swap) -> Callable:
         record.quantized = bool(signature.bind(*args, **kwargs).arguments.get("pt2e_quantize"))
         builder = original(*args, **kwargs)
         record.builder = builder
-        record.graphs = qnn_graphs(builder.edge_manager, record.compiled, record.decisions)
+        nearest = record.patch.nearest if record.patch is not None else ()
+        record.graphs = qnn_graphs(builder.edge_manager, record.compiled, record.decisions, nearest)
         return builder
 
     to_edge_and_lower_llama.__doc__ = original.__doc__

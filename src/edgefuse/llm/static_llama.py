@@ -273,7 +273,7 @@ def run_script(args: argparse.Namespace) -> ScriptRun:
         setattr(wrappers, LOWERING, original)
     run.patch, run.stood_in = patch, sorted(STOOD_IN)
     if run.edge is not None:
-        run.graphs = qnn_graphs(run.edge, compiled, patch.decisions)
+        run.graphs = qnn_graphs(run.edge, compiled, patch.decisions, patch.nearest)
     return run
 
 

@@ -236,7 +236,8 @@ def _largest_move(moved: list[list], base: list, i: int, step: float | None) -> 
 
 def rms_norm_roundings(converted) -> list:
     """The per-tensor quantize ops of a converted (fake-quantized) graph module that round an ``rms_norm``'s
-    output: where the module rounds to the nearest level and QNN's ``RmsNorm`` kernel does not
+    output: where the module rounds to the nearest level and QNN's ``RmsNorm`` built by ExecuTorch's builder
+    does not
     (:func:`rounding_down`, which reads a per-tensor op's arguments: one scale, one zero point, the range
     and the dtype)."""
     from edgefuse.core.ops import Role, table_for
@@ -252,11 +253,13 @@ def rounding_down(converted, quantizes: Sequence[Any]):
     """``converted`` as a function of the inputs it is called with, where each of the quantize ops
     ``quantizes`` rounds down (to the level at or below its value) instead of to the nearest level.
 
-    QNN's integer ``RmsNorm`` rounds its output down: measured on QNN 2.51's emulator, SM8650, one norm
-    alone lands half a step below the exact norm on average (-0.51 steps at 16a8w, -0.46 at 8a8w:
-    ``tests/qnn/test_qnn_norm_accuracy.py``), where the module rounds to the nearest level. A program's
-    distance from this module beside its distance from the module as converted says how much of it that
-    rounding is. Like a call of the module, a call writes the module's buffers (a KV cache)."""
+    QNN's integer ``RmsNorm`` as ExecuTorch's builder builds it (a zero beta) rounds its output down:
+    measured on QNN 2.51's emulator, SM8650, one norm alone lands half a step below the exact norm on
+    average (-0.51 steps at 16a8w, -0.46 at 8a8w), where the module rounds to the nearest level
+    (``tests/qnn/test_qnn_rounding.py``). That is the released flow's whole norms (``nn.RMSNorm``,
+    ``F.rms_norm``); edgefuse's builder gives the op a half-step beta and it rounds to nearest
+    (:mod:`edgefuse.qnn.visitors`). A program's distance from this module beside its distance from the
+    module as converted says how much of it that rounding is. Like a call of the module, a call writes the module's buffers (a KV cache)."""
     from torch.utils import _pytree as pytree
 
     from edgefuse.core.mutation import schema_argument

@@ -12,13 +12,16 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from edgefuse.core._fx import call_name, nodes_outside
 from edgefuse.core.recompose import Decision
 
 #: The QNN op type a rebuilt norm becomes.
 RMS_NORM = "RmsNorm"
+#: How a quantized ``RmsNorm``'s output rounds: to the nearest level (edgefuse's builder gave it a
+#: half-step beta: :mod:`edgefuse.qnn.visitors`), or down (the released builder's zero beta).
+NEAREST, DOWN = "nearest", "down"
 _RECORDING = threading.Lock()
 
 
@@ -26,13 +29,15 @@ _RECORDING = threading.Lock()
 class QnnOp:
     """One op of a QNN graph: its name (the edge node's, for most builders), type and package, the shape
     and QNN data type of each input, and ``sources``: the names the edge node had in the graphs it was
-    exported from (its ``from_node`` provenance), so a norm rebuilt in a captured graph can be found."""
+    exported from (its ``from_node`` provenance), so a norm rebuilt in a captured graph can be found;
+    ``rounding``, for a quantized ``RmsNorm``, how its output rounds (:data:`NEAREST` or :data:`DOWN`)."""
 
     name: str
     type: str
     package: str
     inputs: tuple[tuple[tuple[int, ...], str], ...] = ()
     sources: tuple[str, ...] = ()
+    rounding: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class QnnGraph:
 @dataclass(frozen=True)
 class NormPlace:
     """Where one norm edgefuse decided on went: ``qnn_op`` is the QNN op its ``rms_norm`` became (with
-    the ``delegate`` holding it), or None; ``outside`` names its nodes left outside every delegate."""
+    the ``delegate`` holding it), or None; ``outside`` names its nodes left outside every delegate;
+    ``rounding`` how that op's quantized output rounds (:data:`NEAREST`, :data:`DOWN`; None in float)."""
 
     mean: str
     module_path: str | None
@@ -67,6 +73,7 @@ class NormPlace:
     qnn_op: str | None = None
     delegate: str | None = None
     outside: tuple[str, ...] = ()
+    rounding: str | None = None
 
 
 @dataclass
@@ -180,13 +187,26 @@ def _sources(node) -> tuple[str, ...]:
     return tuple(names)
 
 
-def qnn_graphs(edge, compiled: _Compiled, decisions: list[Decision] = ()) -> QnnGraphs:
+def _rounding(op: QnnOp, nearest: set[str]) -> str | None:
+    """How a quantized ``RmsNorm``'s output rounds: to nearest when edgefuse's builder gave it the
+    half-step beta (its name is in ``nearest``), else down; None for other ops and float norms."""
+    if op.type != RMS_NORM:
+        return None
+    if op.name in nearest:
+        return NEAREST
+    return DOWN if op.inputs and "FIXED_POINT" in op.inputs[0][1] else None
+
+
+def qnn_graphs(edge, compiled: _Compiled, decisions: list[Decision] = (), nearest: Iterable[str] = ()) -> QnnGraphs:
     """What QNN built for the lowered ``edge``, from the graphs :func:`recording_compiled_graphs` recorded
-    while it was lowered, and where each of ``decisions``' norms went."""
+    while it was lowered, and where each of ``decisions``' norms went; ``nearest`` names the norms
+    edgefuse's ``RmsNorm`` builder gave a half-step beta (:attr:`edgefuse.qnn.passes.QnnPatch.nearest`)."""
     delegates = []
+    nearest = set(nearest)
     for method, name, module in _lowered_modules(edge):
         sources = {n.name: _sources(n) for n in module.original_module.graph.nodes}
-        ops = [replace(op, sources=sources.get(op.name, ())) for op in _ops_of(compiled, bytes(module.processed_bytes), method)]
+        ops = [replace(op, sources=sources.get(op.name, ()), rounding=_rounding(op, nearest))
+               for op in _ops_of(compiled, bytes(module.processed_bytes), method)]
         delegates.append(QnnGraph(name, tuple(ops), method))
     graphs = QnnGraphs(delegates, _outside(edge))
     outside_names = {name for name, _ in graphs.outside}
@@ -196,6 +216,6 @@ def qnn_graphs(edge, compiled: _Compiled, decisions: list[Decision] = ()) -> Qnn
         graphs.norms.append(NormPlace(
             decision.mean, decision.module_path, decision.rebuilt,
             found[1].type if found else None, found[0].delegate if found else None,
-            tuple(n for n in names if n in outside_names),
+            tuple(n for n in names if n in outside_names), found[1].rounding if found else None,
         ))
     return graphs

@@ -20,6 +20,10 @@ below in the stock ones' place for the length of a block, wherever a QNN module 
   computes), and then the casts that change nothing (:func:`edgefuse.remove_redundant_casts`), so a norm
   written on a no-op cast is rebuilt on its source.
 
+While the block runs, QNN's ``RmsNorm`` is built by edgefuse's builder too
+(:func:`edgefuse.qnn.visitors.nearest_rms_norm`): a quantized norm's output rounds to the nearest level,
+as the fake-quantized module's does, where the released builder's rounds down.
+
 Every run's decisions land in the :class:`QnnPatch` the block yields.
 """
 
@@ -43,6 +47,7 @@ from edgefuse.core.passes import RecomposeRmsNorm, RemoveRedundantCasts
 from edgefuse.core.profiles import FLOAT, QUANTIZED, BackendProfile, Precision
 from edgefuse.core.recompose import Decision
 from edgefuse.qnn.quantizer import QUANTIZER_MODULE, norm_precision
+from edgefuse.qnn.visitors import nearest_rms_norm
 
 #: The package whose modules refer to the stock passes, and the modules that define them.
 QNN_PACKAGE = "executorch.backends.qualcomm"
@@ -82,13 +87,16 @@ class PassRun:
 @dataclass
 class QnnPatch:
     """What :func:`patched` swapped in, the profile its passes hold norms to (``note`` says which
-    generation's limits it holds), and every run of those passes while the block ran."""
+    generation's limits it holds), every run of those passes while the block ran, and ``nearest``: the
+    name of each quantized ``rms_norm`` QNN's ``RmsNorm`` was built for with a half-step beta, so that it
+    rounds to the nearest level (:mod:`edgefuse.qnn.visitors`)."""
 
     recompose: type
     remove_redundancy: type
     profile: BackendProfile | str = "qnn"
     note: str = ""
     runs: list[PassRun] = field(default_factory=list)
+    nearest: list[str] = field(default_factory=list)
 
     @property
     def decisions(self) -> list[Decision]:
@@ -253,7 +261,9 @@ def patched(soc: str | None = None) -> Iterator[QnnPatch]:
     default quant config, its submodule configs or its recipe), so the limits of that precision hold.
 
     Every QNN module that refers to the stock ``RecomposeRmsNorm`` or ``RemoveRedundancy`` refers to
-    edgefuse's while the block runs, and to the stock ones again afterwards, also when the block raises.
+    edgefuse's while the block runs, and to the stock ones again afterwards, also when the block raises;
+    so does ExecuTorch's registry of QNN op builders for ``rms_norm`` (edgefuse's builder rounds a
+    quantized norm's output to nearest: :mod:`edgefuse.qnn.visitors`).
     A user's QNN script changes by one line::
 
         with edgefuse.qnn.patched() as patch:
@@ -283,7 +293,8 @@ def patched(soc: str | None = None) -> Iterator[QnnPatch]:
         _OPEN.append(ours)
         _quantizer_told(True)
     try:
-        yield patch
+        with nearest_rms_norm(patch.nearest):
+            yield patch
     finally:
         with _LOCK:
             _OPEN.remove(ours)

@@ -5,7 +5,8 @@ annotation pipeline runs the passes), calibrated and converted (``prepare_pt2e``
 then, for every precision, ``to_edge_transform_and_lower_to_qnn`` exports it, runs QNN's export and
 to_edge passes and partitions and compiles it for the HTP of ``soc``. With ``recompose="edgefuse"`` all
 of this runs inside :func:`edgefuse.qnn.patched` for that SoC, so every norm is held to the limits
-measured on its HTP generation; with ``"stock"`` the released flow runs untouched, for comparison.
+measured on its HTP generation and a quantized ``RmsNorm`` rounds to nearest; with ``"stock"`` the
+released flow runs untouched, for comparison.
 """
 
 from __future__ import annotations
@@ -135,7 +136,7 @@ def lower(
     runs = list(patch.runs) if patch is not None else []
     decisions = [d for run in runs for d in run.decisions]
     return QnnLowered(
-        edge, decisions, qnn_graphs(edge, compiled, decisions), runs, soc, precision, recompose, specs,
+        edge, decisions, qnn_graphs(edge, compiled, decisions, patch.nearest if patch is not None else ()), runs, soc, precision, recompose, specs,
         reference, example_inputs, calibrated, [n for run in runs for n in run.legalized],
         patch.note if patch is not None else "",
     )

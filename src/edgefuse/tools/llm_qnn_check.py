@@ -40,8 +40,9 @@ prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) an
   tells the error the quantization makes from the error the HTP adds to it. ``mean err`` is the mean absolute error of the logits against the
   module (steadier than the largest, which one logit sets); for a program of rebuilt norms, ``mean err,
   RmsNorm rounding down`` is the same against its module with each ``rms_norm`` output rounding down as
-  QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`): the two side by side say how much the
-  program's error moves when the module rounds as QNN does. docs/qnn-16a4w.md has the measurements and what they show about the norms.
+  QNN's RmsNorm does when ExecuTorch's builder builds it (:func:`edgefuse.qnn.emulator.rounding_down`):
+  the two side by side say how much the program's error moves when the module rounds so; edgefuse's
+  builder makes the HTP round to nearest (:mod:`edgefuse.qnn.visitors`), so ``mean err`` is the nearer. docs/qnn-16a4w.md has the measurements and what they show about the norms.
 
 A case passes when edgefuse's program rebuilds every norm it decided on into one QNN ``RmsNorm``, has no
 fewer RmsNorm ops than stock's, and stays within its bound at every step, as stock's is held to.
@@ -209,7 +210,7 @@ CALIBRATION_PROMPT = 8
 
 def norms_rounding_down(reference, prompt: torch.Tensor, steps: torch.Tensor) -> list[torch.Tensor] | None:
     """The logits of a copy of the converted module ``reference`` whose ``rms_norm`` outputs round down, as
-    QNN's RmsNorm does (:func:`edgefuse.qnn.emulator.rounding_down`), through the prompt and the steps;
+    QNN's RmsNorm built by ExecuTorch's builder does (:func:`edgefuse.qnn.emulator.rounding_down`), through the prompt and the steps;
     None for a module without ``rms_norm`` (stock's norms are in pieces, which the HTP rounds as the
     module does)."""
     import copy

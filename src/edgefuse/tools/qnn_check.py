@@ -17,8 +17,9 @@ the mean of the same output's errors in those steps (``mean err steps``) and aga
 float``): the largest of thousands of values is one level more or less at one of them, the mean is steadier;
 and how far its fake-quantized module itself is from float eager (``module vs float``), which tells the
 error the quantization makes from the error the HTP adds to it; for a program whose module quantizes an
-``rms_norm``'s output (rebuilt or written whole), its error against its module run with each ``rms_norm`` output rounding down as QNN's RmsNorm does
-(:func:`edgefuse.qnn.emulator.rounding_down`), in the same steps. ``--seed N`` draws the weights and the
+``rms_norm``'s output (rebuilt or written whole), its error against its module run with each ``rms_norm`` output rounding down as QNN's RmsNorm does when
+ExecuTorch's builder builds it (:func:`edgefuse.qnn.emulator.rounding_down`; edgefuse's builder makes it
+round to nearest: :mod:`edgefuse.qnn.visitors`), in the same steps. ``--seed N`` draws the weights and the
 inputs (which a quantized program is calibrated on and checked with) from ``N``; 0 is the table of the
 docs. Each
 program runs once more after the other flow's program ran on other values; a result marked ``varies``
