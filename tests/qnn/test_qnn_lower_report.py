@@ -57,6 +57,22 @@ MODELS_PY = COMMAND_MODELS_PY + textwrap.dedent(
         return InlineNorm(), (torch.randn(1, 8, 32),)
 
 
+    class WholeNorm(nn.Module):
+        """Linear -> nn.RMSNorm, which QNN's flow keeps whole (no decision) -> Linear."""
+
+        def __init__(self, width=32):
+            super().__init__()
+            self.a, self.norm, self.b = nn.Linear(width, width), nn.RMSNorm(width, eps=1e-6), nn.Linear(width, width)
+
+        def forward(self, x):
+            return self.b(self.norm(self.a(x)))
+
+
+    def whole_norm():
+        torch.manual_seed(0)
+        return WholeNorm(), (torch.randn(1, 8, 32),)
+
+
     def whole_llama():
         from edgefuse.inputs.models import build_model
 
@@ -137,6 +153,15 @@ def test_report_compile_says_a_quantized_rms_norm_rounds_to_nearest(models, caps
     row = stdout.splitlines()[2]
     assert row.split()[1] == "norm" and " RmsNorm, output rounds to nearest" in row
     assert "compiled for QNN SM8650 16a8w: 1 of 1 norms are one QNN RmsNorm" in stdout
+
+
+def test_report_compile_says_how_a_norm_kept_whole_rounds(models, capsys):
+    """An nn.RMSNorm reaches QNN whole, with no decision of QNN's flow: its rounding is read from its op."""
+    code = cli.main(["-q", "report", f"{models / 'models.py'}:whole_norm", "--compile", "--precision", "16a8w"])
+    stdout = capsys.readouterr().out
+    assert code == OK, stdout
+    row = stdout.splitlines()[2]
+    assert row.split()[1] == "norm" and " RmsNorm, output rounds to nearest" in row
 
 
 def test_a_model_qnn_cannot_lower_exits_2_with_qnns_reason_and_writes_nothing(models, capsys):
