@@ -146,22 +146,16 @@ def test_report_compile_says_which_qnn_op_each_norm_became(models, capsys):
     assert "compiled for QNN SM8650 fp16: 1 of 1 norms are one QNN RmsNorm; 1 RmsNorm in the QNN program" in stdout
 
 
-def test_report_compile_says_a_quantized_rms_norm_rounds_to_nearest(models, capsys):
-    code = cli.main(["-q", "report", f"{models / 'models.py'}:linear_block", "--compile", "--precision", "16a8w"])
+@pytest.mark.parametrize("model", ["linear_block", "whole_norm"])
+def test_report_compile_says_a_quantized_rms_norm_rounds_to_nearest(models, model, capsys):
+    """A norm rebuilt (linear_block's) has its decision's place; an nn.RMSNorm reaches QNN whole, with no
+    decision of QNN's flow (whole_norm's): its rounding is read from its op."""
+    code = cli.main(["-q", "report", f"{models / 'models.py'}:{model}", "--compile", "--precision", "16a8w"])
     stdout = capsys.readouterr().out
     assert code == OK, stdout
     row = stdout.splitlines()[2]
     assert row.split()[1] == "norm" and " RmsNorm, output rounds to nearest" in row
     assert "compiled for QNN SM8650 16a8w: 1 of 1 norms are one QNN RmsNorm" in stdout
-
-
-def test_report_compile_says_how_a_norm_kept_whole_rounds(models, capsys):
-    """An nn.RMSNorm reaches QNN whole, with no decision of QNN's flow: its rounding is read from its op."""
-    code = cli.main(["-q", "report", f"{models / 'models.py'}:whole_norm", "--compile", "--precision", "16a8w"])
-    stdout = capsys.readouterr().out
-    assert code == OK, stdout
-    row = stdout.splitlines()[2]
-    assert row.split()[1] == "norm" and " RmsNorm, output rounds to nearest" in row
 
 
 def test_a_model_qnn_cannot_lower_exits_2_with_qnns_reason_and_writes_nothing(models, capsys):
