@@ -4,7 +4,9 @@ module does; the released flow's ``RmsNorm`` rounds it down, and stays so after 
 One ``aten.rms_norm`` with a weight on ``[1, 8, 64]`` (stock keeps it whole too, so both programs hold
 one QNN ``RmsNorm``), 16a8w, SM8650, on QNN's x86 HTP emulator. Each program's output is compared, in
 steps of its output quantization, with the exact norm (float64) of the input and weight the program reads
-(each as the converted module dequantizes it), within the range of that quantization.
+(each as the converted module dequantizes it), within the range of that quantization. The same at 8a8w,
+and for a norm without a weight; a block that outlives an earlier one, a released lowering in another
+thread while a block is open, and a beta not found.
 """
 
 from __future__ import annotations
