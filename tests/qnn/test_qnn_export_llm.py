@@ -70,6 +70,21 @@ def test_every_norm_becomes_one_qnn_rms_norm_and_the_program_matches_eager_on_th
     assert nothing_patched()
 
 
+def test_a_quantized_export_records_that_each_rms_norm_rounds_to_nearest(qnn_sdk, small_llama, tmp_path, monkeypatch):
+    """8a8w: the record of export_llm's QNN path says each of the three QNN RmsNorm ops (and each rebuilt
+    norm's place) rounds to nearest, as edgefuse's builder built them."""
+    from edgefuse.llm.export import run_export_llm
+    from edgefuse.qnn.graphs import NEAREST
+
+    monkeypatch.chdir(tmp_path)
+    arguments = [*CASES["llama-8a8w"].arguments(*small_llama), f"export.output_name={tmp_path / 'ours.pte'}"]
+    graphs = run_export_llm(arguments, lowering="edgefuse").swap.qnn.graphs
+    ops = [op for graph in graphs.delegates for op in graph.ops if op.type == "RmsNorm"]
+    assert [op.rounding for op in ops] == [NEAREST] * 3
+    assert [place.rounding for place in graphs.norms] == [NEAREST] * 3
+    assert nothing_patched()
+
+
 def test_a_failure_in_edgefuses_qnn_pass_is_an_internal_error_with_nothing_left_patched(
     qnn_sdk, small_llama, tmp_path, capsys, monkeypatch
 ):

@@ -57,6 +57,22 @@ MODELS_PY = COMMAND_MODELS_PY + textwrap.dedent(
         return InlineNorm(), (torch.randn(1, 8, 32),)
 
 
+    class WholeNorm(nn.Module):
+        """Linear -> nn.RMSNorm, which QNN's flow keeps whole (no decision) -> Linear."""
+
+        def __init__(self, width=32):
+            super().__init__()
+            self.a, self.norm, self.b = nn.Linear(width, width), nn.RMSNorm(width, eps=1e-6), nn.Linear(width, width)
+
+        def forward(self, x):
+            return self.b(self.norm(self.a(x)))
+
+
+    def whole_norm():
+        torch.manual_seed(0)
+        return WholeNorm(), (torch.randn(1, 8, 32),)
+
+
     def whole_llama():
         from edgefuse.inputs.models import build_model
 
@@ -130,8 +146,11 @@ def test_report_compile_says_which_qnn_op_each_norm_became(models, capsys):
     assert "compiled for QNN SM8650 fp16: 1 of 1 norms are one QNN RmsNorm; 1 RmsNorm in the QNN program" in stdout
 
 
-def test_report_compile_says_a_quantized_rms_norm_rounds_to_nearest(models, capsys):
-    code = cli.main(["-q", "report", f"{models / 'models.py'}:linear_block", "--compile", "--precision", "16a8w"])
+@pytest.mark.parametrize("model", ["linear_block", "whole_norm"])
+def test_report_compile_says_a_quantized_rms_norm_rounds_to_nearest(models, model, capsys):
+    """A norm rebuilt (linear_block's) has its decision's place; an nn.RMSNorm reaches QNN whole, with no
+    decision of QNN's flow (whole_norm's): its rounding is read from its op."""
+    code = cli.main(["-q", "report", f"{models / 'models.py'}:{model}", "--compile", "--precision", "16a8w"])
     stdout = capsys.readouterr().out
     assert code == OK, stdout
     row = stdout.splitlines()[2]

@@ -4,17 +4,22 @@ module does; the released flow's ``RmsNorm`` rounds it down, and stays so after 
 One ``aten.rms_norm`` with a weight on ``[1, 8, 64]`` (stock keeps it whole too, so both programs hold
 one QNN ``RmsNorm``), 16a8w, SM8650, on QNN's x86 HTP emulator. Each program's output is compared, in
 steps of its output quantization, with the exact norm (float64) of the input and weight the program reads
-(each as the converted module dequantizes it), within the range of that quantization.
+(each as the converted module dequantizes it), within the range of that quantization. The same at 8a8w,
+and for a norm without a weight; a block that outlives an earlier one, a released lowering in another
+thread while a block is open, and a beta not found.
 """
 
 from __future__ import annotations
 
 import importlib
+import threading
+import warnings
 
 import pytest
 import torch
 from torch import nn
 
+import edgefuse.qnn
 from edgefuse.qnn import lower
 from edgefuse.qnn.graphs import DOWN, NEAREST
 from edgefuse.qnn.visitors import RMS_NORM_TARGET, VISITORS_MODULE, visitor
@@ -27,9 +32,10 @@ SHAPE = (1, 8, 64)
 
 
 class Norm(nn.Module):
-    def __init__(self):
+    def __init__(self, weighted: bool = True):
         super().__init__()
-        self.weight = nn.Parameter(1 + 0.1 * torch.randn(SHAPE[-1], generator=torch.Generator().manual_seed(0)))
+        weight = 1 + 0.1 * torch.randn(SHAPE[-1], generator=torch.Generator().manual_seed(0))
+        self.weight = nn.Parameter(weight) if weighted else None
 
     def forward(self, x):
         return torch.nn.functional.rms_norm(x, (SHAPE[-1],), self.weight, 1e-5)
@@ -45,16 +51,32 @@ def _registered():
     return importlib.import_module(VISITORS_MODULE)._node_visitor_dict[RMS_NORM_TARGET]
 
 
+CALIBRATION = [_rows(seed) for seed in range(4)]
+
+
+def _lower(norm: nn.Module, precision: str = "16a8w", recompose: str = "edgefuse"):
+    return lower(norm, CALIBRATION[0], precision=precision, calibration=CALIBRATION, recompose=recompose)
+
+
 @pytest.fixture(scope="module")
 def programs():
     """The norm lowered by edgefuse and by the released flow (in that order, in one process), the
     registry's rms_norm builder after each, and each program's ``.pte``."""
-    norm, calibration = Norm().eval(), [_rows(seed) for seed in range(4)]
+    norm = Norm().eval()
     lowered, after = {}, {}
     for how in ("edgefuse", "stock"):
-        lowered[how] = lower(norm, calibration[0], precision="16a8w", calibration=calibration, recompose=how)
+        lowered[how] = _lower(norm, recompose=how)
         after[how] = _registered()
     return lowered, after, {how: program.to_pte() for how, program in lowered.items()}
+
+
+def _mean_levels(program, seed: int = 10) -> float:
+    """The mean of the program's output levels minus the exact norm's, on rows it was not calibrated on."""
+    return float(_levels_from_exact(program, program.to_pte(), _rows(seed)).mean())
+
+
+def _rms_norm_ops(program) -> list:
+    return [op for graph in program.graphs.delegates for op in graph.ops if op.type == "RmsNorm"]
 
 
 def _llama_norm() -> nn.Module:
@@ -83,7 +105,9 @@ def _levels_from_exact(program, pte: bytes, inputs: tuple) -> torch.Tensor:
     x, _, weight, eps = seen["args"]
     scale, zero, low, high = (float(a) for a in quantize.args[1:5])
     x = x.double()
-    exact = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    exact = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if weight is not None:
+        exact = exact * weight.double()
     exact_levels = (exact / scale + zero).clamp(low, high)
     got = (LoadedProgram(pte).run(inputs)[0].double() / scale).round() + zero
     return got - exact_levels
@@ -115,11 +139,7 @@ def test_the_report_says_how_each_rms_norm_rounds(programs):
 def test_a_rebuilt_norms_place_says_it_rounds_to_nearest():
     """A norm edgefuse rebuilds (ExecuTorch's Llama ``RMSNorm``, in pieces until then) has a decision, and
     its place in what QNN built says how its ``RmsNorm`` rounds; at fp16 it does not round."""
-    calibration = [_rows(seed) for seed in range(2)]
-    places = {
-        precision: lower(_llama_norm(), calibration[0], precision=precision, calibration=calibration).graphs.norms
-        for precision in ("16a8w", "fp16")
-    }
+    places = {precision: _lower(_llama_norm(), precision).graphs.norms for precision in ("16a8w", "fp16")}
     assert [(p.rebuilt, p.qnn_op, p.rounding) for p in places["16a8w"]] == [(True, "RmsNorm", NEAREST)]
     assert [(p.rebuilt, p.qnn_op, p.rounding) for p in places["fp16"]] == [(True, "RmsNorm", None)]
 
@@ -128,3 +148,81 @@ def test_after_edgefuse_lowers_the_registry_holds_executorchs_builder(programs):
     _, after, _ = programs
     assert after["edgefuse"] is not visitor() and after["stock"] is not visitor()
     assert after["edgefuse"] is after["stock"] and after["edgefuse"].__module__.startswith("executorch.")
+
+
+@pytest.mark.parametrize("precision, weighted", [("8a8w", True), ("16a8w", False)])
+def test_the_half_step_beta_centres_8_bit_norms_and_norms_without_a_weight(precision, weighted):
+    """At 8a8w the HTP's own error is larger (its output a level or more off now and then: 1.73 steps
+    measured), but edgefuse's norm is centred on the exact one and stock's half a step below; a norm without
+    a weight gets the beta as one with a weight does (its weight of ones is not the beta)."""
+    norm = Norm(weighted).eval()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="edgefuse: no beta")
+        ours = _lower(norm, precision)
+    theirs = _lower(norm, precision, recompose="stock")
+    assert [op.rounding for op in _rms_norm_ops(ours)] == [NEAREST]
+    for seed in (0, 10):
+        levels = _levels_from_exact(ours, ours.to_pte(), _rows(seed))
+        assert abs(float(levels.mean())) < 0.1 and float(levels.abs().max()) < 2.5
+        assert _mean_levels(theirs, seed) < -0.35
+
+
+def test_a_block_open_after_an_earlier_one_ended_gives_and_records_the_beta():
+    """Two blocks of one thread that end out of order: a norm lowered in the second after the first ended
+    rounds to nearest and is recorded in the second block, not the first."""
+    first, second = edgefuse.qnn.patched(), edgefuse.qnn.patched()
+    a = first.__enter__()
+    try:
+        b = second.__enter__()
+    finally:
+        first.__exit__(None, None, None)
+    try:
+        program = _lower(Norm().eval(), recompose="stock")  # the released flow, inside the open block
+    finally:
+        second.__exit__(None, None, None)
+    assert b.nearest == [op.name for op in _rms_norm_ops(program)] and len(b.nearest) == 1 and a.nearest == []
+    assert abs(_mean_levels(program)) < 0.1
+
+
+def test_a_released_lowering_in_another_thread_keeps_the_zero_beta():
+    """While a block is open in one thread, the released flow lowering in another rounds down, as it does
+    with no block open anywhere, and nothing is recorded in the block."""
+    found = {}
+
+    def lower_stock():
+        try:
+            found["program"] = _lower(Norm().eval(), recompose="stock")
+        except BaseException as error:  # noqa: BLE001 - handed to the test's thread
+            found["error"] = error
+
+    with edgefuse.qnn.patched() as patch:
+        thread = threading.Thread(target=lower_stock)
+        thread.start()
+        thread.join()
+    if "error" in found:
+        raise found["error"]
+    program = found["program"]
+    assert patch.nearest == [] and [op.rounding for op in _rms_norm_ops(program)] == [DOWN]
+    assert _mean_levels(program) < -0.4
+
+
+def test_a_quantized_norm_whose_beta_is_not_found_warns(monkeypatch):
+    """If ExecuTorch's builder named its beta otherwise, the norm would round down: the lowering says so."""
+    from edgefuse.qnn import visitors
+
+    monkeypatch.setattr(visitors, "_BETA_SUFFIX", "_renamed_bias")
+    with pytest.warns(UserWarning, match="no beta named .* quantized norm"):
+        program = _lower(Norm().eval())
+    assert [op.rounding for op in _rms_norm_ops(program)] == [DOWN]
+
+
+def test_a_float_rms_norm_has_no_rounding_even_if_named_among_the_nearest():
+    from edgefuse.qnn.graphs import QnnOp, _rounding
+
+    def op(dtype):
+        return QnnOp("norm", "RmsNorm", "qti.aisw", (((1, 8, 64), dtype),))
+
+    nearest = {"norm"}
+    assert _rounding(op("QNN_DATATYPE_FLOAT_16"), nearest) is None
+    assert _rounding(op("QNN_DATATYPE_UFIXED_POINT_16"), nearest) == NEAREST
+    assert _rounding(op("QNN_DATATYPE_UFIXED_POINT_16"), set()) == DOWN

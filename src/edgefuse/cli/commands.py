@@ -384,10 +384,10 @@ def _add_compiled(result, spec, soc: str, precision: str, say: Say) -> None:
         raise UsageError(f"{spec.name}: {program.failure}")
     result.compiled = f"QNN {soc} {precision}"
     result.rms_norms = program.rms_norms
-    norms = qnn_flows.norm_ops(program.lowered)
+    norms, roundings = qnn_flows.norm_ops(program.lowered), qnn_flows.norm_roundings(program.lowered)
     for row in result.rows:
         described = qnn_flows.describe_norm(norms.get(row.decision.module_path or qnn_flows.ROOT, []))
-        row.compiled = qnn_flows.describe_rounding(program.lowered, row.decision.module_path, described)
+        row.compiled = qnn_flows.describe_rounding(program.lowered, row.decision.module_path, described, roundings)
 
 
 def _module(spec):

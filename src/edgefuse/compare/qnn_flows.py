@@ -42,7 +42,7 @@ import math
 import operator
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.fx import GraphModule, Node
@@ -455,16 +455,12 @@ def _eager(module, inputs: tuple):
 
 # --- what QNN built, per norm -----------------------------------------------------------------------------
 
-def norm_ops(lowered) -> dict[str, list[tuple[str, str]]]:
-    """For each module path (:data:`ROOT` for the model's own ``forward``), what its code became in the
-    lowered program: ``(where, op)`` pairs, ``where``
-    the delegate's backend (``QnnBackend``) with ``op`` the QNN op type QNN compiled the node as (the
-    edge op's name when QNN's graph names no op after it), or ``"outside"`` with the edge op. Quantize
-    and dequantize ops (QNN folds them into its tensors' encodings) and tuple access are left out."""
+def _placed_nodes(lowered) -> Iterator[tuple[str, str, str, Any]]:
+    """``(module path, where, op, QNN op or None)`` of each node of the lowered program, as :func:`norm_ops`
+    counts them: the QNN op is the one QNN compiled the node as, when its graph names one after it."""
     graphs = lowered.graphs
-    found: dict[str, list[tuple[str, str]]] = {}
 
-    def visit(graph_module: GraphModule, where: str) -> None:
+    def visit(graph_module: GraphModule, where: str) -> Iterator[tuple[str, str, str, Any]]:
         for node in graph_module.graph.nodes:
             if node.op != "call_function" or node.target is operator.getitem or is_quantize(node) or is_dequantize(node):
                 continue
@@ -472,16 +468,35 @@ def norm_ops(lowered) -> dict[str, list[tuple[str, str]]]:
                 delegate = getattr(graph_module, node.args[0].target)
                 inner = getattr(getattr(delegate, "original_module", None), "graph_module", None)
                 if inner is not None:
-                    visit(inner, getattr(delegate, "backend_id", None) or "delegate")
+                    yield from visit(inner, getattr(delegate, "backend_id", None) or "delegate")
                 continue
-            path = module_path(node) or ROOT
-            op = op_name(node)
-            if where == QNN_BACKEND:
-                compiled = graphs.find(node.name)
-                op = compiled[1].type if compiled is not None else op
-            found.setdefault(path, []).append((where, op))
+            compiled = graphs.find(node.name) if where == QNN_BACKEND else None
+            qnn_op = compiled[1] if compiled is not None else None
+            yield module_path(node) or ROOT, where, qnn_op.type if qnn_op is not None else op_name(node), qnn_op
 
-    visit(lowered.edge.exported_program().graph_module, OUTSIDE)
+    yield from visit(lowered.edge.exported_program().graph_module, OUTSIDE)
+
+
+def norm_ops(lowered) -> dict[str, list[tuple[str, str]]]:
+    """For each module path (:data:`ROOT` for the model's own ``forward``), what its code became in the
+    lowered program: ``(where, op)`` pairs, ``where``
+    the delegate's backend (``QnnBackend``) with ``op`` the QNN op type QNN compiled the node as (the
+    edge op's name when QNN's graph names no op after it), or ``"outside"`` with the edge op. Quantize
+    and dequantize ops (QNN folds them into its tensors' encodings) and tuple access are left out."""
+    found: dict[str, list[tuple[str, str]]] = {}
+    for path, where, op, _ in _placed_nodes(lowered):
+        found.setdefault(path, []).append((where, op))
+    return found
+
+
+def norm_roundings(lowered) -> dict[str, set[str]]:
+    """For each module path, how the quantized QNN ``RmsNorm`` ops its code became round their output
+    (:data:`edgefuse.qnn.graphs.NEAREST`, :data:`~edgefuse.qnn.graphs.DOWN`): a norm the flow kept whole
+    has no decision, so its rounding is read here, from the op."""
+    found: dict[str, set[str]] = {}
+    for path, _, _, qnn_op in _placed_nodes(lowered):
+        if qnn_op is not None and qnn_op.rounding:
+            found.setdefault(path, set()).add(qnn_op.rounding)
     return found
 
 
@@ -503,14 +518,19 @@ def describe_norm(ops: list[tuple[str, str]]) -> str:
     return text
 
 
-def describe_rounding(lowered, module_path: str | None, described: str) -> str:
+def describe_rounding(lowered, module_path: str | None, described: str,
+                      roundings: dict[str, set[str]] | None = None) -> str:
     """``described`` (:func:`describe_norm`, of the norm of ``module_path``) with how its quantized
     ``RmsNorm`` rounds its output: ``RmsNorm, output rounds to nearest`` (edgefuse's builder,
     :mod:`edgefuse.qnn.visitors`) or ``... rounds down`` (ExecuTorch's); unchanged for a float norm, a norm
-    not one ``RmsNorm``, or a module path whose norms QNN's graphs place with no one rounding."""
+    not one ``RmsNorm``, or a module path whose norms QNN's graphs place with no one rounding. A norm
+    rebuilt has its decision's place; one the flow kept whole (``nn.RMSNorm``, ``F.rms_norm``) only its op,
+    found by module path (:func:`norm_roundings`)."""
     from edgefuse.qnn.graphs import DOWN
 
     found = {p.rounding for p in lowered.graphs.norms if p.module_path == module_path and p.rounding}
+    roundings = norm_roundings(lowered) if roundings is None else roundings
+    found |= roundings.get(module_path or ROOT, set())
     rounding = found.pop() if len(found) == 1 else None
     if rounding is None or not described.startswith(RMS_NORM):
         return described

@@ -118,10 +118,12 @@ class Roundings:
         The count holds where the ops after a rounding carry its level at a gain of about one output step;
         a norm does not: it divides by the rms of its row, so a level of its input becomes ``w / rms``
         times that level at its output, and its output's range (hence its step) is set by the row whose
-        ``|x| / rms`` is largest. Measured on QNN 2.51's emulator, SM8650, 16a8w: a QNN ``RmsNorm`` alone
-        lands within one step of the fake-quantized module (a mean of -0.5 steps: its integer kernel
-        rounds down), and Linear -> ``GemmaRMSNorm`` is 3 to 4 steps off where its 3 roundings would allow
-        3: the Linear's level reaches the norm's output at 1.1 to 1.7 of its steps.
+        ``|x| / rms`` is largest. Measured on QNN 2.51's emulator, SM8650, 16a8w: a QNN ``RmsNorm`` alone,
+        as ExecuTorch's builder builds it (a zero beta), lands within one step of the fake-quantized module
+        (a mean of -0.5 steps: its integer kernel rounds down); as edgefuse's builder builds it (a half-step
+        beta: :mod:`edgefuse.qnn.visitors`), within 0.51 steps, a mean of about 0 (docs/qnn-16a4w.md, "One
+        norm"); and Linear -> ``GemmaRMSNorm`` (measured with the zero beta) is 3 to 4 steps off where its
+        3 roundings would allow 3: the Linear's level reaches the norm's output at 1.1 to 1.7 of its steps.
         """
         return max(float(self.count), self.carried)
 

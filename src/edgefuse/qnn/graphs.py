@@ -190,11 +190,9 @@ def _sources(node) -> tuple[str, ...]:
 def _rounding(op: QnnOp, nearest: set[str]) -> str | None:
     """How a quantized ``RmsNorm``'s output rounds: to nearest when edgefuse's builder gave it the
     half-step beta (its name is in ``nearest``), else down; None for other ops and float norms."""
-    if op.type != RMS_NORM:
+    if op.type != RMS_NORM or not (op.inputs and "FIXED_POINT" in op.inputs[0][1]):
         return None
-    if op.name in nearest:
-        return NEAREST
-    return DOWN if op.inputs and "FIXED_POINT" in op.inputs[0][1] else None
+    return NEAREST if op.name in nearest else DOWN
 
 
 def qnn_graphs(edge, compiled: _Compiled, decisions: list[Decision] = (), nearest: Iterable[str] = ()) -> QnnGraphs:

@@ -8,14 +8,20 @@ quantized norm a beta of half its output step instead, one level of an encoding 
 output's, offset 0), so ``floor((y + s/2) / s)`` is ``y / s`` rounded to nearest. A float norm keeps
 the zero beta. :func:`nearest_rms_norm` puts the builder in ExecuTorch's registry for the length of a
 block (:func:`edgefuse.qnn.patched` opens one), and the released builder back after it.
+
+The registry is the process's, but the beta is the block's thread's: while a block is open, a lowering in
+another thread with no block of its own (a released flow run beside edgefuse's) builds its norms as
+ExecuTorch's builder does, zero beta and not recorded. Each thread keeps a stack of its open blocks, and
+a norm built with the half-step beta is recorded in the innermost block still open, also when blocks end
+out of order.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import importlib
 import threading
+import warnings
 from typing import Iterator
 
 import torch
@@ -61,11 +67,22 @@ def _make_visitor():
         nearest; the name of each norm it builds so goes to the list of the open block (:func:`nearest_rms_norm`)."""
 
         def define_node(self, node, nodes_to_wrappers):
-            self._norm = node
-            try:
+            block = innermost_block()
+            if block is None:  # no block open in this thread: ExecuTorch's builder, as released
                 return super().define_node(node, nodes_to_wrappers)
+            self._norm, self._block, self._beta = node, block, False
+            try:
+                built = super().define_node(node, nodes_to_wrappers)
             finally:
-                self._norm = None
+                self._norm = self._block = None
+            if built is not None and node.meta.get(QCOM_QUANT_ATTRS) and not self._beta:
+                warnings.warn(
+                    f"edgefuse: no beta named {node.name + _BETA_SUFFIX!r} was built for the quantized norm "
+                    f"{node.name!r}: QNN's RmsNorm rounds its output down, not to nearest (has ExecuTorch's "
+                    "RmsNorm builder changed?)",
+                    stacklevel=2,
+                )
+            return built
 
         def define_tensor(self, tensor_source_node, target_build_node, tensor, *args, **kwargs):
             norm = getattr(self, "_norm", None)
@@ -75,7 +92,8 @@ def _make_visitor():
                 step = float(attrs[QCOM_SCALE])
                 tensor_source_node.meta[QCOM_QUANT_ATTRS] = {**attrs, QCOM_SCALE: step / 2, QCOM_ZERO_POINT: 0}
                 tensor = half_step_beta(step, tensor)
-                record = _RECORD.get()
+                self._beta = True
+                record = self._block.record
                 if record is not None and norm.name not in record:
                     record.append(norm.name)
             return super().define_tensor(tensor_source_node, target_build_node, tensor, *args, **kwargs)
@@ -86,10 +104,30 @@ def _make_visitor():
 
 
 _VISITOR: list[type] = []
-#: How many :func:`nearest_rms_norm` blocks are open.
+#: How many :func:`nearest_rms_norm` blocks are open, in every thread.
 _OPEN: list[int] = [0]
-#: The list the innermost open block of this thread (or task) records norm names in.
-_RECORD: contextvars.ContextVar = contextvars.ContextVar("edgefuse_qnn_nearest", default=None)
+#: Each thread's open blocks (``blocks``), innermost last.
+_THREAD = threading.local()
+
+
+class _Block:
+    """One open :func:`nearest_rms_norm` block: the list it records norm names in (or None)."""
+
+    def __init__(self, record: list[str] | None):
+        self.record = record
+
+
+def _blocks() -> list[_Block]:
+    blocks = getattr(_THREAD, "blocks", None)
+    if blocks is None:
+        blocks = _THREAD.blocks = []
+    return blocks
+
+
+def innermost_block() -> _Block | None:
+    """The innermost :func:`nearest_rms_norm` block this thread has open, or None."""
+    blocks = _blocks()
+    return blocks[-1] if blocks else None
 
 
 def visitor() -> type:
@@ -102,22 +140,26 @@ def visitor() -> type:
 
 @contextlib.contextmanager
 def nearest_rms_norm(record: list[str] | None = None) -> Iterator[type]:
-    """Within the block, ExecuTorch's QNN lowering builds every ``rms_norm`` with
+    """Within the block, ExecuTorch's QNN lowering in this thread builds every ``rms_norm`` with
     :class:`NearestRmsNormVisitor` (the name of each quantized norm it gives the half-step beta goes to
-    ``record``); after it (also when it raises) with the released builder again. Blocks may nest and end
-    in any order: the released builder returns when the last one ends."""
+    ``record`` of the innermost block this thread has open); after it (also when it raises) with the
+    released builder again. Blocks may nest and end in any order: the registry holds the released builder
+    again when the last one of every thread ends, and a lowering in a thread with no block open builds as
+    the released builder does."""
     ours = visitor()
+    block = _Block(record)
     with _LOCK:
         registry = _registry()
         _released()
         if _OPEN[0] == 0:
             registry[RMS_NORM_TARGET] = ours
         _OPEN[0] += 1
-    token = _RECORD.set(record)
+    blocks = _blocks()
+    blocks.append(block)
     try:
         yield ours
     finally:
-        _RECORD.reset(token)
+        blocks[:] = [b for b in blocks if b is not block]
         with _LOCK:
             _OPEN[0] -= 1
             if _OPEN[0] == 0:

@@ -41,8 +41,9 @@ prompt (one token per call: export_llm's QNN programs take ``[1, 1]`` tokens) an
   module (steadier than the largest, which one logit sets); for a program of rebuilt norms, ``mean err,
   RmsNorm rounding down`` is the same against its module with each ``rms_norm`` output rounding down as
   QNN's RmsNorm does when ExecuTorch's builder builds it (:func:`edgefuse.qnn.emulator.rounding_down`):
-  the two side by side say how much the program's error moves when the module rounds so; edgefuse's
-  builder makes the HTP round to nearest (:mod:`edgefuse.qnn.visitors`), so ``mean err`` is the nearer. docs/qnn-16a4w.md has the measurements and what they show about the norms.
+  the two side by side say how much the program's error moves when the module rounds so. edgefuse's
+  builder makes the HTP round to nearest (:mod:`edgefuse.qnn.visitors`), yet on these logits that does
+  not make ``mean err`` the smaller of the two: at 16a4w it was the larger at 5 of 12 seeds. docs/qnn-16a4w.md has the measurements and what they show about the norms.
 
 A case passes when edgefuse's program rebuilds every norm it decided on into one QNN ``RmsNorm``, has no
 fewer RmsNorm ops than stock's, and stays within its bound at every step, as stock's is held to.
