@@ -46,6 +46,16 @@ def test_a_quantized_program_may_be_off_eager_by_stocks_error_plus_the_rounding_
     assert _checks(0.2, None)["edgefuse"].matches
 
 
+def test_the_worst_step_is_the_one_that_misses_its_bound_not_the_largest_error():
+    """The tables show one step a program: the step that misses its bound when one does (at Qwen3-0.6B's 2
+    layers, stock's rule of before missed at the prompt by 0.003 where the largest error, at a decode step,
+    was within; the row read 0.155 allowed 0.155 NO), and stock's largest error when every step is its own."""
+    check = llm_check.ProgramCheck("edgefuse", "edgefuse.pte", None, [0.1476, 0.1551], [0.1445, 0.1552])
+    assert check.worst == (0.1476, 0.1445) and not check.matches
+    stock = llm_check.ProgramCheck("stock", "stock.pte", None, [0.1444, 0.1551, 0.1481], [0.1444, 0.1551, 0.1481])
+    assert stock.worst == (0.1551, 0.1551)
+
+
 def test_a_float_program_gets_no_floor(no_pte):
     """In float the programs are held to eager and to stock by the dtype's bound; a floor passed changes nothing."""
     checks = _checks(0.2, [0.1, 0.1], quantized=False)
