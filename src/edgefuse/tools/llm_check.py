@@ -16,7 +16,7 @@ summing the norms' means in another order does to eager itself. It is not held t
 runtime rounds each activation to int8, so a last-bit difference in a mean (computed inside a delegate
 rather than by a portable kernel) moves a value by a whole step, and layer after layer such steps
 spread; at width 1024 the two programs' logits were measured 0.037 apart at a largest logit of 2.77,
-and 0.11 to 0.17 apart at Qwen3-0.6B's 28 layers (docs/scale.md). So each step's *rounding floor* is
+and 0.08 to 0.17 apart at Qwen3-0.6B's 28 layers (docs/scale.md). So each step's *rounding floor* is
 measured: the largest logit difference from eager's of the eager module run again with every norm's
 mean rounded another way (:func:`edgefuse.llm.eager.means_rounded`: summed in float64 and rounded
 once, or one unit in the last place up, or down; the one thing edgefuse's lowering changes in a norm),
