@@ -11,8 +11,9 @@ custom SDPA, XNNPACK with extended ops; ``fp16``: ``model.dtype_override=fp16``;
 ``backend.xnnpack.enable_bf16=True``; ``8da4w``: group size 32). Each pair is checked once: both load,
 their logits have the dtype asked for, and both programs pass ``llm_check``'s check against the eager
 model (a float program within the dtype's bound of eager and of stock's logits; an 8da4w program within
-stock's error plus that bound, since the int8 rounding of its activations turns a last-bit difference
-into a whole step: the table shows edgefuse's error and what it is allowed). Then each
+stock's error, edgefuse's plus that bound and the rounding floor, since the int8 rounding of its
+activations turns a last-bit difference into a whole step: the table shows edgefuse's error and what it
+is allowed). Then each
 pair is timed as ``edgefuse bench-llm`` times it (a prefill of ``--prefill`` tokens at position 0 and
 ``--decode`` single tokens, the two programs alternating round by round, medians over ``--rounds``) in
 two runs, each on both programs loaded afresh, stock loaded first in one and edgefuse in the other (the
@@ -225,7 +226,8 @@ def _merged(kept: list[Pair], new: list[Pair]) -> list[Pair]:
 def check_pair(folder: str, pair: Pair, say, config) -> None:
     """Check both programs of ``pair`` as ``python -m edgefuse.tools.llm_check`` does (against the eager
     model of ``config``, the export's, on a prefill of 8 tokens and 2 decode steps: a float program within
-    its dtype's bound of eager and of stock, a quantized one within stock's error plus that bound), and
+    its dtype's bound of eager and of stock, a quantized one within stock's error plus that bound and the
+    rounding floor), and
     record the logits' dtype, whether it is the one asked for, and each program's contents."""
     import torch
 

@@ -19,7 +19,7 @@ alternates from one dtype to the next. Then, per model and dtype, it prints:
   delegates and kernels outside (read from the ``.pte``);
 - each program's logits against the eager module ``export_llm`` exported, over a prompt and decode steps, by
   ``llm_check``'s rule (``TOLERANCES["model logits"]`` units of the dtype; an 8da4w program within stock's
-  error plus that bound);
+  error, edgefuse's plus that bound and the step's rounding floor);
 - export seconds and peak memory of both, and edgefuse's over stock's;
 - unless ``--no-latency``, the prefill (``--prefill`` tokens) and decode medians of both at each thread
   count, timed as ``llm_latency`` times them (``edgefuse.runtime.timer``: alternating rounds, two runs with
@@ -236,7 +236,8 @@ def export_one(shape: Shape, dtype: str, params: dict, how: str, model_files: li
 def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files: list[str],
                extra: tuple[str, ...]) -> dict:
     """Both programs against the eager module (``llm_check.check_programs``, in a child): by lowering, the
-    delegates, kernels, means and casts outside, the worst step's error and what it allows, whether it passed."""
+    delegates, kernels, means and casts outside, the worst step's error, what it allows and the rounding
+    floor in that (``llm_check.rounding_floor``; 0 but for edgefuse's quantized program), whether it passed."""
 
     def step(note):
         from edgefuse.llm.eager import config_from_overrides
@@ -251,8 +252,10 @@ def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files:
         for how, check in checks.items():
             c = check.contents
             error, allowed = check.worst
+            floor = check.floor[check.errors.index(error)] if check.floor else 0.0
             result[how] = {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means,
-                           "casts": c.casts, "error": error, "allowed": allowed, "matches": check.matches}
+                           "casts": c.casts, "error": error, "allowed": allowed, "floor": floor,
+                           "matches": check.matches}
         return result
 
     return in_child(step)
