@@ -391,7 +391,7 @@ def programs_table(results: list[PairResult]) -> str:
     from edgefuse.console.tables import format_table
 
     header = ("model", "dtype", "lowering", "norms", "delegates", "kernels outside", "means", "casts",
-              "max err vs eager", "allowed", "ok", "export s", "peak GiB")
+              "err vs eager", "allowed", "ok", "export s", "peak GiB")
     rows = []
     for r in results:
         for how in LOWERINGS:
@@ -542,7 +542,7 @@ def _run(shapes: list[Shape], args, say) -> int:
     if not results:
         return OK
     print("programs (norms: the architecture's RMSNorms; delegates, kernels, means and casts: what the .pte runs; "
-          f"error: the worst of a {CHECK_PREFILL}-token prompt and {CHECK_DECODE} decode steps against eager)")
+          f"error: against eager, at the step of a {CHECK_PREFILL}-token prompt and {CHECK_DECODE} decode steps nearest its bound or furthest past it)")
     print(programs_table(results))
     print("export cost (each export alone in a child process; ratio = edgefuse / stock; stock and edgefuse "
           "alternate which runs first from one dtype to the next)")
