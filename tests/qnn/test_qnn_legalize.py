@@ -64,7 +64,8 @@ def test_a_whole_qk_norm_at_head_dim_32_is_wrong_with_stock_and_right_with_edgef
     inputs = tuple(_x(shape, seed) for seed, shape in enumerate(QK_SHAPES))
     for x in inputs:
         _, [stock] = _errors(QkNorms(1), (x,), soc, "stock")
-        assert not stock.ok and stock.max_error > 10 * stock.allowed, (soc, list(x.shape), stock)
+        # wrong: far off, or not a number (a wrong norm reads memory it did not write)
+        assert not stock.ok and not stock.max_error <= 10 * stock.allowed, (soc, list(x.shape), stock)
     lowered, ours = _errors(QkNorms(len(inputs)), inputs, soc, "edgefuse")
     assert all(c.ok for c in ours), (soc, ours)
     to_edge = [n for run in lowered.runs if run.pipeline == "to_edge" for n in run.legalized]
