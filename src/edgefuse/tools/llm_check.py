@@ -126,11 +126,17 @@ class ProgramCheck:
         return against_eager and all(e <= a for e, a in zip(self.versus_stock, self.versus_stock_allowed))
 
     @property
+    def worst_step(self) -> int:
+        """The step nearest its bound or furthest past it, of the largest error among steps as near
+        (stock's quantized program, allowed its own errors, shows its largest): a program that misses its
+        bound at some step shows that step, not a larger error within its own."""
+        return min(range(len(self.errors)), key=lambda i: (self.allowed[i] - self.errors[i], -self.errors[i]))
+
+    @property
     def worst(self) -> tuple[float, float]:
-        """The (error, allowed) pair of the step nearest its bound or furthest past it, of the largest error
-        among steps as near (stock's quantized program, allowed its own errors, shows its largest): a
-        program that misses its bound at some step shows that step, not a larger error within its own."""
-        return min(zip(self.errors, self.allowed), key=lambda pair: (pair[1] - pair[0], -pair[0]))
+        """The (error, allowed) pair of :attr:`worst_step`."""
+        step = self.worst_step
+        return self.errors[step], self.allowed[step]
 
 
 def export_case(case: Case, directory: str, lowerings=("stock", "edgefuse"), api: bool = False) -> dict:

@@ -252,7 +252,7 @@ def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files:
         for how, check in checks.items():
             c = check.contents
             error, allowed = check.worst
-            floor = check.floor[check.errors.index(error)] if check.floor else 0.0
+            floor = check.floor[check.worst_step] if check.floor else 0.0
             result[how] = {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means,
                            "casts": c.casts, "error": error, "allowed": allowed, "floor": floor,
                            "matches": check.matches}
