@@ -87,3 +87,44 @@ def test_means_rounded_refuses_a_rounding_it_does_not_know():
     with pytest.raises(ValueError, match="rounding 'nearest': one of float64, up, down"):
         with means_rounded(_small_qwen3(), "nearest"):
             pass
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_norms_removed_leaves_each_norm_its_weights_multiply_and_puts_the_class_back(dtype):
+    """Within the block every RMSNorm, of a model built before it or within it (export_llm builds its model
+    inside), is its input times its weight in the input's dtype, nothing normalized (an input of 1e-3 would
+    come out of a norm near 1); on leaving, and after an error inside, the norm normalizes again."""
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    from edgefuse.llm.eager import norms_removed
+
+    before = RMSNorm(16).to(dtype)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        before.weight.copy_(1 + torch.rand(16, generator=generator))
+        x = (torch.randn(4, 16, generator=generator) * 1e-3).to(dtype)
+        normalized = before(x)
+        assert normalized.abs().max() > 0.5
+        with norms_removed():
+            within = RMSNorm(16).to(dtype)
+            within.weight.copy_(before.weight)
+            for norm in (before, within):
+                out = norm(x)
+                assert out.dtype == dtype and torch.equal(out, x * before.weight)
+        assert torch.equal(before(x), normalized)
+        with pytest.raises(RuntimeError, match="inside"):
+            with norms_removed():
+                raise RuntimeError("inside")
+        assert torch.equal(before(x), normalized)
+
+
+def test_norms_removed_keeps_a_unit_offset_norms_one_plus_weight():
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    from edgefuse.llm.eager import norms_removed
+
+    norm = RMSNorm(8, add_unit_offset=True)
+    x = torch.randn(2, 8)
+    with torch.no_grad(), norms_removed():
+        norm.weight.fill_(0.5)
+        assert torch.equal(norm(x), x * 1.5)

@@ -153,7 +153,7 @@ def test_a_pair_is_timed_in_two_runs_and_again_in_pairs_of_runs_when_close(monke
 
     calls = []
 
-    def bench_pair(programs, pair, args, count, first_run, say):
+    def bench_pair(programs, pair, args, count, first_run, say, labels=None):
         calls.append((count, first_run))
         return [_timed(order, 1.0, ratio) for order in load_orders(2, count)]
 

@@ -88,6 +88,8 @@ def test_a_cut_keeps_the_shape_and_a_toy_width_makes_heads_of_16():
         (["--prefill", "0"], "--prefill must be at least 1"),
         (["--repeats", "-1"], "--repeats must be at least 0"),
         (["--prefill", "1000", "--decode", "100"], "at most 1024"),
+        (["--profile-rounds", "0"], "--profile-rounds must be at least 1"),
+        (["--norms-removed", "--no-latency"], "--norms-removed times the program without norms against edgefuse's"),
     ],
 )
 def test_bad_options_exit_2_with_the_reason_and_write_nothing(tmp_path, capsys, monkeypatch, argv, message):
@@ -120,6 +122,17 @@ def test_a_pair_fails_when_edgefuse_leaves_a_mean_or_a_cast_outside_or_misses_it
     assert not _pair(**kwargs).passed
 
 
+def test_the_norms_cost_table_reads_each_ratio_from_its_own_pair():
+    """edgefuse / stock comes from the stock pair's timing at that thread count, without norms / edgefuse
+    from the pair of edgefuse's program and the one without norms (timed with edgefuse's in stock's slot)."""
+    result = _pair()
+    result.timings = [{"threads": 2, "stock": [10.0, 4.0], "edgefuse": [9.0, 3.0], "ratios": [0.9, 0.75]}]
+    result.removed = {"timings": [{"threads": 2, "stock": [9.0, 3.0], "edgefuse": [8.0, 2.4], "ratios": [0.889, 0.8]}]}
+    header, row = scale.norm_cost_table([result]).splitlines()
+    assert header.split()[:6] == ["model", "dtype", "threads", "stock", "decode", "ms/token"]
+    assert row.split() == ["m", "fp16", "2", "4.000", "3.000", "2.400", "0.750", "0.800", "9.00", "8.00", "0.889"]
+
+
 # -- the whole command at a toy size ------------------------------------------------------------------
 
 
@@ -135,7 +148,7 @@ def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
 
     code, out, err = run(capsys, "--models", "qwen3-0.6b", "--layers", "1", "--dim", "64", "--dtypes", "8da4w",
                          "--threads", "1", "--prefill", "16", "--decode", "2", "--rounds", "1", "--warmup", "0",
-                         "--out", str(tmp_path))
+                         "--norms-removed", "--profile-rounds", "1", "--out", str(tmp_path))
     assert code == OK, out + err
     assert "cut for a quick run: --layers 1 --dim 64" in out
     programs = out.split("programs (")[1].split("export cost")[0]
@@ -145,6 +158,13 @@ def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
     assert (int(stock[6]), int(stock[7])) == (5, 0)  # stock leaves each norm's mean outside, the QK norms' too
     assert "1 thread(s); CPU: " in out
     assert out.rstrip().endswith("all passed")
+    # the same export with every norm reduced to its weight's multiply: no mean, cast or rsqrt left anywhere
+    cost = out.split("what the norms still cost")[1]
+    assert "qwen3-0.6b 8da4w without norms: " in cost and " 0 means, 0 casts;" in cost
+    profile = cost.split("(compare the two, not the totals):")[1]
+    assert "edgefuse prefill ms" in profile and "without norms prefill ms" in profile
+    rsqrt = [line.split() for line in profile.splitlines() if "Reciprocal Square Root" in line]
+    assert rsqrt and all(row[-7].split("/")[1] == "0" for row in rsqrt)  # calls edgefuse/without norms
     assert {"params.json", "checkpoint.pth", "8da4w"} <= set(os.listdir(tmp_path / "qwen3-0.6b"))
     if not (sdk := find()):
         pytest.skip(f"QNN tier: {sdk.reason}")
