@@ -87,3 +87,16 @@ def test_means_rounded_refuses_a_rounding_it_does_not_know():
     with pytest.raises(ValueError, match="rounding 'nearest': one of float64, up, down"):
         with means_rounded(_small_qwen3(), "nearest"):
             pass
+
+
+def test_means_rounded_puts_the_norms_back_when_the_block_raises():
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    from edgefuse.llm.eager import means_rounded
+
+    model = _small_qwen3()
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    with pytest.raises(RuntimeError, match="inside"):
+        with means_rounded(model, "up"):
+            raise RuntimeError("inside")
+    assert norms and not any("_norm" in vars(m) for m in norms)
