@@ -72,6 +72,20 @@ def test_stocks_quantized_program_gets_no_floor(no_pte):
     assert stock.floor == [] and stock.allowed == stock.errors
 
 
+def test_a_step_that_allows_no_finite_error_fails(no_pte):
+    """A step whose bound is not finite (stock's logits not a number there, or a floor that is not) holds
+    nothing: stock's program and edgefuse's, 5 off eager at every step, both fail."""
+    expected, ours = _logits(0.0), _logits(5.0)
+    stock = _logits(0.0)
+    stock[0][3] = float("nan")
+    paths = {"stock": "stock.pte", "edgefuse": "edgefuse.pte"}
+    checks = llm_check.checked_logits(expected, {"stock": stock, "edgefuse": ours}, paths, torch.float32, True, [0.0, 0.0])
+    assert not checks["stock"].matches and not checks["edgefuse"].matches
+    checks = llm_check.checked_logits(expected, {"stock": _logits(0.2), "edgefuse": _logits(0.2)}, paths, torch.float32,
+                                      True, [float("inf"), 0.0])
+    assert checks["stock"].matches and not checks["edgefuse"].matches
+
+
 def test_the_rounding_floor_is_at_each_step_the_most_of_every_rounding(monkeypatch):
     """Each way of rounding the means is run once, and the floor at a step is the largest move of any (here
     each rounding moves one step the most)."""

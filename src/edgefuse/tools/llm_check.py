@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import sys
 import tempfile
@@ -121,8 +122,12 @@ class ProgramCheck:
 
     @property
     def matches(self) -> bool:
-        """Within its bound against eager at every step, and within the dtype's bound of stock's logits."""
-        against_eager = bool(self.errors) and all(e <= a for e, a in zip(self.errors, self.allowed))
+        """Within its bound against eager at every step, and within the dtype's bound of stock's logits. A
+        step whose bound is not finite (stock's quantized program not a number there, or a floor that is
+        not) fails: it would hold no error at all."""
+        against_eager = bool(self.errors) and all(
+            math.isfinite(a) and e <= a for e, a in zip(self.errors, self.allowed)
+        )
         return against_eager and all(e <= a for e, a in zip(self.versus_stock, self.versus_stock_allowed))
 
     @property
