@@ -84,6 +84,9 @@ def test_a_step_that_allows_no_finite_error_fails(no_pte):
     checks = llm_check.checked_logits(expected, {"stock": _logits(0.2), "edgefuse": _logits(0.2)}, paths, torch.float32,
                                       True, [float("inf"), 0.0])
     assert checks["stock"].matches and not checks["edgefuse"].matches
+    assert checks["edgefuse"].worst_step == 0  # the step that holds nothing is the one shown
+    stock = llm_check.ProgramCheck("stock", "stock.pte", None, [0.1, float("inf")], [0.1, float("inf")])
+    assert stock.worst_step == 1 and not stock.matches
 
 
 def test_the_rounding_floor_is_at_each_step_the_most_of_every_rounding(monkeypatch):

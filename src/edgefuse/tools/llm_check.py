@@ -134,8 +134,13 @@ class ProgramCheck:
     def worst_step(self) -> int:
         """The step nearest its bound or furthest past it, of the largest error among steps as near
         (stock's quantized program, allowed its own errors, shows its largest): a program that misses its
-        bound at some step shows that step, not a larger error within its own."""
-        return min(range(len(self.errors)), key=lambda i: (self.allowed[i] - self.errors[i], -self.errors[i]))
+        bound at some step shows that step, not a larger error within its own. A step whose bound is not
+        finite fails (:attr:`matches`) and counts as furthest past it."""
+
+        def margin(i: int) -> float:
+            return self.allowed[i] - self.errors[i] if math.isfinite(self.allowed[i]) else -math.inf
+
+        return min(range(len(self.errors)), key=lambda i: (margin(i), -self.errors[i]))
 
     @property
     def worst(self) -> tuple[float, float]:
