@@ -128,3 +128,32 @@ def test_norms_removed_keeps_a_unit_offset_norms_one_plus_weight():
     with torch.no_grad(), norms_removed():
         norm.weight.fill_(0.5)
         assert torch.equal(norm(x), x * 1.5)
+
+
+def test_means_rounded_puts_the_norms_back_when_the_block_raises():
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    from edgefuse.llm.eager import means_rounded
+
+    model = _small_qwen3()
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    with pytest.raises(RuntimeError, match="inside"):
+        with means_rounded(model, "up"):
+            raise RuntimeError("inside")
+    assert norms and not any("_norm" in vars(m) for m in norms)
+
+
+def test_means_rounded_within_another_block_puts_the_outer_rounding_back():
+    from edgefuse.llm.eager import means_rounded
+
+    model = _small_qwen3()
+    x = torch.randn(3, 1024) * 1e-3
+    norm = model.norm
+    with torch.no_grad():
+        eager = norm(x)
+        with means_rounded(model, "up"):
+            up = norm(x)
+            with means_rounded(model, "down"):
+                assert not torch.equal(norm(x), up)
+            assert torch.equal(norm(x), up)
+        assert torch.equal(norm(x), eager)

@@ -133,6 +133,21 @@ def test_the_norms_cost_table_reads_each_ratio_from_its_own_pair():
     assert row.split() == ["m", "fp16", "2", "4.000", "3.000", "2.400", "0.750", "0.800", "9.00", "8.00", "0.889"]
 
 
+def test_a_programs_result_holds_the_floor_of_the_step_it_shows():
+    """results.json's floor is the one in the shown step's bound: here the second step, the one nearest its
+    bound, whose floor is not the first step's nor the largest."""
+    from types import SimpleNamespace
+
+    from edgefuse.tools.llm_check import ProgramCheck
+
+    contents = SimpleNamespace(delegate_count=3, kernel_count=2, means=0, casts=0)
+    check = ProgramCheck("edgefuse", "edgefuse.pte", contents, [0.10, 0.30, 0.05], [0.40, 0.35, 0.60],
+                         floor=[0.20, 0.15, 0.25])
+    result = scale.program_result(check)
+    assert (result["error"], result["allowed"], result["floor"], result["matches"]) == (0.30, 0.35, 0.15, True)
+    assert scale.program_result(ProgramCheck("stock", "stock.pte", contents, [0.1], [0.1]))["floor"] == 0.0
+
+
 # -- the whole command at a toy size ------------------------------------------------------------------
 
 

@@ -116,13 +116,17 @@ def means_rounded(model: torch.nn.Module, rounding: str) -> Iterator[int]:
         return x * torch.rsqrt(mean + self.eps)
 
     norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    before = [m.__dict__.get("_norm") for m in norms]  # a block within another puts the outer's back
     for m in norms:
         m._norm = norm.__get__(m)
     try:
         yield len(norms)
     finally:
-        for m in norms:
-            del m._norm
+        for m, kept in zip(norms, before):
+            if kept is None:
+                del m._norm
+            else:
+                m._norm = kept
 
 
 @contextlib.contextmanager

@@ -120,7 +120,7 @@ class Pair:
     logits: str = ""
     agree: bool = False
     contents: dict | None = None  # delegates, kernels outside, means, casts of each
-    difference: float | None = None  # edgefuse's largest error against eager (the check's worst step)
+    difference: float | None = None  # edgefuse's error against eager at the check's worst step (nearest its bound)
     bound: float | None = None  # what that step allows
 
     @property

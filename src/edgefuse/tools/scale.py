@@ -255,17 +255,19 @@ def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files:
         config = config_from_overrides([*case_arguments(case, *model_files), *extra])
         with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
             checks = check_programs(case, paths, config, CHECK_PREFILL, CHECK_DECODE)
-        result = {}
-        for how, check in checks.items():
-            c = check.contents
-            error, allowed = check.worst
-            floor = check.floor[check.worst_step] if check.floor else 0.0
-            result[how] = {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means,
-                           "casts": c.casts, "error": error, "allowed": allowed, "floor": floor,
-                           "matches": check.matches}
-        return result
+        return {how: program_result(check) for how, check in checks.items()}
 
     return in_child(step)
+
+
+def program_result(check) -> dict:
+    """One program's entry of :func:`check_both` from its ``llm_check.ProgramCheck``: what it holds, and at its
+    worst step the error, what that step allows and the rounding floor in that (0 when none was measured)."""
+    c = check.contents
+    error, allowed = check.worst
+    floor = check.floor[check.worst_step] if check.floor else 0.0
+    return {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means, "casts": c.casts,
+            "error": error, "allowed": allowed, "floor": floor, "matches": check.matches}
 
 
 def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args,
