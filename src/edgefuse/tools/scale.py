@@ -263,11 +263,15 @@ def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files:
 def program_result(check) -> dict:
     """One program's entry of :func:`check_both` from its ``llm_check.ProgramCheck``: what it holds, and at its
     worst step the error, what that step allows and the rounding floor in that (0 when none was measured)."""
-    c = check.contents
     error, allowed = check.worst
     floor = check.floor[check.worst_step] if check.floor else 0.0
-    return {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means, "casts": c.casts,
-            "error": error, "allowed": allowed, "floor": floor, "matches": check.matches}
+    return {**counts(check.contents), "error": error, "allowed": allowed, "floor": floor, "matches": check.matches}
+
+
+def counts(c) -> dict:
+    """What a program runs, from its ``edgefuse.llm.pte.PteContents``: delegates, kernels outside them, and
+    the means and casts among those."""
+    return {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means, "casts": c.casts}
 
 
 def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args,
@@ -301,6 +305,8 @@ def norm_cost(shape: Shape, dtype: str, params: dict, model_files: list[str], pa
     export with every norm reduced to its weight's multiply (in ``pair_folder``'s ``without-norms``), what
     it holds, both timed as a pair at each of ``args.threads`` (ratio = without norms / edgefuse), and both
     profiled at the first thread count (:func:`edgefuse.tools.llm_latency.profile_table`)."""
+    from edgefuse.llm.pte import read_pte
+
     folder = os.path.join(pair_folder, "without-norms")
     os.makedirs(folder, exist_ok=True)
     say(f"{shape.name} {dtype}: export_llm with edgefuse's lowering and every norm reduced to its weight's multiply")
@@ -308,7 +314,7 @@ def norm_cost(shape: Shape, dtype: str, params: dict, model_files: list[str], pa
     if "rejected" in record:
         raise UsageError(f"export_llm rejected {shape.name} {dtype} without norms:\n{record['rejected']}")
     paths = {"stock": edgefuse, "edgefuse": record["path"]}
-    contents = in_child(lambda note: _contents(record["path"]))
+    contents = in_child(lambda note: counts(read_pte(record["path"])))
     timings = []
     for threads in args.threads:
         say(f"{shape.name} {dtype}: timing edgefuse's program and the one without norms at {threads} thread(s)")
@@ -320,13 +326,6 @@ def norm_cost(shape: Shape, dtype: str, params: dict, model_files: list[str], pa
     profile = profile_both(shape.name, dtype, pair_folder, paths, args.threads[0], args)
     return {"export": record, "contents": contents, "timings": timings, "profile": profile,
             "profile_threads": args.threads[0]}
-
-
-def _contents(path: str) -> dict:
-    from edgefuse.llm.pte import read_pte
-
-    c = read_pte(path)
-    return {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means, "casts": c.casts}
 
 
 def profile_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args) -> str:
