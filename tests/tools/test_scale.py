@@ -133,6 +133,79 @@ def test_the_norms_cost_table_reads_each_ratio_from_its_own_pair():
     assert row.split() == ["m", "fp16", "2", "4.000", "3.000", "2.400", "0.750", "0.800", "9.00", "8.00", "0.889"]
 
 
+def test_the_norms_cost_exports_without_norms_and_times_edgefuses_program_in_stocks_slot(tmp_path, monkeypatch):
+    """norm_cost exports with edgefuse's lowering and the norms removed, in the pair's ``without-norms``
+    folder, and hands the timing and the profile edgefuse's program as the pair's first (``stock``) and the
+    one without norms as its second, named so: the ratio read as without norms / edgefuse is that."""
+    from types import SimpleNamespace
+
+    from edgefuse.llm import pte
+
+    seen = {}
+
+    def export_one(shape, dtype, params, how, model_files, folder, extra, removed=False):
+        seen["export"] = (how, folder, removed)
+        return {"path": os.path.join(folder, "edgefuse.pte"), "seconds": 1.0}
+
+    def time_both(name, dtype, folder, paths, threads, args, labels=None):
+        seen.setdefault("timed", []).append((dict(paths), threads, labels))
+        return {"threads": threads}
+
+    def profile_both(name, dtype, folder, paths, threads, args):
+        seen["profiled"] = (dict(paths), threads)
+        return "profile"
+
+    monkeypatch.setattr(scale, "export_one", export_one)
+    monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
+    monkeypatch.setattr(pte, "read_pte", lambda path: SimpleNamespace(delegate_count=1, kernel_count=2, means=0, casts=0))
+    monkeypatch.setattr(scale, "time_both", time_both)
+    monkeypatch.setattr(scale, "profile_both", profile_both)
+    edgefuse = str(tmp_path / "edgefuse.pte")
+    without = str(tmp_path / "without-norms" / "edgefuse.pte")
+    args = SimpleNamespace(threads=[2, 1], profile_rounds=1)
+    record = scale.norm_cost(scale.SHAPES["qwen3-0.6b"], "fp16", {}, [], str(tmp_path), edgefuse, (), args,
+                             lambda _: None)
+    assert seen["export"] == ("edgefuse", str(tmp_path / "without-norms"), True)
+    pair = {"stock": edgefuse, "edgefuse": without}
+    assert seen["timed"] == [(pair, 2, ("edgefuse", scale.REMOVED)), (pair, 1, ("edgefuse", scale.REMOVED))]
+    assert seen["profiled"] == (pair, 2) and record["profile_threads"] == 2
+    assert record["contents"] == {"delegates": 1, "kernels": 2, "means": 0, "casts": 0}
+
+
+def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_program_without_norms_second(
+        monkeypatch):
+    """time_both and profile_both hand llm_latency the pair in the order given (edgefuse's program in the
+    ``stock`` slot) and the labels its progress and profile columns name them by; the timing's entry keeps
+    the pair's slots (``stock`` the first program's medians, ratios second / first)."""
+    from types import SimpleNamespace
+
+    from edgefuse import runtime
+    from edgefuse.runtime import timer
+    from edgefuse.tools import llm_latency
+
+    seen = []
+
+    def profile_table(folder, pair, args, say, labels=None):
+        seen.append((pair.stock, pair.edgefuse, labels))
+        return "table"
+
+    def time_pair(folder, pair, args, say, labels=None):
+        seen.append((pair.stock, pair.edgefuse, labels))
+        return [SimpleNamespace(medians=[(10.0, 4.0), (8.0, 3.0)], ratios=(0.8, 0.75))]
+
+    monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
+    monkeypatch.setattr(runtime, "set_threads", lambda threads: threads)
+    monkeypatch.setattr(timer, "conditions", lambda threads: "conditions")
+    monkeypatch.setattr(llm_latency, "profile_table", profile_table)
+    monkeypatch.setattr(llm_latency, "time_pair", time_pair)
+    paths = {"stock": "/f/fp16/edgefuse.pte", "edgefuse": "/f/fp16/without-norms/edgefuse.pte"}
+    labels = ("edgefuse", scale.REMOVED)
+    assert scale.profile_both("m", "fp16", "/f/fp16", paths, 1, None) == "table"
+    timing = scale.time_both("m", "fp16", "/f/fp16", paths, 1, None, labels=labels)
+    assert seen == [("edgefuse.pte", os.path.join("without-norms", "edgefuse.pte"), labels)] * 2
+    assert (timing["stock"], timing["edgefuse"], timing["ratios"]) == ([10.0, 4.0], [8.0, 3.0], [0.8, 0.75])
+
+
 def test_a_programs_result_holds_the_floor_of_the_step_it_shows():
     """results.json's floor is the one in the shown step's bound: here the second step, the one nearest its
     bound, whose floor is not the first step's nor the largest."""
