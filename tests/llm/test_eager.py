@@ -157,3 +157,22 @@ def test_means_rounded_within_another_block_puts_the_outer_rounding_back():
                 assert not torch.equal(norm(x), up)
             assert torch.equal(norm(x), up)
         assert torch.equal(norm(x), eager)
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "llama-3.2-1b"])
+def test_every_norm_of_the_scale_commands_models_is_the_class_norms_removed_reaches(name):
+    """norms_removed patches ExecuTorch's ``RMSNorm`` class alone: each norm the scale command's Qwen3 and
+    Llama hold (two a layer, Qwen3's QK norms, the final one) must be one of it, no ``ScalelessRMSNorm`` or
+    ``torch.nn.RMSNorm`` that would keep its mean in the program said to hold none (built on the meta device)."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    from edgefuse.tools.scale import SHAPES, norm_count
+
+    params = dict(SHAPES[name].params, n_layers=2)
+    with torch.device("meta"):
+        model = construct_transformer(ModelArgs(**params))
+    norms = [m for m in model.modules() if "norm" in type(m).__name__.lower()]
+    assert norms and all(type(m) is RMSNorm for m in norms), {type(m).__name__ for m in norms}
+    assert len(norms) == norm_count(params)
