@@ -127,7 +127,8 @@ def test_the_norms_cost_table_reads_each_ratio_from_its_own_pair():
     from the pair of edgefuse's program and the one without norms (timed with edgefuse's in stock's slot)."""
     result = _pair()
     result.timings = [{"threads": 2, "stock": [10.0, 4.0], "edgefuse": [9.0, 3.0], "ratios": [0.9, 0.75]}]
-    result.removed = {"timings": [{"threads": 2, "stock": [9.0, 3.0], "edgefuse": [8.0, 2.4], "ratios": [0.889, 0.8]}]}
+    result.removed = {"timings": [{"threads": 2, "edgefuse": [9.0, 3.0], "without_norms": [8.0, 2.4],
+                                   "ratios": [0.889, 0.8]}]}
     header, row = scale.norm_cost_table([result]).splitlines()
     assert header.split()[:6] == ["model", "dtype", "threads", "stock", "decode", "ms/token"]
     assert row.split() == ["m", "fp16", "2", "4.000", "3.000", "2.400", "0.750", "0.800", "9.00", "8.00", "0.889"]
@@ -149,7 +150,7 @@ def test_the_norms_cost_exports_without_norms_and_times_edgefuses_program_in_sto
 
     def time_both(name, dtype, folder, paths, threads, args, labels=None):
         seen.setdefault("timed", []).append((dict(paths), threads, labels))
-        return {"threads": threads}
+        return {"threads": threads, "stock": [10.0, 4.0], "edgefuse": [8.0, 3.0], "ratios": [0.8, 0.75]}
 
     def profile_both(name, dtype, folder, paths, threads, args):
         seen["profiled"] = (dict(paths), threads)
@@ -170,6 +171,9 @@ def test_the_norms_cost_exports_without_norms_and_times_edgefuses_program_in_sto
     assert seen["timed"] == [(pair, 2, ("edgefuse", scale.REMOVED)), (pair, 1, ("edgefuse", scale.REMOVED))]
     assert seen["profiled"] == (pair, 2) and record["profile_threads"] == 2
     assert record["contents"] == {"delegates": 1, "kernels": 2, "means": 0, "casts": 0}
+    # results.json names each program's medians by the program, not by the pair's slot
+    timing = record["timings"][0]
+    assert "stock" not in timing and (timing["edgefuse"], timing["without_norms"]) == ([10.0, 4.0], [8.0, 3.0])
 
 
 def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_program_without_norms_second(

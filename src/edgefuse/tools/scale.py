@@ -303,7 +303,8 @@ def norm_cost(shape: Shape, dtype: str, params: dict, model_files: list[str], pa
               extra: tuple[str, ...], args, say) -> dict:
     """What the norms still cost in edgefuse's program ``edgefuse`` of ``shape`` at ``dtype``: the same
     export with every norm reduced to its weight's multiply (in ``pair_folder``'s ``without-norms``), what
-    it holds, both timed as a pair at each of ``args.threads`` (ratio = without norms / edgefuse), and both
+    it holds, both timed as a pair at each of ``args.threads`` (each timing's ``edgefuse`` and ``without_norms``
+medians; ratio = without norms / edgefuse), and both
     profiled at the first thread count (:func:`edgefuse.tools.llm_latency.profile_table`)."""
     from edgefuse.llm.pte import read_pte
 
@@ -319,6 +320,8 @@ def norm_cost(shape: Shape, dtype: str, params: dict, model_files: list[str], pa
     for threads in args.threads:
         say(f"{shape.name} {dtype}: timing edgefuse's program and the one without norms at {threads} thread(s)")
         timing = time_both(shape.name, dtype, pair_folder, paths, threads, args, labels=("edgefuse", REMOVED))
+        # the pair's slots by what they held: results.json must not call edgefuse's program stock's
+        timing["edgefuse"], timing["without_norms"] = timing.pop("stock"), timing.pop("edgefuse")
         timing["load"] = os.getloadavg()
         timings.append(timing)
     say(f"{shape.name} {dtype}: profiling edgefuse's program and the one without norms ({args.profile_rounds} rounds "
@@ -508,7 +511,7 @@ def norm_cost_table(results: list[PairResult]) -> str:
     for r in results:
         stock = {t["threads"]: t for t in r.timings}
         for t in r.removed.get("timings", []):
-            (ep, ed), (np_, nd) = t["stock"], t["edgefuse"]
+            (ep, ed), (np_, nd) = t["edgefuse"], t["without_norms"]
             versus = stock.get(t["threads"])
             rows.append([r.model, r.dtype, t["threads"], f"{versus['stock'][1]:.3f}" if versus else "-", f"{ed:.3f}",
                          f"{nd:.3f}", f"{versus['ratios'][1]:.3f}" if versus else "-", f"{t['ratios'][1]:.3f}",
