@@ -174,11 +174,23 @@ def test_the_rounding_floor_of_an_8da4w_model_is_what_its_quantized_activations_
 
 
 def test_a_model_without_executorchs_rmsnorm_has_no_floor_to_measure():
-    """A module whose norms ``means_rounded`` cannot reach would get a floor of 0 at every step: refused."""
+    """A module whose norms ``means_rounded`` cannot reach (here ExecuTorch's Llama with its norms made
+    ``torch.nn.RMSNorm``, a module that runs) would get a floor of 0 at every step: refused."""
     import torch
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+    from executorch.examples.models.llama.source_transformation.rms_norm import replace_rms_norm_with_native_rms_norm
 
+    from edgefuse.llm.eager import eager_step, logits_sequence, prompt_and_steps, random_state
     from edgefuse.tools.llm_check import rounding_floor
 
+    model = construct_transformer(ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=32, hidden_dim=128,
+                                            use_kv_cache=True, enable_dynamic_shape=True, max_seq_len=16,
+                                            max_context_len=16))
+    model.load_state_dict(random_state(model))
+    model = replace_rms_norm_with_native_rms_norm(model.eval())
+    assert not any(type(m).__name__ == "RMSNorm" and type(m) is not torch.nn.RMSNorm for m in model.modules())
+    prompt, steps = prompt_and_steps(32, 4, 2)
+    expected = logits_sequence(eager_step(model), prompt, steps)
     with pytest.raises(ValueError, match="holds no ExecuTorch RMSNorm"):
-        rounding_floor(torch.nn.Linear(4, 4), torch.zeros(1, 2, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                       [torch.zeros(4)])
+        rounding_floor(model, prompt, steps, expected)
