@@ -122,16 +122,17 @@ def test_a_pair_fails_when_edgefuse_leaves_a_mean_or_a_cast_outside_or_misses_it
     assert not _pair(**kwargs).passed
 
 
-def test_the_norms_cost_table_reads_each_ratio_from_its_own_pair():
-    """edgefuse / stock comes from the stock pair's timing at that thread count, without norms / edgefuse
-    from the pair of edgefuse's program and the one without norms (timed with edgefuse's in stock's slot)."""
+def test_the_norms_cost_table_reads_every_figure_of_a_row_from_its_own_pair():
+    """A row is the pair of edgefuse's program and the one without norms at that thread count, ratio =
+    without norms / edgefuse, with its own load; the stock pair's timing (another run) is not mixed in."""
     result = _pair()
-    result.timings = [{"threads": 2, "stock": [10.0, 4.0], "edgefuse": [9.0, 3.0], "ratios": [0.9, 0.75]}]
-    result.removed = {"timings": [{"threads": 2, "edgefuse": [9.0, 3.0], "without_norms": [8.0, 2.4],
-                                   "ratios": [0.889, 0.8]}]}
+    result.timings = [{"threads": 2, "stock": [10.0, 4.0], "edgefuse": [9.5, 3.5], "ratios": [0.95, 0.875]}]
+    result.removed = {"timings": [{"threads": 2, "runs": 4, "edgefuse": [9.0, 3.0], "without_norms": [8.0, 2.4],
+                                   "ratios": [0.889, 0.8], "load": [1.0, 1.5, 2.0]}]}
     header, row = scale.norm_cost_table([result]).splitlines()
-    assert header.split()[:6] == ["model", "dtype", "threads", "stock", "decode", "ms/token"]
-    assert row.split() == ["m", "fp16", "2", "4.000", "3.000", "2.400", "0.750", "0.800", "9.00", "8.00", "0.889"]
+    assert header.split()[:7] == ["model", "dtype", "threads", "runs", "edgefuse", "prefill", "ms"]
+    assert row.split() == ["m", "fp16", "2", "4", "9.00", "8.00", "0.889", "3.000", "2.400", "0.800", "1.00", "1.50",
+                           "2.00"]
 
 
 def test_the_norms_cost_exports_without_norms_and_times_edgefuses_program_in_stocks_slot(tmp_path, monkeypatch):
@@ -154,7 +155,7 @@ def test_the_norms_cost_exports_without_norms_and_times_edgefuses_program_in_sto
 
     def profile_both(name, dtype, folder, paths, threads, args):
         seen["profiled"] = (dict(paths), threads)
-        return "profile"
+        return 3, "profile"  # the runtime took 3 threads, not the 2 asked for
 
     monkeypatch.setattr(scale, "export_one", export_one)
     monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
@@ -169,7 +170,7 @@ def test_the_norms_cost_exports_without_norms_and_times_edgefuses_program_in_sto
     assert seen["export"] == ("edgefuse", str(tmp_path / "without-norms"), True)
     pair = {"stock": edgefuse, "edgefuse": without}
     assert seen["timed"] == [(pair, 2, ("edgefuse", scale.REMOVED)), (pair, 1, ("edgefuse", scale.REMOVED))]
-    assert seen["profiled"] == (pair, 2) and record["profile_threads"] == 2
+    assert seen["profiled"] == (pair, 2) and record["profile_threads"] == 3  # what the runtime took
     assert record["contents"] == {"delegates": 1, "kernels": 2, "means": 0, "casts": 0}
     # results.json names each program's medians by the program, not by the pair's slot
     timing = record["timings"][0]
@@ -198,13 +199,13 @@ def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_pr
         return [SimpleNamespace(medians=[(10.0, 4.0), (8.0, 3.0)], ratios=(0.8, 0.75))]
 
     monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
-    monkeypatch.setattr(runtime, "set_threads", lambda threads: threads)
+    monkeypatch.setattr(runtime, "set_threads", lambda threads: threads + 1)  # the runtime's count, reported
     monkeypatch.setattr(timer, "conditions", lambda threads: "conditions")
     monkeypatch.setattr(llm_latency, "profile_table", profile_table)
     monkeypatch.setattr(llm_latency, "time_pair", time_pair)
     paths = {"stock": "/f/fp16/edgefuse.pte", "edgefuse": "/f/fp16/without-norms/edgefuse.pte"}
     labels = ("edgefuse", scale.REMOVED)
-    assert scale.profile_both("m", "fp16", "/f/fp16", paths, 1, None) == "table"
+    assert scale.profile_both("m", "fp16", "/f/fp16", paths, 1, None) == (2, "table")
     timing = scale.time_both("m", "fp16", "/f/fp16", paths, 1, None, labels=labels)
     assert seen == [("edgefuse.pte", os.path.join("without-norms", "edgefuse.pte"), labels)] * 2
     assert (timing["stock"], timing["edgefuse"], timing["ratios"]) == ([10.0, 4.0], [8.0, 3.0], [0.8, 0.75])

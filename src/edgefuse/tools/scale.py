@@ -326,22 +326,21 @@ medians; ratio = without norms / edgefuse), and both
         timings.append(timing)
     say(f"{shape.name} {dtype}: profiling edgefuse's program and the one without norms ({args.profile_rounds} rounds "
         f"each, ETDump)")
-    profile = profile_both(shape.name, dtype, pair_folder, paths, args.threads[0], args)
-    return {"export": record, "contents": contents, "timings": timings, "profile": profile,
-            "profile_threads": args.threads[0]}
+    used, profile = profile_both(shape.name, dtype, pair_folder, paths, args.threads[0], args)
+    return {"export": record, "contents": contents, "timings": timings, "profile": profile, "profile_threads": used}
 
 
-def profile_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args) -> str:
+def profile_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args) -> tuple[int, str]:
     """Where edgefuse's program (``paths["stock"]``, first) and the one without norms spend a prefill and a
-    decode step at ``threads``, side by side (in a child)."""
+    decode step at ``threads``, side by side (in a child): the threads the runtime took, and the table."""
 
     def step(note):
         from edgefuse.runtime import set_threads
         from edgefuse.tools.llm_latency import Pair, profile_table
 
-        set_threads(threads)
+        used = set_threads(threads)
         pair = Pair(name, dtype, os.path.relpath(paths["stock"], folder), os.path.relpath(paths["edgefuse"], folder))
-        return profile_table(folder, pair, args, note, labels=("edgefuse", REMOVED))
+        return used, profile_table(folder, pair, args, note, labels=("edgefuse", REMOVED))
 
     return in_child(step)
 
@@ -501,21 +500,18 @@ def latency_table(results: list[PairResult]) -> str:
 
 
 def norm_cost_table(results: list[PairResult]) -> str:
-    """Edgefuse's program against the one without norms at each thread count, with stock's beside it: what
-    edgefuse gains over stock and what the norms still cost it."""
+    """Edgefuse's program against the one without norms at each thread count, every figure of a row from
+    that pair's own timing (what edgefuse gains over stock is the latency table's, timed apart)."""
     from edgefuse.console.tables import format_table
 
-    header = ("model", "dtype", "threads", "stock decode ms/token", "edgefuse", REMOVED, "edgefuse / stock",
-              f"{REMOVED} / edgefuse", "edgefuse prefill ms", REMOVED, f"{REMOVED} / edgefuse")
+    header = ("model", "dtype", "threads", "runs", "edgefuse prefill ms", REMOVED, "ratio", "edgefuse decode ms/token",
+              REMOVED, "ratio", "load (1, 5, 15 min)")
     rows = []
     for r in results:
-        stock = {t["threads"]: t for t in r.timings}
         for t in r.removed.get("timings", []):
             (ep, ed), (np_, nd) = t["edgefuse"], t["without_norms"]
-            versus = stock.get(t["threads"])
-            rows.append([r.model, r.dtype, t["threads"], f"{versus['stock'][1]:.3f}" if versus else "-", f"{ed:.3f}",
-                         f"{nd:.3f}", f"{versus['ratios'][1]:.3f}" if versus else "-", f"{t['ratios'][1]:.3f}",
-                         f"{ep:.2f}", f"{np_:.2f}", f"{t['ratios'][0]:.3f}"])
+            rows.append([r.model, r.dtype, t["threads"], t["runs"], f"{ep:.2f}", f"{np_:.2f}", f"{t['ratios'][0]:.3f}",
+                         f"{ed:.3f}", f"{nd:.3f}", f"{t['ratios'][1]:.3f}", " ".join(f"{x:.2f}" for x in t["load"])])
     return format_table(header, rows)
 
 
