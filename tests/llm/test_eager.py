@@ -87,3 +87,92 @@ def test_means_rounded_refuses_a_rounding_it_does_not_know():
     with pytest.raises(ValueError, match="rounding 'nearest': one of float64, up, down"):
         with means_rounded(_small_qwen3(), "nearest"):
             pass
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_norms_removed_leaves_each_norm_its_weights_multiply_and_puts_the_class_back(dtype):
+    """Within the block every RMSNorm, of a model built before it or within it (export_llm builds its model
+    inside), is its input times its weight in the input's dtype, nothing normalized (an input of 1e-3 would
+    come out of a norm near 1); on leaving, and after an error inside, the norm normalizes again."""
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    from edgefuse.llm.eager import norms_removed
+
+    before = RMSNorm(16).to(dtype)
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        before.weight.copy_(1 + torch.rand(16, generator=generator))
+        x = (torch.randn(4, 16, generator=generator) * 1e-3).to(dtype)
+        normalized = before(x)
+        assert normalized.abs().max() > 0.5
+        with norms_removed():
+            within = RMSNorm(16).to(dtype)
+            within.weight.copy_(before.weight)
+            for norm in (before, within):
+                out = norm(x)
+                assert out.dtype == dtype and torch.equal(out, x * before.weight)
+        assert torch.equal(before(x), normalized)
+        with pytest.raises(RuntimeError, match="inside"):
+            with norms_removed():
+                raise RuntimeError("inside")
+        assert torch.equal(before(x), normalized)
+
+
+def test_norms_removed_keeps_a_unit_offset_norms_one_plus_weight():
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    from edgefuse.llm.eager import norms_removed
+
+    norm = RMSNorm(8, add_unit_offset=True)
+    x = torch.randn(2, 8)
+    with torch.no_grad(), norms_removed():
+        norm.weight.fill_(0.5)
+        assert torch.equal(norm(x), x * 1.5)
+
+
+def test_means_rounded_puts_the_norms_back_when_the_block_raises():
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    from edgefuse.llm.eager import means_rounded
+
+    model = _small_qwen3()
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    with pytest.raises(RuntimeError, match="inside"):
+        with means_rounded(model, "up"):
+            raise RuntimeError("inside")
+    assert norms and not any("_norm" in vars(m) for m in norms)
+
+
+def test_means_rounded_within_another_block_puts_the_outer_rounding_back():
+    from edgefuse.llm.eager import means_rounded
+
+    model = _small_qwen3()
+    x = torch.randn(3, 1024) * 1e-3
+    norm = model.norm
+    with torch.no_grad():
+        eager = norm(x)
+        with means_rounded(model, "up"):
+            up = norm(x)
+            with means_rounded(model, "down"):
+                assert not torch.equal(norm(x), up)
+            assert torch.equal(norm(x), up)
+        assert torch.equal(norm(x), eager)
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "llama-3.2-1b"])
+def test_every_norm_of_the_scale_commands_models_is_the_class_norms_removed_reaches(name):
+    """norms_removed patches ExecuTorch's ``RMSNorm`` class alone: each norm the scale command's Qwen3 and
+    Llama hold (two a layer, Qwen3's QK norms, the final one) must be one of it, no ``ScalelessRMSNorm`` or
+    ``torch.nn.RMSNorm`` that would keep its mean in the program said to hold none (built on the meta device)."""
+    from executorch.examples.models.llama.llama_transformer import construct_transformer
+    from executorch.examples.models.llama.model_args import ModelArgs
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    from edgefuse.tools.scale import SHAPES, norm_count
+
+    params = dict(SHAPES[name].params, n_layers=2)
+    with torch.device("meta"):
+        model = construct_transformer(ModelArgs(**params))
+    norms = [m for m in model.modules() if "norm" in type(m).__name__.lower()]
+    assert norms and all(type(m) is RMSNorm for m in norms), {type(m).__name__ for m in norms}
+    assert len(norms) == norm_count(params)

@@ -153,7 +153,7 @@ def test_a_pair_is_timed_in_two_runs_and_again_in_pairs_of_runs_when_close(monke
 
     calls = []
 
-    def bench_pair(programs, pair, args, count, first_run, say):
+    def bench_pair(programs, pair, args, count, first_run, say, labels=None):
         calls.append((count, first_run))
         return [_timed(order, 1.0, ratio) for order in load_orders(2, count)]
 
@@ -165,6 +165,55 @@ def test_a_pair_is_timed_in_two_runs_and_again_in_pairs_of_runs_when_close(monke
     assert [(r.run, r.first) for r in rows[:-1]] == [(k, ("stock", "edgefuse")[(k - 1) % 2]) for k in range(1, runs + 1)]
     assert (rows[-1].run, rows[-1].first) == ("all", "")
     assert rows[-1].ratios[1] == pytest.approx(ratio)
+
+
+def test_the_progress_of_a_timing_names_the_program_loaded_first_by_the_labels_given(monkeypatch):
+    """Each run's progress line names the program loaded first: stock or edgefuse by default, or as the
+    caller names the pair (the scale command's edgefuse and the program without norms)."""
+    from edgefuse.compare import llm_programs
+    from edgefuse.llm import latency
+    from edgefuse.llm.latency import load_orders
+
+    def time_runs(load, count, prefill, decode, runs, rounds, warmup):
+        for order in load_orders(count, runs):
+            load(order)
+        return []
+
+    monkeypatch.setattr(llm_programs, "load_llm_programs", lambda programs, note: programs)
+    monkeypatch.setattr(latency, "time_runs", time_runs)
+    pair = llm_latency.Pair("128x2", "fp16", "a.pte", "b.pte")
+    args = SimpleNamespace(prefill=4, decode=2, rounds=1, warmup=0)
+    for labels, names in ((None, ("stock", "edgefuse")), (("edgefuse", "without norms"), ("edgefuse", "without norms"))):
+        said = []
+        llm_latency.bench_pair([("a.pte", b""), ("b.pte", b"")], pair, args, 2, 1, said.append, labels)
+        assert [line.split("(")[1].split(" loaded first")[0] for line in said] == [names[0], names[1]]
+
+
+def test_the_profile_table_is_headed_by_the_labels_given_and_its_differences_are_second_minus_first(monkeypatch):
+    """The profile's columns and its largest-differences lines name the pair's two programs by the labels
+    given (the pair's ``stock`` program first), and a difference is the second's time minus the first's."""
+    from edgefuse.compare import llm_programs
+    from edgefuse.llm import latency, profile
+    from edgefuse.llm.profile import INSIDE, Profile, ProfileRow
+
+    def profiled(blob, prompt, steps, rounds):
+        ms = {b"first": 2.0, b"second": 0.5}[blob]
+        return Profile({(INSIDE, "Square"): ProfileRow(INSIDE, "Square", 3, 1.0, ms, ms / 2)}, rounds)
+
+    monkeypatch.setattr(llm_latency, "pair_programs", lambda folder, pair, args, say: [("f", b"first"), ("s", b"second")])
+    monkeypatch.setattr(llm_programs, "load_llm_programs", lambda programs, note: [SimpleNamespace(method=None)])
+    monkeypatch.setattr(latency, "prompt_for", lambda method, prefill, decode: (None, None))
+    monkeypatch.setattr(profile, "profile_prefill_decode", profiled)
+    pair = llm_latency.Pair("128x2", "fp16", "f", "s")
+    args = SimpleNamespace(prefill=4, decode=2, profile_rounds=1)
+    table = llm_latency.profile_table("folder", pair, args, lambda _: None, ("edgefuse", "without norms"))
+    header, row = table.splitlines()[0], table.splitlines()[1].split()
+    for column in ("calls edgefuse/without norms", "edgefuse prefill ms", "without norms prefill ms",
+                   "edgefuse decode ms/token", "without norms decode ms/token"):
+        assert column in header
+    assert "stock" not in table
+    assert row[-4:] == ["-1.5000", "1.0000", "0.2500", "-0.7500"]
+    assert "largest differences in the prefill (without norms - edgefuse, ms): Square -1.5000" in table
 
 
 # -- the smallest size, exported ------------------------------------------------------------------------

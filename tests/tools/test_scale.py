@@ -88,6 +88,8 @@ def test_a_cut_keeps_the_shape_and_a_toy_width_makes_heads_of_16():
         (["--prefill", "0"], "--prefill must be at least 1"),
         (["--repeats", "-1"], "--repeats must be at least 0"),
         (["--prefill", "1000", "--decode", "100"], "at most 1024"),
+        (["--profile-rounds", "0"], "--profile-rounds must be at least 1"),
+        (["--norms-removed", "--no-latency"], "--norms-removed times the program without norms against edgefuse's"),
     ],
 )
 def test_bad_options_exit_2_with_the_reason_and_write_nothing(tmp_path, capsys, monkeypatch, argv, message):
@@ -120,6 +122,110 @@ def test_a_pair_fails_when_edgefuse_leaves_a_mean_or_a_cast_outside_or_misses_it
     assert not _pair(**kwargs).passed
 
 
+def test_the_norms_cost_table_reads_every_figure_of_a_row_from_its_own_pair():
+    """A row is the pair of edgefuse's program and the one without norms at that thread count, ratio =
+    without norms / edgefuse, with its own load; the stock pair's timing (another run) is not mixed in."""
+    result = _pair()
+    result.timings = [{"threads": 2, "stock": [10.0, 4.0], "edgefuse": [9.5, 3.5], "ratios": [0.95, 0.875]}]
+    result.removed = {"timings": [{"threads": 2, "runs": 4, "edgefuse": [9.0, 3.0], "without_norms": [8.0, 2.4],
+                                   "ratios": [0.889, 0.8], "load": [1.0, 1.5, 2.0]}]}
+    header, row = scale.norm_cost_table([result]).splitlines()
+    assert header.split()[:7] == ["model", "dtype", "threads", "runs", "edgefuse", "prefill", "ms"]
+    assert row.split() == ["m", "fp16", "2", "4", "9.00", "8.00", "0.889", "3.000", "2.400", "0.800", "1.00", "1.50",
+                           "2.00"]
+
+
+def test_the_norms_cost_exports_without_norms_and_times_edgefuses_program_in_stocks_slot(tmp_path, monkeypatch):
+    """norm_cost exports with edgefuse's lowering and the norms removed, in the pair's ``without-norms``
+    folder, and hands the timing and the profile edgefuse's program as the pair's first (``stock``) and the
+    one without norms as its second, named so: the ratio read as without norms / edgefuse is that."""
+    from types import SimpleNamespace
+
+    from edgefuse.llm import pte
+
+    seen = {}
+
+    def export_one(shape, dtype, params, how, model_files, folder, extra, removed=False):
+        seen["export"] = (how, folder, removed)
+        return {"path": os.path.join(folder, "edgefuse.pte"), "seconds": 1.0}
+
+    def time_both(name, dtype, folder, paths, threads, args, labels=None):
+        seen.setdefault("timed", []).append((dict(paths), threads, labels))
+        return {"threads": threads, "stock": [10.0, 4.0], "edgefuse": [8.0, 3.0], "ratios": [0.8, 0.75]}
+
+    def profile_both(name, dtype, folder, paths, threads, args):
+        seen["profiled"] = (dict(paths), threads)
+        return 3, "profile"  # the runtime took 3 threads, not the 2 asked for
+
+    monkeypatch.setattr(scale, "export_one", export_one)
+    monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
+    monkeypatch.setattr(pte, "read_pte", lambda path: SimpleNamespace(delegate_count=1, kernel_count=2, means=0, casts=0))
+    monkeypatch.setattr(scale, "time_both", time_both)
+    monkeypatch.setattr(scale, "profile_both", profile_both)
+    edgefuse = str(tmp_path / "edgefuse.pte")
+    without = str(tmp_path / "without-norms" / "edgefuse.pte")
+    args = SimpleNamespace(threads=[2, 1], profile_rounds=1)
+    record = scale.norm_cost(scale.SHAPES["qwen3-0.6b"], "fp16", {}, [], str(tmp_path), edgefuse, (), args,
+                             lambda _: None)
+    assert seen["export"] == ("edgefuse", str(tmp_path / "without-norms"), True)
+    pair = {"stock": edgefuse, "edgefuse": without}
+    assert seen["timed"] == [(pair, 2, ("edgefuse", scale.REMOVED)), (pair, 1, ("edgefuse", scale.REMOVED))]
+    assert seen["profiled"] == (pair, 2) and record["profile_threads"] == 3  # what the runtime took
+    assert record["contents"] == {"delegates": 1, "kernels": 2, "means": 0, "casts": 0}
+    # results.json names each program's medians by the program, not by the pair's slot
+    timing = record["timings"][0]
+    assert "stock" not in timing and (timing["edgefuse"], timing["without_norms"]) == ([10.0, 4.0], [8.0, 3.0])
+
+
+def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_program_without_norms_second(
+        monkeypatch):
+    """time_both and profile_both hand llm_latency the pair in the order given (edgefuse's program in the
+    ``stock`` slot) and the labels its progress and profile columns name them by; the timing's entry keeps
+    the pair's slots (``stock`` the first program's medians, ratios second / first)."""
+    from types import SimpleNamespace
+
+    from edgefuse import runtime
+    from edgefuse.runtime import timer
+    from edgefuse.tools import llm_latency
+
+    seen = []
+
+    def profile_table(folder, pair, args, say, labels=None):
+        seen.append((pair.stock, pair.edgefuse, labels))
+        return "table"
+
+    def time_pair(folder, pair, args, say, labels=None):
+        seen.append((pair.stock, pair.edgefuse, labels))
+        return [SimpleNamespace(medians=[(10.0, 4.0), (8.0, 3.0)], ratios=(0.8, 0.75))]
+
+    monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
+    monkeypatch.setattr(runtime, "set_threads", lambda threads: threads + 1)  # the runtime's count, reported
+    monkeypatch.setattr(timer, "conditions", lambda threads: "conditions")
+    monkeypatch.setattr(llm_latency, "profile_table", profile_table)
+    monkeypatch.setattr(llm_latency, "time_pair", time_pair)
+    paths = {"stock": "/f/fp16/edgefuse.pte", "edgefuse": "/f/fp16/without-norms/edgefuse.pte"}
+    labels = ("edgefuse", scale.REMOVED)
+    assert scale.profile_both("m", "fp16", "/f/fp16", paths, 1, None) == (2, "table")
+    timing = scale.time_both("m", "fp16", "/f/fp16", paths, 1, None, labels=labels)
+    assert seen == [("edgefuse.pte", os.path.join("without-norms", "edgefuse.pte"), labels)] * 2
+    assert (timing["stock"], timing["edgefuse"], timing["ratios"]) == ([10.0, 4.0], [8.0, 3.0], [0.8, 0.75])
+
+
+def test_a_programs_result_holds_the_floor_of_the_step_it_shows():
+    """results.json's floor is the one in the shown step's bound: here the second step, the one nearest its
+    bound, whose floor is not the first step's nor the largest."""
+    from types import SimpleNamespace
+
+    from edgefuse.tools.llm_check import ProgramCheck
+
+    contents = SimpleNamespace(delegate_count=3, kernel_count=2, means=0, casts=0)
+    check = ProgramCheck("edgefuse", "edgefuse.pte", contents, [0.10, 0.30, 0.05], [0.40, 0.35, 0.60],
+                         floor=[0.20, 0.15, 0.25])
+    result = scale.program_result(check)
+    assert (result["error"], result["allowed"], result["floor"], result["matches"]) == (0.30, 0.35, 0.15, True)
+    assert scale.program_result(ProgramCheck("stock", "stock.pte", contents, [0.1], [0.1]))["floor"] == 0.0
+
+
 # -- the whole command at a toy size ------------------------------------------------------------------
 
 
@@ -135,7 +241,7 @@ def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
 
     code, out, err = run(capsys, "--models", "qwen3-0.6b", "--layers", "1", "--dim", "64", "--dtypes", "8da4w",
                          "--threads", "1", "--prefill", "16", "--decode", "2", "--rounds", "1", "--warmup", "0",
-                         "--out", str(tmp_path))
+                         "--norms-removed", "--profile-rounds", "1", "--out", str(tmp_path))
     assert code == OK, out + err
     assert "cut for a quick run: --layers 1 --dim 64" in out
     programs = out.split("programs (")[1].split("export cost")[0]
@@ -145,6 +251,13 @@ def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
     assert (int(stock[6]), int(stock[7])) == (5, 0)  # stock leaves each norm's mean outside, the QK norms' too
     assert "1 thread(s); CPU: " in out
     assert out.rstrip().endswith("all passed")
+    # the same export with every norm reduced to its weight's multiply: no mean, cast or rsqrt left anywhere
+    cost = out.split("what the norms still cost")[1]
+    assert "qwen3-0.6b 8da4w without norms: " in cost and " 0 means, 0 casts;" in cost
+    profile = cost.split("(compare the two, not the totals):")[1]
+    assert "edgefuse prefill ms" in profile and "without norms prefill ms" in profile
+    rsqrt = [line.split() for line in profile.splitlines() if "Reciprocal Square Root" in line]
+    assert rsqrt and all(row[-7].split("/")[1] == "0" for row in rsqrt)  # calls edgefuse/without norms
     assert {"params.json", "checkpoint.pth", "8da4w"} <= set(os.listdir(tmp_path / "qwen3-0.6b"))
     if not (sdk := find()):
         pytest.skip(f"QNN tier: {sdk.reason}")

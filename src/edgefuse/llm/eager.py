@@ -6,7 +6,9 @@ preparation), and :func:`logits_sequence` runs any program, eager or loaded, thr
 and decode steps. :func:`write_small_model` writes params and a random checkpoint for small models
 (a model without a checkpoint reads uninitialised memory), such as those of :mod:`edgefuse.llm.small`.
 :func:`means_rounded` makes the eager module's norms round their means another way, for the spread a
-quantized program's check allows (:mod:`edgefuse.tools.llm_check`).
+quantized program's check allows (:mod:`edgefuse.tools.llm_check`), and :func:`norms_removed` makes every
+norm built within it normalize nothing, for the program a norm's cost is measured against
+(:mod:`edgefuse.tools.scale`).
 """
 
 from __future__ import annotations
@@ -114,13 +116,37 @@ def means_rounded(model: torch.nn.Module, rounding: str) -> Iterator[int]:
         return x * torch.rsqrt(mean + self.eps)
 
     norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    before = [m.__dict__.get("_norm") for m in norms]  # a block within another puts the outer's back
     for m in norms:
         m._norm = norm.__get__(m)
     try:
         yield len(norms)
     finally:
-        for m in norms:
-            del m._norm
+        for m, kept in zip(norms, before):
+            if kept is None:
+                del m._norm
+            else:
+                m._norm = kept
+
+
+@contextlib.contextmanager
+def norms_removed() -> Iterator[None]:
+    """Within the block, every ExecuTorch ``RMSNorm`` (the class ``export_llm``'s Llama and Qwen3 build their
+    norms from) multiplies its input by its weight and normalizes nothing: no cast, mean or ``rsqrt`` is
+    left of it. A program exported within the block runs everything but the norms' own work, the floor a
+    lowering of the norms is measured against. The class is put back on leaving."""
+    from executorch.examples.models.llama.norm import RMSNorm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = 1.0 + self.weight.float() if self.add_unit_offset else self.weight
+        return x * weight.type_as(x)
+
+    original = RMSNorm.forward
+    RMSNorm.forward = forward
+    try:
+        yield
+    finally:
+        RMSNorm.forward = original
 
 
 def eager_step(model: torch.nn.Module) -> Callable[[torch.Tensor, int], torch.Tensor]:

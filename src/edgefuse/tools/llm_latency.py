@@ -120,7 +120,7 @@ class Pair:
     logits: str = ""
     agree: bool = False
     contents: dict | None = None  # delegates, kernels outside, means, casts of each
-    difference: float | None = None  # edgefuse's largest error against eager (the check's worst step)
+    difference: float | None = None  # edgefuse's error against eager at the check's worst step (nearest its bound)
     bound: float | None = None  # what that step allows
 
     @property
@@ -301,9 +301,11 @@ def pair_programs(folder: str, pair: Pair, args, say) -> list[tuple[str, bytes]]
     return programs
 
 
-def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, first_run: int, say) -> list:
+def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, first_run: int, say,
+               labels: tuple[str, str] | None = None) -> list:
     """Time ``pair``'s two programs (:func:`pair_programs`) in ``runs`` runs (``TimedRun``), loaded afresh
-    each run with the program loaded first alternating, stock first in the first."""
+    each run with the program loaded first alternating, stock first in the first; the progress names them
+    by ``labels`` (:data:`LABELS` by default)."""
     from edgefuse.compare.llm_programs import failed_steps_named, load_llm_programs
     from edgefuse.llm.latency import time_runs
 
@@ -311,7 +313,7 @@ def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, f
 
     def load(order):
         nonlocal run
-        say(f"{pair.size} {pair.dtype} run {run} ({LABELS[order[0]]} loaded first): {args.rounds} rounds of each "
+        say(f"{pair.size} {pair.dtype} run {run} ({(labels or LABELS)[order[0]]} loaded first): {args.rounds} rounds of each "
             f"program, alternating, after {args.warmup} warm-up rounds")
         run += 1
         return load_llm_programs([programs[k] for k in order], lambda _: None)
@@ -324,16 +326,18 @@ def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, f
 LABELS = ("stock", "edgefuse")
 
 
-def time_pair(folder: str, pair: Pair, args, say) -> list[Row]:
+def time_pair(folder: str, pair: Pair, args, say, labels: tuple[str, str] | None = None) -> list[Row]:
     """The rows of ``pair``: two runs (each program loaded first once), two more for each of ``--repeats``
-    when the pooled prefill or decode ratio is :data:`REPEAT_AT` or above, and the pooled row."""
+    when the pooled prefill or decode ratio is :data:`REPEAT_AT` or above, and the pooled row; the two
+    programs named by ``labels`` (:data:`LABELS` by default)."""
     from edgefuse.llm.latency import pooled
 
+    labels = labels or LABELS
     programs = pair_programs(folder, pair, args, say)
-    runs = bench_pair(programs, pair, args, 2, 1, say)
+    runs = bench_pair(programs, pair, args, 2, 1, say, labels)
     if max(pooled(runs).ratios()) >= REPEAT_AT and args.repeats:
-        runs += bench_pair(programs, pair, args, 2 * args.repeats, len(runs) + 1, say)
-    rows = [_row(pair, k + 1, LABELS[run.order[0]], run.timing) for k, run in enumerate(runs)]
+        runs += bench_pair(programs, pair, args, 2 * args.repeats, len(runs) + 1, say, labels)
+    rows = [_row(pair, k + 1, labels[run.order[0]], run.timing) for k, run in enumerate(runs)]
     return rows + [_row(pair, "all", "", pooled(runs))]
 
 
@@ -371,8 +375,9 @@ PHASES = ("prefill", "decode")
 # -- profile --------------------------------------------------------------------------------------------
 
 
-def profile_table(folder: str, pair: Pair, args, say) -> str:
-    """Where each program of ``pair`` spends a prefill and a decode step, side by side."""
+def profile_table(folder: str, pair: Pair, args, say, labels: tuple[str, str] | None = None) -> str:
+    """Where each program of ``pair`` spends a prefill and a decode step, side by side, headed by ``labels``
+    (the pair's ``stock`` program first)."""
     from edgefuse.compare.llm_programs import failed_steps_named, load_llm_programs
     from edgefuse.console.tables import format_table
     from edgefuse.llm.latency import prompt_for
@@ -398,13 +403,14 @@ def profile_table(folder: str, pair: Pair, args, say) -> str:
         body.append([key[0], key[1], calls,
                      *(f"{c.prefill_ms:.4f}" if c else "0" for c in cells), _delta(cells, "prefill_ms"),
                      *(f"{c.decode_ms:.4f}" if c else "0" for c in cells), _delta(cells, "decode_ms")])
-    header = ("group", "what", "calls stock/edgefuse", "stock prefill ms", "edgefuse prefill ms", "difference",
-              "stock decode ms/token", "edgefuse decode ms/token", "difference")
+    first, second = labels or LABELS
+    header = ("group", "what", f"calls {first}/{second}", f"{first} prefill ms", f"{second} prefill ms", "difference",
+              f"{first} decode ms/token", f"{second} decode ms/token", "difference")
     lines = [format_table(header, body)]
     for phase, attribute in (("prefill", "prefill_ms"), ("decode", "decode_ms")):
         parts = [k for k in keys if k[0] in (INSIDE, OUTSIDE)]
         parts.sort(key=lambda k: -abs(float(_delta([p.rows.get(k) for p in profiles], attribute))))
-        lines.append(f"largest differences in the {phase} (edgefuse - stock, ms): " + ", ".join(
+        lines.append(f"largest differences in the {phase} ({second} - {first}, ms): " + ", ".join(
             f"{k[1]} {_delta([p.rows.get(k) for p in profiles], attribute)}" for k in parts[:3]))
     return "\n".join(lines)
 

@@ -4,7 +4,7 @@ through QNN.
 
 ``python -m edgefuse.tools.scale [--models qwen3-0.6b,llama-3.2-1b,gemma3-1b] [--dtypes 8da4w,fp16,bf16]
 [--threads 1,2] [--layers N] [--dim N] [--prefill 128] [--decode 16] [--rounds 10] [--warmup 2] [--no-latency]
-[--no-qnn] [--out DIR] [--max-bytes N]``
+[--no-qnn] [--norms-removed] [--profile-rounds 5] [--out DIR] [--max-bytes N]``
 
 For each model (:data:`SHAPES`: the public config numbers of Qwen3-0.6B, Llama-3.2-1B and Gemma3-1B, written
 here with their source; nothing is downloaded) it writes an ``export_llm`` params file and a random-weight
@@ -25,6 +25,10 @@ alternates from one dtype to the next. Then, per model and dtype, it prints:
   count, timed as ``llm_latency`` times them (``edgefuse.runtime.timer``: alternating rounds, two runs with
   each program loaded first once), with the conditions line (threads, the CPU's float16, bfloat16 and int8
   features) and the machine's load average;
+- with ``--norms-removed``, what the norms still cost in edgefuse's program: the same export with every
+  norm reduced to its weight's multiply (:func:`edgefuse.llm.eager.norms_removed`), timed against
+  edgefuse's program as a pair at each thread count, and where each spends a prefill and a decode step
+  (``llm_latency``'s ETDump profile, side by side);
 - unless ``--no-qnn``, a QNN row per model: one decoder layer at the real shape (ExecuTorch's
   ``Transformer`` with one layer and a vocabulary of :data:`QNN_VOCAB`) lowered by ``edgefuse.qnn.lower``
   at fp16 and 16a8w and run on the x86 HTP emulator: norms found and rebuilt, ``RmsNorm`` ops QNN compiled,
@@ -209,12 +213,14 @@ def peak_rss_bytes() -> int:
 
 
 def export_one(shape: Shape, dtype: str, params: dict, how: str, model_files: list[str], folder: str,
-               extra: tuple[str, ...]) -> dict:
+               extra: tuple[str, ...], removed: bool = False) -> dict:
     """Export ``shape`` at ``dtype`` with ``how``'s lowering in a child: the ``.pte``, the export's seconds
     (the child's imports not counted), the child's peak RSS, what edgefuse's lowering substituted and
-    restored; ``rejected`` with export_llm's message when it refused the config."""
+    restored; ``rejected`` with export_llm's message when it refused the config. With ``removed``, every
+    norm of the model is reduced to its weight's multiply (:func:`edgefuse.llm.eager.norms_removed`)."""
 
     def step(note):
+        from edgefuse.llm.eager import norms_removed
         from edgefuse.llm.export import ConfigRejected
         from edgefuse.runtime.quiet import quiet_root_logger
         from edgefuse.tools.llm_check import export_programs
@@ -222,7 +228,8 @@ def export_one(shape: Shape, dtype: str, params: dict, how: str, model_files: li
         case = dtype_case(shape, dtype, params)
         start = time.monotonic()
         try:
-            with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
+            with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr), \
+                    (norms_removed() if removed else contextlib.nullcontext()):
                 export = export_programs(case, tuple(model_files), folder, (how,), extra=extra)[how]
         except ConfigRejected as error:
             return {"rejected": str(error)}
@@ -248,22 +255,29 @@ def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files:
         config = config_from_overrides([*case_arguments(case, *model_files), *extra])
         with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
             checks = check_programs(case, paths, config, CHECK_PREFILL, CHECK_DECODE)
-        result = {}
-        for how, check in checks.items():
-            c = check.contents
-            error, allowed = check.worst
-            floor = check.floor[check.worst_step] if check.floor else 0.0
-            result[how] = {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means,
-                           "casts": c.casts, "error": error, "allowed": allowed, "floor": floor,
-                           "matches": check.matches}
-        return result
+        return {how: program_result(check) for how, check in checks.items()}
 
     return in_child(step)
 
 
-def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args) -> dict:
+def program_result(check) -> dict:
+    """One program's entry of :func:`check_both` from its ``llm_check.ProgramCheck``: what it holds, and at its
+    worst step the error, what that step allows and the rounding floor in that (0 when none was measured)."""
+    error, allowed = check.worst
+    floor = check.floor[check.worst_step] if check.floor else 0.0
+    return {**counts(check.contents), "error": error, "allowed": allowed, "floor": floor, "matches": check.matches}
+
+
+def counts(c) -> dict:
+    """What a program runs, from its ``edgefuse.llm.pte.PteContents``: delegates, kernels outside them, and
+    the means and casts among those."""
+    return {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means, "casts": c.casts}
+
+
+def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args,
+              labels: tuple[str, str] | None = None) -> dict:
     """Both programs timed at ``threads`` as ``llm_latency`` times a pair (in a child): the pooled medians
-    and ratios, and the conditions line."""
+    and ratios, and the conditions line; ``labels`` name the two in the progress (stock and edgefuse)."""
 
     def step(note):
         from edgefuse.runtime import set_threads
@@ -272,11 +286,61 @@ def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, arg
 
         used = set_threads(threads)
         pair = Pair(name, dtype, os.path.relpath(paths["stock"], folder), os.path.relpath(paths["edgefuse"], folder))
-        rows = time_pair(folder, pair, args, note)
+        rows = time_pair(folder, pair, args, note, labels)
         pooled = rows[-1]
         (sp, sd), (ep, ed) = pooled.medians
         return {"threads": used, "stock": [sp, sd], "edgefuse": [ep, ed], "ratios": list(pooled.ratios),
                 "runs": len(rows) - 1, "conditions": conditions(used)}
+
+    return in_child(step)
+
+
+#: What the program without norms is called in the tables.
+REMOVED = "without norms"
+
+
+def norm_cost(shape: Shape, dtype: str, params: dict, model_files: list[str], pair_folder: str, edgefuse: str,
+              extra: tuple[str, ...], args, say) -> dict:
+    """What the norms still cost in edgefuse's program ``edgefuse`` of ``shape`` at ``dtype``: the same
+    export with every norm reduced to its weight's multiply (in ``pair_folder``'s ``without-norms``), what
+    it holds, both timed as a pair at each of ``args.threads`` (each timing's ``edgefuse`` and ``without_norms``
+medians; ratio = without norms / edgefuse), and both
+    profiled at the first thread count (:func:`edgefuse.tools.llm_latency.profile_table`)."""
+    from edgefuse.llm.pte import read_pte
+
+    folder = os.path.join(pair_folder, "without-norms")
+    os.makedirs(folder, exist_ok=True)
+    say(f"{shape.name} {dtype}: export_llm with edgefuse's lowering and every norm reduced to its weight's multiply")
+    record = export_one(shape, dtype, params, "edgefuse", model_files, folder, extra, removed=True)
+    if "rejected" in record:
+        raise UsageError(f"export_llm rejected {shape.name} {dtype} without norms:\n{record['rejected']}")
+    paths = {"stock": edgefuse, "edgefuse": record["path"]}
+    contents = in_child(lambda note: counts(read_pte(record["path"])))
+    timings = []
+    for threads in args.threads:
+        say(f"{shape.name} {dtype}: timing edgefuse's program and the one without norms at {threads} thread(s)")
+        timing = time_both(shape.name, dtype, pair_folder, paths, threads, args, labels=("edgefuse", REMOVED))
+        # the pair's slots by what they held: results.json must not call edgefuse's program stock's
+        timing["edgefuse"], timing["without_norms"] = timing.pop("stock"), timing.pop("edgefuse")
+        timing["load"] = os.getloadavg()
+        timings.append(timing)
+    say(f"{shape.name} {dtype}: profiling edgefuse's program and the one without norms ({args.profile_rounds} rounds "
+        f"each, ETDump)")
+    used, profile = profile_both(shape.name, dtype, pair_folder, paths, args.threads[0], args)
+    return {"export": record, "contents": contents, "timings": timings, "profile": profile, "profile_threads": used}
+
+
+def profile_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args) -> tuple[int, str]:
+    """Where edgefuse's program (``paths["stock"]``, first) and the one without norms spend a prefill and a
+    decode step at ``threads``, side by side (in a child): the threads the runtime took, and the table."""
+
+    def step(note):
+        from edgefuse.runtime import set_threads
+        from edgefuse.tools.llm_latency import Pair, profile_table
+
+        used = set_threads(threads)
+        pair = Pair(name, dtype, os.path.relpath(paths["stock"], folder), os.path.relpath(paths["edgefuse"], folder))
+        return used, profile_table(folder, pair, args, note, labels=("edgefuse", REMOVED))
 
     return in_child(step)
 
@@ -322,6 +386,7 @@ class PairResult:
     exports: dict = field(default_factory=dict)
     checks: dict = field(default_factory=dict)
     timings: list = field(default_factory=list)
+    removed: dict = field(default_factory=dict)  # with --norms-removed: :func:`norm_cost`'s record
 
     @property
     def passed(self) -> bool:
@@ -362,6 +427,9 @@ def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResul
                 timing = time_both(shape.name, dtype, pair_folder, paths, threads, args)
                 timing["load"] = os.getloadavg()
                 result.timings.append(timing)
+        if args.norms_removed:
+            result.removed = norm_cost(shape, dtype, params, model_files, pair_folder, paths["edgefuse"], extra,
+                                       args, say)
         results.append(result)
         write_results(args.out, shape.name, results)
     qnn = None
@@ -431,6 +499,22 @@ def latency_table(results: list[PairResult]) -> str:
     return format_table(header, rows)
 
 
+def norm_cost_table(results: list[PairResult]) -> str:
+    """Edgefuse's program against the one without norms at each thread count, every figure of a row from
+    that pair's own timing (what edgefuse gains over stock is the latency table's, timed apart)."""
+    from edgefuse.console.tables import format_table
+
+    header = ("model", "dtype", "threads", "runs", "edgefuse prefill ms", REMOVED, "ratio", "edgefuse decode ms/token",
+              REMOVED, "ratio", "load (1, 5, 15 min)")
+    rows = []
+    for r in results:
+        for t in r.removed.get("timings", []):
+            (ep, ed), (np_, nd) = t["edgefuse"], t["without_norms"]
+            rows.append([r.model, r.dtype, t["threads"], t["runs"], f"{ep:.2f}", f"{np_:.2f}", f"{t['ratios'][0]:.3f}",
+                         f"{ed:.3f}", f"{nd:.3f}", f"{t['ratios'][1]:.3f}", " ".join(f"{x:.2f}" for x in t["load"])])
+    return format_table(header, rows)
+
+
 def qnn_lines(name: str, qnn: dict) -> list[str]:
     if "unavailable" in qnn:
         return [f"{name} QNN: not run: {qnn['unavailable']} (set QNN's libraries up with `edgefuse qnn setup`)"]
@@ -456,6 +540,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="further pairs of runs of a pair whose ratio is 0.99 or above (default 0)")
     parser.add_argument("--no-latency", action="store_true", help="time no prefill or decode (a busy machine)")
     parser.add_argument("--no-qnn", action="store_true", help="lower no decoder layer through QNN")
+    parser.add_argument("--norms-removed", action="store_true",
+                        help="also export edgefuse's program with every norm reduced to its weight's multiply, time "
+                        "it against edgefuse's and profile both: what the norms still cost")
+    parser.add_argument("--profile-rounds", type=int, default=5,
+                        help="profiled rounds of each program with --norms-removed (default 5)")
     parser.add_argument("--out", default=None,
                         help="where the model files and programs are written (default: a fresh private folder, "
                         "removed afterwards)")
@@ -501,7 +590,10 @@ def check_options(args) -> None:
     if args.dim is not None and (args.dim < 32 or args.dim % 32):
         raise UsageError("--dim must be a multiple of 32 (8da4w groups of 32, heads of 16)")
     check_bench_numbers(argparse.Namespace(**{**vars(args), "threads": args.threads[0]}),
-                        (("--repeats", args.repeats, 0), ("--max-bytes", args.max_bytes, 1)))
+                        (("--repeats", args.repeats, 0), ("--max-bytes", args.max_bytes, 1),
+                         ("--profile-rounds", args.profile_rounds, 1)))
+    if args.norms_removed and args.no_latency:
+        raise UsageError("--norms-removed times the program without norms against edgefuse's: not with --no-latency")
     if args.prefill + args.decode > 1024:
         raise UsageError("--prefill plus --decode at most 1024 (the context every program is exported with)")
 
@@ -554,6 +646,18 @@ def _run(shapes: list[Shape], args, say) -> int:
         for line in dict.fromkeys(t["conditions"] for r in results for t in r.timings):
             print(f"  {line}")
         print(latency_table(results))
+    if any(r.removed for r in results):
+        print(f"what the norms still cost: edgefuse's program against the same export with every norm reduced to its "
+              f"weight's multiply ({REMOVED}), timed as the pairs above")
+        print(norm_cost_table(results))
+        for r in results:
+            if r.removed:
+                c = r.removed["contents"]
+                print(f"{r.model} {r.dtype} {REMOVED}: {c['delegates']} delegates, {c['kernels']} kernels outside, "
+                      f"{c['means']} means, {c['casts']} casts; where the time goes at "
+                      f"{r.removed['profile_threads']} thread(s), {args.profile_rounds} rounds each with ETDump "
+                      "recording (compare the two, not the totals):")
+                print(r.removed["profile"])
     for name, row in qnn.items():
         if row is not None:
             for line in qnn_lines(name, row):
