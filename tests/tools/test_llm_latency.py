@@ -185,7 +185,8 @@ def test_the_progress_of_a_timing_names_the_program_loaded_first_by_the_labels_g
     args = SimpleNamespace(prefill=4, decode=2, rounds=1, warmup=0)
     for labels, names in ((None, ("stock", "edgefuse")), (("edgefuse", "without norms"), ("edgefuse", "without norms"))):
         said = []
-        llm_latency.bench_pair([("a.pte", b""), ("b.pte", b"")], pair, args, 2, 1, said.append, labels)
+        given = () if labels is None else (labels,)  # None: the default, stock and edgefuse
+        llm_latency.bench_pair([("a.pte", b""), ("b.pte", b"")], pair, args, 2, 1, said.append, *given)
         assert [line.split("(")[1].split(" loaded first")[0] for line in said] == [names[0], names[1]]
 
 

@@ -221,8 +221,9 @@ def rounding_floor(model, prompt: torch.Tensor, steps, expected: list[torch.Tens
     rounding of each mean becomes in the logits once quantized activations have turned it into whole
     int8 steps layer after layer. Whether a last-bit change moves any activation to another int8 level
     is chance (in the small Qwen3 of width 1024 and 4 layers, over 8 prompt tokens and 4 decode steps, the
-    float64 sum moved the logits by at most 1e-6 (by up to 0.018 over 10 and 12), one unit up by 0.044 to 0.060, one unit down by 6e-7 at the prompt and 0.037 to 0.088 after), so
-    the floor takes the most of three."""
+    float64 sum moved the logits by at most 1e-6, by up to 0.018 over 10 and 12; one unit up by 0.044 to
+    0.060; one unit down by 6e-7 at the prompt and 0.037 to 0.088 after), so the floor takes the most of
+    three."""
     from edgefuse.llm.eager import MEAN_ROUNDINGS, eager_step, logits_sequence, means_rounded
 
     floor = [0.0] * len(expected)

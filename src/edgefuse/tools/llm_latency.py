@@ -288,6 +288,10 @@ def _row(pair: Pair, run: int | str, first: str, timing) -> Row:
     return Row(pair, run, first, [timing.medians(0), timing.medians(1)], timing.ratios())
 
 
+#: The programs of a pair, by their index in a timing.
+LABELS = ("stock", "edgefuse")
+
+
 def pair_programs(folder: str, pair: Pair, args, say) -> list[tuple[str, bytes]]:
     """The ``(path, bytes)`` of ``pair``'s two programs, each read and checked within ``--max-bytes``, then
     tried in a child process as the timing runs them (``bench-llm``'s rules: a file refused, or one the
@@ -302,10 +306,10 @@ def pair_programs(folder: str, pair: Pair, args, say) -> list[tuple[str, bytes]]
 
 
 def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, first_run: int, say,
-               labels: tuple[str, str] | None = None) -> list:
+               labels: tuple[str, str] = LABELS) -> list:
     """Time ``pair``'s two programs (:func:`pair_programs`) in ``runs`` runs (``TimedRun``), loaded afresh
     each run with the program loaded first alternating, stock first in the first; the progress names them
-    by ``labels`` (:data:`LABELS` by default)."""
+    by ``labels``."""
     from edgefuse.compare.llm_programs import failed_steps_named, load_llm_programs
     from edgefuse.llm.latency import time_runs
 
@@ -313,7 +317,7 @@ def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, f
 
     def load(order):
         nonlocal run
-        say(f"{pair.size} {pair.dtype} run {run} ({(labels or LABELS)[order[0]]} loaded first): {args.rounds} rounds of each "
+        say(f"{pair.size} {pair.dtype} run {run} ({labels[order[0]]} loaded first): {args.rounds} rounds of each "
             f"program, alternating, after {args.warmup} warm-up rounds")
         run += 1
         return load_llm_programs([programs[k] for k in order], lambda _: None)
@@ -322,17 +326,12 @@ def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, f
         return time_runs(load, len(programs), args.prefill, args.decode, runs, args.rounds, args.warmup)
 
 
-#: The programs of a pair, by their index in a timing.
-LABELS = ("stock", "edgefuse")
-
-
-def time_pair(folder: str, pair: Pair, args, say, labels: tuple[str, str] | None = None) -> list[Row]:
+def time_pair(folder: str, pair: Pair, args, say, labels: tuple[str, str] = LABELS) -> list[Row]:
     """The rows of ``pair``: two runs (each program loaded first once), two more for each of ``--repeats``
     when the pooled prefill or decode ratio is :data:`REPEAT_AT` or above, and the pooled row; the two
-    programs named by ``labels`` (:data:`LABELS` by default)."""
+    programs named by ``labels``."""
     from edgefuse.llm.latency import pooled
 
-    labels = labels or LABELS
     programs = pair_programs(folder, pair, args, say)
     runs = bench_pair(programs, pair, args, 2, 1, say, labels)
     if max(pooled(runs).ratios()) >= REPEAT_AT and args.repeats:
@@ -375,7 +374,7 @@ PHASES = ("prefill", "decode")
 # -- profile --------------------------------------------------------------------------------------------
 
 
-def profile_table(folder: str, pair: Pair, args, say, labels: tuple[str, str] | None = None) -> str:
+def profile_table(folder: str, pair: Pair, args, say, labels: tuple[str, str] = LABELS) -> str:
     """Where each program of ``pair`` spends a prefill and a decode step, side by side, headed by ``labels``
     (the pair's ``stock`` program first)."""
     from edgefuse.compare.llm_programs import failed_steps_named, load_llm_programs
@@ -403,7 +402,7 @@ def profile_table(folder: str, pair: Pair, args, say, labels: tuple[str, str] | 
         body.append([key[0], key[1], calls,
                      *(f"{c.prefill_ms:.4f}" if c else "0" for c in cells), _delta(cells, "prefill_ms"),
                      *(f"{c.decode_ms:.4f}" if c else "0" for c in cells), _delta(cells, "decode_ms")])
-    first, second = labels or LABELS
+    first, second = labels
     header = ("group", "what", f"calls {first}/{second}", f"{first} prefill ms", f"{second} prefill ms", "difference",
               f"{first} decode ms/token", f"{second} decode ms/token", "difference")
     lines = [format_table(header, body)]

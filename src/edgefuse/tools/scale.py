@@ -282,11 +282,11 @@ def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, arg
     def step(note):
         from edgefuse.runtime import set_threads
         from edgefuse.runtime.timer import conditions
-        from edgefuse.tools.llm_latency import Pair, time_pair
+        from edgefuse.tools.llm_latency import LABELS, Pair, time_pair
 
         used = set_threads(threads)
         pair = Pair(name, dtype, os.path.relpath(paths["stock"], folder), os.path.relpath(paths["edgefuse"], folder))
-        rows = time_pair(folder, pair, args, note, labels)
+        rows = time_pair(folder, pair, args, note, labels or LABELS)
         pooled = rows[-1]
         (sp, sd), (ep, ed) = pooled.medians
         return {"threads": used, "stock": [sp, sd], "edgefuse": [ep, ed], "ratios": list(pooled.ratios),
