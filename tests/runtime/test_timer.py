@@ -145,3 +145,9 @@ def test_an_arm_cpu_is_named_by_its_parts_and_its_features_read_from_their_arm_s
 
 def test_a_timing_states_its_threads_and_the_cpu():
     assert conditions(2, _read("amd-epyc-zen4.cpuinfo")).startswith("2 thread(s); CPU: AMD EPYC; has F16C")
+
+
+def test_a_timing_states_what_mkl_was_told():
+    from edgefuse.runtime.blas import blas_threads
+
+    assert conditions(2, _read("amd-epyc-zen4.cpuinfo")).endswith("; " + blas_threads())

@@ -348,15 +348,23 @@ def _qnn_llama_arguments(argv: list[str]) -> argparse.Namespace | None:
     return argparse.Namespace(command="qnn-llama", quiet=quiet, methods=methods, script_args=script)
 
 
+#: The commands that time programs: MKL is pinned to one thread before torch loads
+#: (:mod:`edgefuse.runtime.blas`).
+TIMING_COMMANDS = ("bench", "bench-llm")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the command, return its exit code."""
     from edgefuse.console.progress import Progress
+    from edgefuse.runtime.blas import pin_blas_threads
     from edgefuse.runtime.quiet import quiet_libraries
 
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = _fuzz_arguments(argv) or _qnn_llama_arguments(argv) or parser.parse_args(argv)
     quiet_libraries()
+    if args.command in TIMING_COMMANDS:
+        pin_blas_threads()
     say = Progress(enabled=not args.quiet)
     command = " ".join(filter(None, (args.command, getattr(args, "qnn_command", None))))
     return run_command(f"edgefuse {command}", _run, command, args, say)

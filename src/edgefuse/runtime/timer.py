@@ -120,8 +120,11 @@ def _once(task: Task, clock: Clock) -> dict[str, tuple[int, int]]:
 
 
 def conditions(threads: int, cpuinfo: str | None = None) -> str:
-    """What a timing ran on: the thread count and the CPU's features (:func:`cpu_features`)."""
-    return f"{threads} thread(s); CPU: {cpu_features(cpuinfo)}"
+    """What a timing ran on: the thread count, the CPU's features (:func:`cpu_features`) and MKL's threads
+    (:func:`edgefuse.runtime.blas.blas_threads`)."""
+    from edgefuse.runtime.blas import blas_threads
+
+    return f"{threads} thread(s); CPU: {cpu_features(cpuinfo)}; {blas_threads()}"
 
 
 #: The CPU features that decide how XNNPACK runs float16, bfloat16 and int8 work: (flag as Linux's

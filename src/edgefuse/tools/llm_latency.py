@@ -557,10 +557,12 @@ def _time_or_profile(folder: str, pairs: list[Pair], args, profile, say) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from edgefuse.console.progress import Progress
+    from edgefuse.runtime.blas import pin_blas_threads
     from edgefuse.runtime.quiet import quiet_libraries
 
     args = build_parser().parse_args(argv)
     quiet_libraries()
+    pin_blas_threads()
     say = Progress(enabled=not args.quiet)
     return run_command("python -m edgefuse.tools.llm_latency", run, args, say)
 

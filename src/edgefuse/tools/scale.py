@@ -670,8 +670,10 @@ def _run(shapes: list[Shape], args, say) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     from edgefuse.console.progress import Progress
+    from edgefuse.runtime.blas import pin_blas_threads
 
     args = build_parser().parse_args(argv)
+    pin_blas_threads()
     say = Progress(enabled=not args.quiet)
     return run_command(PROG, run, args, say)
 

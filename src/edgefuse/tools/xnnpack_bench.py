@@ -59,6 +59,7 @@ if TYPE_CHECKING:
 
     from edgefuse.runtime import LoadedProgram
 
+from edgefuse.runtime.blas import pin_blas_threads
 from edgefuse.runtime.threads import threads_problem
 
 
@@ -255,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default=None,
                         help=f"comma-separated workloads to run (of {', '.join(w.name for w in WORKLOADS)})")
     args = parser.parse_args(argv)
+    pin_blas_threads()
     problem = threads_problem(args.threads)
     if problem:
         parser.error(problem)
