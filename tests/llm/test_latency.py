@@ -127,3 +127,17 @@ def test_pooled_holds_every_round_of_every_run_by_program(clock):
     assert sorted(set(whole.decode_ms[0])) == [1e-6, 3e-6, 5e-6]
     assert sorted(set(whole.decode_ms[1])) == [2e-6, 4e-6, 6e-6]
     assert whole.last_logits[0] is runs[-1].timing.last_logits[0]
+
+
+def test_a_ratio_over_runs_is_the_geometric_mean_of_each_runs_ratio_not_the_ratio_of_pooled_medians():
+    """Each program runs slower in the run it is loaded first, as at real size: the runs' ratios are 1/1.1
+    and 1.2, their geometric mean 1.0445; the medians over every round would say 1.1 / 1.05 = 1.0476."""
+    from edgefuse.llm.latency import PrefillDecode, TimedRun
+
+    first = PrefillDecode([[11.0] * 3, [10.0] * 3], [[1.1] * 3, [1.0] * 3])
+    second = PrefillDecode([[10.0] * 3, [12.0] * 3], [[1.0] * 3, [1.2] * 3])
+    whole = pooled([TimedRun((0, 1), first), TimedRun((1, 0), second)])
+    expected = (1.2 / 1.1) ** 0.5
+    assert whole.ratios() == pytest.approx((expected, expected), rel=1e-12)
+    assert whole.ratios(0, 1) == pytest.approx((1 / expected, 1 / expected), rel=1e-12)
+    assert first.ratios() == pytest.approx((10 / 11, 1 / 1.1))  # one run: its ratio of medians

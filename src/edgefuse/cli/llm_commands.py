@@ -176,7 +176,7 @@ def bench_llm_command(args, say: Say) -> int:
     check_bench_numbers(args, (("--runs", args.runs, 2), ("--max-bytes", args.max_bytes, 1)))
     if args.runs % 2:
         raise UsageError(f"--runs {args.runs}: give an even number, so that each program is loaded first in half "
-                         "the runs (the one loaded second runs up to a percent or two faster)")
+                         "the runs (the one loaded first runs slower: the geometric mean of the runs' ratios cancels that only over such pairs)")
     paths = (args.stock, args.edgefuse)
     from edgefuse.compare.llm_programs import (
         failed_steps_named,
@@ -206,13 +206,15 @@ def bench_llm_command(args, say: Say) -> int:
     from edgefuse.console.tables import format_table
 
     rows = []
-    for label, path, (p, d) in zip(labels, paths, medians):
-        rows.append([label, path, f"{p:.3f}", f"{d:.4f}", f"{p / medians[0][0]:.3f}", f"{d / medians[0][1]:.3f}"])
+    for k, (label, path, (p, d)) in enumerate(zip(labels, paths, medians)):
+        prefill, decode = timing.ratios(k, 0)
+        rows.append([label, path, f"{p:.3f}", f"{d:.4f}", f"{prefill:.3f}", f"{decode:.3f}"])
     print(f"executorch.runtime with the LLM custom ops, {conditions(threads)}; prefill of {args.prefill} tokens at "
           f"position 0, then {args.decode} decode steps of one token; {args.runs} runs of {args.rounds} rounds "
           f"alternating after {args.warmup} warm-up rounds, both programs loaded "
           "afresh each run, stock first in runs 1, 3, ... and edgefuse in runs 2, 4, ...; medians over every "
-          "round of every run; ratio = edgefuse / stock (below 1 is faster)")
+          "round of every run; ratio = edgefuse / stock (below 1 is faster), each run's ratio of medians and "
+          "their geometric mean over the runs, in which the loaded-first slowdown cancels")
     print(format_table(("program", "file", "prefill ms", "decode ms/token", "prefill ratio", "decode ratio"), rows))
     for k, run in enumerate(runs, 1):
         prefill, decode = run.timing.ratios()

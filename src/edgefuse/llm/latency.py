@@ -5,18 +5,17 @@ runs each program through the same prompt at position 0 and then single-token de
 timer (:mod:`edgefuse.runtime.timer`: the programs alternating, so a change of machine load hits all
 alike) and keeps every round's times; the medians are what a table shows.
 
-Which program is loaded first into a process moves its time a little (likely through where its memory
-lands: the first does not run quite as the second one does). On the 2-core x86
-machine the project is measured on, one ``.pte`` (ExecuTorch's Llama at dim 128, 2 layers, 8da4w) timed
-against itself, ``edgefuse bench-llm P.pte P.pte --prefill 100 --decode 32 --rounds 1000 --runs 6``, gave
-decode ratios (second-named over first-named) of 0.984, 1.000 and 0.994 with the first-named loaded first
-and 1.006, 1.006 and 1.007 with the second-named loaded first: the copy loaded second was as fast or up to
-1.6 % faster, as large as the differences a comparison looks for; pooled, 1.001. These figures were
-measured at e6cd2a2 with the timing of that time, which swapped the programs' order every round (0, 1
-then 1, 0, so one program ran twice in a row at each swap), not with the strict alternation of
-:mod:`edgefuse.runtime.timer` (10ab6ac); they have not been measured again since. :func:`time_runs` therefore
-loads the programs afresh for each run, alternating which is loaded first (:func:`load_orders`), and
-:func:`pooled` gives the medians over every round of every run.
+Which program is loaded first into a process moves its time (likely through where its memory lands).
+At real size it moves it far more than the differences a comparison looks for: on the 2-core x86 machine
+the project is measured on, one ``.pte`` (Llama-3.2-1B in 8da4w, 1.2 GB) timed against a copy of itself at
+1 thread, six runs of 15 rounds (prefill 128 tokens, 16 decode steps, MKL pinned), gave decode ratios
+(copy over original) of 0.967, 0.916 and 0.936 with the original loaded first and 1.080, 1.065 and 1.052
+with the copy loaded first: the program loaded first ran 5 to 9 % slower. The medians over every round
+of every run then sit between two clusters and read 1.016 for two identical programs. :func:`time_runs`
+therefore loads the programs afresh for each run, alternating which is loaded first (:func:`load_orders`),
+and a ratio is each run's ratio of medians, combined over the runs by their geometric mean
+(:meth:`PrefillDecode.ratios` of :func:`pooled`): the loaded-first factor then cancels in each pair of
+runs, and the six runs above read 1.001.
 """
 
 from __future__ import annotations
@@ -68,13 +67,19 @@ class PrefillDecode:
     prefill_ms: list[list[float]]
     decode_ms: list[list[float]]
     last_logits: list[torch.Tensor | None] = field(default_factory=list)
+    #: The runs these rounds were pooled from (:func:`pooled`); empty for one run's timing.
+    runs: list["PrefillDecode"] = field(default_factory=list)
 
     def medians(self, index: int) -> tuple[float, float]:
         """The median prefill ms and decode ms per token of program ``index``."""
         return statistics.median(self.prefill_ms[index]), statistics.median(self.decode_ms[index])
 
     def ratios(self, index: int = 1, reference: int = 0) -> tuple[float, float]:
-        """Program ``index``'s medians over ``reference``'s: prefill, decode (below 1 is faster)."""
+        """Program ``index``'s time over ``reference``'s, prefill and decode (below 1 is faster): the ratio of
+        their medians, or for pooled runs the geometric mean of each run's (see the module docstring)."""
+        if self.runs:
+            each = [run.ratios(index, reference) for run in self.runs]
+            return tuple(statistics.geometric_mean(phase) for phase in zip(*each))
         (p, d), (p0, d0) = self.medians(index), self.medians(reference)
         return p / p0, d / d0
 
@@ -141,10 +146,12 @@ def time_runs(load: Callable[[tuple[int, ...]], Sequence], count: int, prefill: 
 
 
 def pooled(runs: Sequence[TimedRun]) -> PrefillDecode:
-    """Every timed round of ``runs`` as one :class:`PrefillDecode`; the last logits are the last run's."""
+    """Every timed round of ``runs`` as one :class:`PrefillDecode` whose ratios combine the runs'; the last
+    logits are the last run's."""
     count = len(runs[0].timing.prefill_ms)
     return PrefillDecode(
         [[ms for run in runs for ms in run.timing.prefill_ms[k]] for k in range(count)],
         [[ms for run in runs for ms in run.timing.decode_ms[k]] for k in range(count)],
         list(runs[-1].timing.last_logits),
+        [run.timing for run in runs],
     )

@@ -17,12 +17,12 @@ is allowed). Then each
 pair is timed as ``edgefuse bench-llm`` times it (a prefill of ``--prefill`` tokens at position 0 and
 ``--decode`` single tokens, the two programs alternating round by round, medians over ``--rounds``) in
 two runs, each on both programs loaded afresh, stock loaded first in one and edgefuse in the other (the
-program loaded second runs up to a percent or two faster, as much as the differences looked for:
+program loaded first runs slower, by more than the differences looked for at real size:
 :mod:`edgefuse.llm.latency`); a pair whose prefill or decode ratio (edgefuse / stock) over both runs is
 0.99 or above gets ``--repeats`` more such pairs of runs. One table on stdout: size, dtype, run, the
 program loaded first, stock and edgefuse prefill ms and their ratio, stock and edgefuse decode ms per
 token and their ratio, a line per run and an ``all`` line per pair with the medians over every round of
-its runs, which the verdict reads; progress on stderr.
+its runs and the geometric mean of its runs' ratios, which the verdict reads; progress on stderr.
 
 ``--export-only --dir DIR`` prepares the programs (``DIR/manifest.json`` names them), which
 ``--bench-only DIR`` times later, on an idle machine. ``--profile SIZE:DTYPE`` prints, instead of the
@@ -544,8 +544,9 @@ def _time_or_profile(folder: str, pairs: list[Pair], args, profile, say) -> int:
           f"token; each run loads both programs afresh and times {args.rounds} rounds alternating after {args.warmup} warm-up rounds; two runs a pair, stock loaded first in one and edgefuse "
           "in the other" + (f", and {2 * args.repeats} more for a pair whose ratio over both is {REPEAT_AT} or above"
                             if args.repeats else "") +
-          "; medians over rounds, and over every round of a pair's runs on its 'all' line, which the verdict "
-          "reads; ratio = edgefuse / stock (below 1 is faster)")
+          "; medians over rounds, and over every round of a pair's runs on its 'all' line; ratio = edgefuse / stock "
+          "(below 1 is faster), of a run's medians, and on the 'all' line the geometric mean of its runs' ratios "
+          "(the loaded-first slowdown cancels), which the verdict reads")
     print(latency_table(rows))
     print(verdict(rows))
     status = OK

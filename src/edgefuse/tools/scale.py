@@ -642,7 +642,7 @@ def _run(shapes: list[Shape], args, say) -> int:
     if any(r.timings for r in results):
         print(f"latency: prefill of {args.prefill} tokens, {args.decode} decode steps; {args.rounds} rounds a run "
               f"after {args.warmup} warm-up rounds, two runs (each program loaded first once); medians over every "
-              "round; ratio = edgefuse / stock")
+              "round; ratio = edgefuse / stock, the geometric mean of each run's ratio of medians")
         for line in dict.fromkeys(t["conditions"] for r in results for t in r.timings):
             print(f"  {line}")
         print(latency_table(results))
