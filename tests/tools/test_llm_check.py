@@ -194,3 +194,38 @@ def test_a_model_without_executorchs_rmsnorm_has_no_floor_to_measure():
     expected = logits_sequence(eager_step(model), prompt, steps)
     with pytest.raises(ValueError, match="holds no ExecuTorch RMSNorm"):
         rounding_floor(model, prompt, steps, expected)
+
+
+def test_check_programs_holds_one_program_at_a_time(tmp_path, monkeypatch):
+    """Each program is released before the next one loads: two real-size programs at once do not fit the
+    machine's memory (nothing runs: the module and the programs are stand-ins that count who is alive)."""
+    import gc
+    import weakref
+
+    from edgefuse import runtime
+    from edgefuse.compare import llm_programs
+    from edgefuse.llm import eager
+
+    alive_at_load, loaded = [], []
+
+    class Program:
+        def __init__(self, data):
+            gc.collect()
+            alive_at_load.append(sum(ref() is not None for ref in loaded))
+            loaded.append(weakref.ref(self))
+            self.method = self
+
+        def execute(self, inputs):
+            return [torch.zeros(4)]
+
+    monkeypatch.setattr(llm_programs, "load_llm_kernels", lambda: None)
+    monkeypatch.setattr(runtime, "LoadedProgram", Program)
+    monkeypatch.setattr(eager, "eager_model", lambda config: object())
+    monkeypatch.setattr(eager, "eager_step", lambda model: lambda tokens, position: torch.zeros(4))
+    monkeypatch.setattr(llm_check, "checked_logits", lambda *args: args)
+    paths = {}
+    for how in ("stock", "edgefuse"):
+        paths[how] = str(tmp_path / f"{how}.pte")
+        open(paths[how], "wb").close()
+    llm_check.check_programs(llm_check.CASES["qwen3-fp32"], paths, config=None, prefill=2, decode=1)
+    assert alive_at_load == [0, 0]
