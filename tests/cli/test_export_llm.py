@@ -300,3 +300,31 @@ def test_a_recipe_keeps_every_mean_inside_and_matches_stock_and_eager(recipe, mo
     assert (check.ours.means, check.ours.casts) == (0, 0)
     assert check.ours.delegate_count < check.stock.delegate_count
     assert check.ok, (check.error, check.allowed, check.versus_stock, check.versus_stock_allowed)
+
+
+def test_bench_llms_ratios_are_the_geometric_mean_of_its_runs_not_of_the_pooled_medians(monkeypatch, capsys):
+    import torch
+
+    """Runs whose decode ratios are 1.1 and 0.9 at different scales (nothing loads: the programs and their
+    runs are stand-ins): the table's ratio is their geometric mean, 0.995, where the medians over every
+    round would say 1.9 / 2.0 = 0.950."""
+    from types import SimpleNamespace
+
+    from edgefuse.cli import llm_commands
+    from edgefuse.compare import llm_programs
+    from edgefuse.llm import latency
+    from edgefuse.llm.latency import PrefillDecode, TimedRun
+    from edgefuse import runtime
+
+    timings = [([1.0], [1.1]), ([3.0], [2.7])]
+    runs = [TimedRun(order, PrefillDecode([[10.0], [10.0]], list(timings[k]), [torch.zeros(2), torch.zeros(2)]))
+            for k, order in enumerate(latency.load_orders(2, 2))]
+    monkeypatch.setattr(runtime, "set_threads", lambda threads: threads)
+    monkeypatch.setattr(llm_programs, "read_llm_program", lambda path, max_bytes: b"")
+    monkeypatch.setattr(llm_programs, "try_llm_programs", lambda programs, prefill, decode: None)
+    monkeypatch.setattr(latency, "time_runs", lambda *args: runs)
+    args = SimpleNamespace(stock="s.pte", edgefuse="e.pte", runs=2, rounds=1, warmup=0, prefill=4, decode=2,
+                           threads=1, max_bytes=1 << 20)
+    assert llm_commands.bench_llm_command(args, lambda _: None) == 0
+    edgefuse_row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("edgefuse "))
+    assert edgefuse_row.split()[-1] == f"{(1.1 * 0.9) ** 0.5:.3f}"

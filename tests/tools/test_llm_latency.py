@@ -120,7 +120,7 @@ def test_the_verdict_holds_at_two_decimals_and_names_the_largest_ratio():
 
 
 def test_the_verdict_reads_each_pairs_runs_pooled_not_a_single_run():
-    """One run of two is 1.02 (the program loaded second gains up to 3 %); the pooled line decides."""
+    """One run of two is 1.02 (the program loaded first runs slower); the line of all runs decides."""
     rows = [_row("128x2", "8da4w", 0.99, 1.02, 1, "edgefuse"), _row("128x2", "8da4w", 0.99, 0.97, 2, "stock"),
             _row("128x2", "8da4w", 0.99, 0.995)]
     assert llm_latency.verdict(rows).startswith("edgefuse never slower")
@@ -165,6 +165,27 @@ def test_a_pair_is_timed_in_two_runs_and_again_in_pairs_of_runs_when_close(monke
     assert [(r.run, r.first) for r in rows[:-1]] == [(k, ("stock", "edgefuse")[(k - 1) % 2]) for k in range(1, runs + 1)]
     assert (rows[-1].run, rows[-1].first) == ("all", "")
     assert rows[-1].ratios[1] == pytest.approx(ratio)
+
+
+def test_the_all_line_and_the_repeat_rule_read_the_runs_geometric_mean_not_the_pooled_medians(monkeypatch):
+    """Runs whose decode ratios are 1.1 and 0.9 at different scales: their geometric mean, 0.995, calls for
+    more runs and is the ``all`` line's ratio; the medians over every round would say 1.9 / 2.0 = 0.95."""
+    from edgefuse.llm.latency import PrefillDecode, TimedRun, load_orders
+
+    calls = []
+
+    def bench_pair(programs, pair, args, count, first_run, say, labels=None):
+        calls.append((count, first_run))
+        timings = [([1.0], [1.1]), ([3.0], [2.7])]
+        return [TimedRun(order, PrefillDecode([[10.0], [10.0]], list(timings[k % 2])))
+                for k, order in enumerate(load_orders(2, count))]
+
+    monkeypatch.setattr(llm_latency, "pair_programs", lambda folder, pair, args, say: [])
+    monkeypatch.setattr(llm_latency, "bench_pair", bench_pair)
+    pair = llm_latency.Pair("128x2", "8da4w", "s.pte", "e.pte", logits="float32")
+    rows = llm_latency.time_pair("folder", pair, SimpleNamespace(repeats=1), lambda _: None)
+    assert calls == [(2, 1), (2, 3)]
+    assert rows[-1].ratios[1] == pytest.approx((1.1 * 0.9) ** 0.5)
 
 
 def test_the_progress_of_a_timing_names_the_program_loaded_first_by_the_labels_given(monkeypatch):

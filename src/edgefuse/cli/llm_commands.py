@@ -176,7 +176,8 @@ def bench_llm_command(args, say: Say) -> int:
     check_bench_numbers(args, (("--runs", args.runs, 2), ("--max-bytes", args.max_bytes, 1)))
     if args.runs % 2:
         raise UsageError(f"--runs {args.runs}: give an even number, so that each program is loaded first in half "
-                         "the runs (the one loaded first runs slower: the geometric mean of the runs' ratios cancels that only over such pairs)")
+                         "the runs (the one loaded first runs slower; the geometric mean of the runs' ratios "
+                         "cancels that over such pairs)")
     paths = (args.stock, args.edgefuse)
     from edgefuse.compare.llm_programs import (
         failed_steps_named,

@@ -5,10 +5,11 @@ In the Python runtime, ExecuTorch's optimized and LLM kernels call PyTorch's MKL
 runtime's pool workers, where MKL opens OpenMP teams of its default size (one thread per core), whose
 threads then spin beside XNNPACK's. ``torch.set_num_threads`` sets MKL's count for the calling thread only,
 and MKL reads ``MKL_NUM_THREADS`` once, when torch loads. On a 2-core x86 machine, Qwen3-0.6B in 8da4w at 2
-threads after a 128-token prompt took 57 to 65 ms a decode step that way (the attention kernel 34 ms of
-it), and 24 to 25 ms with ``MKL_NUM_THREADS=1`` set before torch loaded; set after torch had loaded, it
-changed nothing. A C++ runner has no such second pool. So the timing commands pin MKL to one thread
-first, and each timing's conditions line says whether that took effect.
+threads after a 128-token prompt took 57 to 65 ms a decode step in a process that had done no MKL work
+before (the attention kernel 34 ms of it), 29 to 30 ms after one eager matrix product, and 24 to 25 ms with
+``MKL_NUM_THREADS=1`` set before torch loaded; set after torch had loaded, it changed nothing. A C++ runner
+has no such second pool. So the timing commands pin MKL to one thread before torch loads, and each
+timing's conditions line says how many threads MKL gives the runtime's workers.
 """
 
 from __future__ import annotations
@@ -19,24 +20,42 @@ import sys
 #: The variable MKL reads its thread count from.
 VARIABLE = "MKL_NUM_THREADS"
 
-#: Whether MKL_NUM_THREADS held a value before torch loaded, as far as this process knows: set in the
-#: environment it started with, or by :func:`pin_blas_threads` before torch was imported.
-_before_torch = [VARIABLE in os.environ]
 
-
-def pin_blas_threads() -> bool:
-    """Ask MKL for one thread, unless the environment already chose a count; True when the count in the
-    environment is one MKL will read (torch not yet imported, or the count set from the start)."""
-    if VARIABLE not in os.environ and "torch" not in sys.modules:
+def pin_blas_threads() -> None:
+    """Ask MKL for one thread unless the environment already gives it a count; only before torch loads,
+    since MKL reads the variable then (an empty value counts as none, as MKL reads it)."""
+    if "torch" not in sys.modules and not os.environ.get(VARIABLE, "").strip():
         os.environ[VARIABLE] = "1"
-        _before_torch[0] = True
-    return _before_torch[0]
+
+
+def mkl_threads() -> int | None:
+    """The threads MKL gives a thread that set no count of its own, as the runtime's pool workers are:
+    asked of PyTorch's MKL from a fresh thread. None when this torch has no MKL."""
+    import ctypes
+    import threading
+
+    import torch
+
+    if not torch.backends.mkl.is_available():
+        return None
+    try:
+        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
+        ask = library.mkl_get_max_threads
+    except (OSError, AttributeError):  # another platform's build, or MKL linked another way
+        return None
+    answer: list[int] = []
+    worker = threading.Thread(target=lambda: answer.append(int(ask())))
+    worker.start()
+    worker.join()
+    return answer[0]
 
 
 def blas_threads() -> str:
-    """What MKL was told, for a timing's conditions line."""
-    value = os.environ.get(VARIABLE)
-    if value is not None and _before_torch[0]:
-        return f"MKL {value} thread(s) ({VARIABLE})"
-    return (f"MKL threads not pinned ({VARIABLE} unset when torch loaded): its OpenMP threads run beside the "
-            "runtime's pool, and times at 2 threads or more run slow")
+    """What MKL gives the runtime's workers, for a timing's conditions line ("" without MKL)."""
+    count = mkl_threads()
+    if count is None:
+        return ""
+    if count == 1:
+        return "MKL 1 thread in the runtime's workers"
+    return (f"MKL {count} threads in the runtime's workers ({VARIABLE}=1 was not set before torch loaded): its "
+            "OpenMP threads can run beside the runtime's pool and slow times at 2 threads or more")

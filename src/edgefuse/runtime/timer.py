@@ -119,12 +119,14 @@ def _once(task: Task, clock: Clock) -> dict[str, tuple[int, int]]:
     return parts
 
 
-def conditions(threads: int, cpuinfo: str | None = None) -> str:
-    """What a timing ran on: the thread count, the CPU's features (:func:`cpu_features`) and MKL's threads
-    (:func:`edgefuse.runtime.blas.blas_threads`)."""
+def conditions(threads: int, cpuinfo: str | None = None, runtime: bool = True) -> str:
+    """What a timing ran on: the thread count, the CPU's features (:func:`cpu_features`) and, for a timing of
+    the runtime (``runtime``), the threads MKL gives its workers (:func:`edgefuse.runtime.blas.blas_threads`)."""
     from edgefuse.runtime.blas import blas_threads
 
-    return f"{threads} thread(s); CPU: {cpu_features(cpuinfo)}; {blas_threads()}"
+    line = f"{threads} thread(s); CPU: {cpu_features(cpuinfo)}"
+    blas = blas_threads() if runtime else ""
+    return f"{line}; {blas}" if blas else line
 
 
 #: The CPU features that decide how XNNPACK runs float16, bfloat16 and int8 work: (flag as Linux's

@@ -328,8 +328,8 @@ def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, f
 
 def time_pair(folder: str, pair: Pair, args, say, labels: tuple[str, str] = LABELS) -> list[Row]:
     """The rows of ``pair``: two runs (each program loaded first once), two more for each of ``--repeats``
-    when the pooled prefill or decode ratio is :data:`REPEAT_AT` or above, and the pooled row; the two
-    programs named by ``labels``."""
+    when the prefill or decode ratio over the runs (:func:`edgefuse.llm.latency.pooled`) is :data:`REPEAT_AT`
+    or above, and the row of all runs; the two programs named by ``labels``."""
     from edgefuse.llm.latency import pooled
 
     programs = pair_programs(folder, pair, args, say)
@@ -354,8 +354,8 @@ def latency_table(rows: list[Row]) -> str:
 
 
 def verdict(rows: list[Row]) -> str:
-    """Whether edgefuse is never slower at the median over a pair's runs (each pooled ratio, to two
-    decimals, at most 1.00), and the largest pooled ratio and where it is."""
+    """Whether edgefuse is never slower at the median over a pair's runs (each ratio of an ``all`` row, the
+    geometric mean of its runs', to two decimals at most 1.00), and the largest such ratio and where it is."""
     pooled_rows = [r for r in rows if r.run == "all"]
     ratio, phase, r = max(((ratio, phase, r) for r in pooled_rows for phase, ratio in zip(PHASES, r.ratios)),
                           key=lambda item: item[0])
@@ -563,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     quiet_libraries()
-    pin_blas_threads()
+    if not args.export_only:  # exports only: torch keeps its threads
+        pin_blas_threads()
     say = Progress(enabled=not args.quiet)
     return run_command("python -m edgefuse.tools.llm_latency", run, args, say)
 

@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.runs} runs after a warm-up run; ratio: edgefuse / stock")
     import torch
 
-    print(conditions(torch.get_num_threads()))
+    print(conditions(torch.get_num_threads(), runtime=False))
     if len(rows) > 1:
         low, high = min(rows), max(rows)
         for side in ("edgefuse", "stock"):

@@ -23,8 +23,8 @@ alternates from one dtype to the next. Then, per model and dtype, it prints:
 - export seconds and peak memory of both, and edgefuse's over stock's;
 - unless ``--no-latency``, the prefill (``--prefill`` tokens) and decode medians of both at each thread
   count, timed as ``llm_latency`` times them (``edgefuse.runtime.timer``: alternating rounds, two runs with
-  each program loaded first once), with the conditions line (threads, the CPU's float16, bfloat16 and int8
-  features) and the machine's load average;
+  each program loaded first once, the ratio the geometric mean of the runs'), with the conditions line
+  (threads, the CPU's float16, bfloat16 and int8 features, MKL's threads) and the machine's load average;
 - with ``--norms-removed``, what the norms still cost in edgefuse's program: the same export with every
   norm reduced to its weight's multiply (:func:`edgefuse.llm.eager.norms_removed`), timed against
   edgefuse's program as a pair at each thread count, and where each spends a prefill and a decode step
@@ -276,8 +276,8 @@ def counts(c) -> dict:
 
 def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args,
               labels: tuple[str, str] | None = None) -> dict:
-    """Both programs timed at ``threads`` as ``llm_latency`` times a pair (in a child): the pooled medians
-    and ratios, and the conditions line; ``labels`` name the two in the progress (stock and edgefuse)."""
+    """Both programs timed at ``threads`` as ``llm_latency`` times a pair (in a child): the medians over
+    every round, the ratios over the runs (:func:`edgefuse.llm.latency.pooled`), and the conditions line; ``labels`` name the two in the progress (stock and edgefuse)."""
 
     def step(note):
         from edgefuse.runtime import set_threads
