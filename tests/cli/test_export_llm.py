@@ -303,12 +303,12 @@ def test_a_recipe_keeps_every_mean_inside_and_matches_stock_and_eager(recipe, mo
 
 
 def test_bench_llms_ratios_are_the_geometric_mean_of_its_runs_not_of_the_pooled_medians(monkeypatch, capsys):
-    import torch
-
     """Runs whose decode ratios are 1.1 and 0.9 at different scales (nothing loads: the programs and their
     runs are stand-ins): the table's ratio is their geometric mean, 0.995, where the medians over every
     round would say 1.9 / 2.0 = 0.950."""
     from types import SimpleNamespace
+
+    import torch
 
     from edgefuse.cli import llm_commands
     from edgefuse.compare import llm_programs

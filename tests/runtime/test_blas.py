@@ -9,18 +9,20 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
 
 
 def _python(code: str, mkl: str | None = None) -> list[str]:
     """The lines ``code`` prints in a fresh interpreter with edgefuse importable and ``MKL_NUM_THREADS``
-    set to ``mkl`` at its start (None: unset). No time limit: a shared machine may pause it."""
-    environment = {k: v for k, v in os.environ.items() if k != "MKL_NUM_THREADS"}
+    set to ``mkl`` at its start (None: unset) and ``OMP_NUM_THREADS`` unset. A generous time limit: a shared
+    machine may pause it for minutes."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("MKL_NUM_THREADS", "OMP_NUM_THREADS")}
     environment["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.abspath(SRC), environment.get("PYTHONPATH")]))
     if mkl is not None:
         environment["MKL_NUM_THREADS"] = mkl
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment, timeout=1800)
     assert done.returncode == 0, done.stderr
     return done.stdout.splitlines()
 
@@ -29,6 +31,12 @@ REPORT = ("import os, sys; print(repr(os.environ.get('MKL_NUM_THREADS')), 'torch
           "from edgefuse.runtime.blas import blas_threads; print(blas_threads())")
 PIN = "from edgefuse.runtime.blas import pin_blas_threads; pin_blas_threads(); "
 ONE = "MKL 1 thread in the runtime's workers"
+
+
+pytestmark = pytest.mark.skipif(
+    not torch.backends.mkl.is_available() or (os.cpu_count() or 1) < 2,
+    reason="needs a torch with MKL (pip's x86 CPU wheel) on 2 cores or more, where MKL's default is more than "
+           "one thread; run `python -m pytest tests/runtime/test_blas.py` on such a machine")
 
 
 def _unpinned(line: str) -> bool:
@@ -41,6 +49,13 @@ def test_pinning_before_torch_gives_the_runtimes_workers_one_mkl_thread():
 
 def test_pinning_after_torch_loaded_changes_nothing_and_the_line_says_so():
     lines = _python("import torch; " + PIN + REPORT)
+    assert lines[0] == "None True" and _unpinned(lines[1]), lines
+
+
+def test_the_line_asks_a_fresh_thread_not_one_that_set_its_own_count():
+    """``set_threads`` pins the calling thread's count (``torch.set_num_threads(1)``); the runtime's workers
+    still get MKL's default, which is what the line must report."""
+    lines = _python("import torch; torch.set_num_threads(1); " + REPORT)
     assert lines[0] == "None True" and _unpinned(lines[1]), lines
 
 

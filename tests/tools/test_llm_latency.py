@@ -177,7 +177,7 @@ def test_the_all_line_and_the_repeat_rule_read_the_runs_geometric_mean_not_the_p
     def bench_pair(programs, pair, args, count, first_run, say, labels=None):
         calls.append((count, first_run))
         timings = [([1.0], [1.1]), ([3.0], [2.7])]
-        return [TimedRun(order, PrefillDecode([[10.0], [10.0]], list(timings[k % 2])))
+        return [TimedRun(order, PrefillDecode([[10.0], [9.0]], list(timings[k % 2])))
                 for k, order in enumerate(load_orders(2, count))]
 
     monkeypatch.setattr(llm_latency, "pair_programs", lambda folder, pair, args, say: [])

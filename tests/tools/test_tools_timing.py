@@ -52,4 +52,6 @@ def test_pass_time_states_the_thread_count_and_cpu_it_timed_on(monkeypatch, caps
     monkeypatch.setattr(pass_time, "measure", lambda program, runs: {
         "stock": pass_time.PassTime(1.0, 1.0, 1), "edgefuse": pass_time.PassTime(1.0, 1.0, 1, 1)})
     assert pass_time.main(["--layers", "1", "--runs", "1"]) == 0
-    assert f"\n{torch.get_num_threads()} thread(s); CPU: " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert f"\n{torch.get_num_threads()} thread(s); CPU: " in out
+    assert "MKL" not in out  # eager graph passes: no runtime pool beside MKL

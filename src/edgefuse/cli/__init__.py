@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Load two .pte written by export_llm (KV cache: inputs tokens [1, n] and input_pos [1]) with "
         "ExecuTorch's LLM custom ops, and time a prefill of N tokens then K decode steps of each, alternating, "
         "in runs that load both afresh with the one loaded first alternating (the program "
-        "loaded first runs slower, by 3 to 9 % at a real-size decode step); prints the thread count and the CPU's "
+        "loaded first runs slower, by up to 9 % at a real-size decode step); prints the thread count and the CPU's "
         "float16, bfloat16 and int8 features, the medians over every round, each run's ratios edgefuse / stock "
         "and their geometric mean, in which the loaded-first slowdown cancels.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -27,7 +27,7 @@ def load_llm_kernels() -> None:
 
 
 #: The bound on what loading a ``.pte`` takes (the file's bytes and the memory its methods plan) unless
-#: ``--max-bytes`` says otherwise: a Llama 3.2 1B in 8da4w (1.2 GB) with its KV cache fits; a larger program
+#: ``--max-bytes`` says otherwise: a Llama 3.2 1B in 8da4w (a 1.75 GB file) with its KV cache fits; a larger program
 #: needs the option, and a small file that asks for gigabytes is refused.
 MAX_BYTES = 2 * 1024**3
 

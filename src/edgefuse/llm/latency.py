@@ -7,10 +7,11 @@ alike) and keeps every round's times; the medians are what a table shows.
 
 Which program is loaded first into a process moves its time (likely through where its memory lands).
 At real size it moves it far more than the differences a comparison looks for: on the 2-core x86 machine
-the project is measured on, one ``.pte`` (Llama-3.2-1B in 8da4w, 1.2 GB) timed against a copy of itself at
+the project is measured on, one ``.pte`` (Llama-3.2-1B in 8da4w, a 1.75 GB file) timed against a copy of itself at
 1 thread, six runs of 15 rounds (prefill 128 tokens, 16 decode steps, MKL pinned), gave decode ratios
 (copy over original) of 0.967, 0.916 and 0.936 with the original loaded first and 1.080, 1.065 and 1.052
-with the copy loaded first: the program loaded first ran 3 to 9 % slower. The medians over every round
+with the copy loaded first: the program loaded first ran 3 to 9 % slower (in that session; in another,
+the same Llama pair's 20 runs put the effect near 1 %, and how large it is varies). The medians over every round
 of every run then sit between two clusters and read 1.016 for two identical programs. :func:`time_runs`
 therefore loads the programs afresh for each run, alternating which is loaded first (:func:`load_orders`),
 and a ratio is each run's ratio of medians, combined over the runs by their geometric mean

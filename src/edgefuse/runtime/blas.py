@@ -9,7 +9,9 @@ threads after a 128-token prompt took 57 to 65 ms a decode step in a process tha
 before (the attention kernel 34 ms of it), 29 to 30 ms after one eager matrix product, and 24 to 25 ms with
 ``MKL_NUM_THREADS=1`` set before torch loaded; set after torch had loaded, it changed nothing. A C++ runner
 has no such second pool. So the timing commands pin MKL to one thread before torch loads, and each
-timing's conditions line says how many threads MKL gives the runtime's workers.
+timing's conditions line says how many threads MKL gives the runtime's workers. The variable also sets
+torch's own default thread count to one in that process and its children (eager work there runs on one
+thread, as the timing children already pin it).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def pin_blas_threads() -> None:
 
 def mkl_threads() -> int | None:
     """The threads MKL gives a thread that set no count of its own, as the runtime's pool workers are:
-    asked of PyTorch's MKL from a fresh thread. None when this torch has no MKL."""
+    asked of PyTorch's MKL from a fresh thread (the calling thread may have set its own). None when this
+    torch has no MKL, 0 when its MKL cannot be asked."""
     import ctypes
     import threading
 
@@ -38,11 +41,10 @@ def mkl_threads() -> int | None:
 
     if not torch.backends.mkl.is_available():
         return None
-    try:
-        library = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libtorch_cpu.so"))
-        ask = library.mkl_get_max_threads
+    try:  # the library torch has already loaded, found by its name
+        ask = ctypes.CDLL("libtorch_cpu.so", mode=getattr(os, "RTLD_NOLOAD", 0)).mkl_get_max_threads
     except (OSError, AttributeError):  # another platform's build, or MKL linked another way
-        return None
+        return 0
     answer: list[int] = []
     worker = threading.Thread(target=lambda: answer.append(int(ask())))
     worker.start()
@@ -55,6 +57,8 @@ def blas_threads() -> str:
     count = mkl_threads()
     if count is None:
         return ""
+    if count == 0:
+        return "MKL threads unknown (its library could not be asked)"
     if count == 1:
         return "MKL 1 thread in the runtime's workers"
     return (f"MKL {count} threads in the runtime's workers ({VARIABLE}=1 was not set before torch loaded): its "

@@ -201,16 +201,17 @@ def check_programs(case: Case, paths: dict[str, str], config, prefill: int = 10,
     model = eager_model(config)
     prompt, steps = prompt_and_steps(case.params["vocab_size"], prefill, decode)
     expected = logits_sequence(eager_step(model), prompt, steps)
-    logits = {how: program_logits(path, prompt, steps) for how, path in paths.items()}
     floor = rounding_floor(model, prompt, steps, expected) if case.quantized else None
+    del model  # not needed by the programs' runs, which each take gigabytes at real size
+    logits = {how: program_logits(path, prompt, steps) for how, path in paths.items()}
     return checked_logits(expected, logits, paths, getattr(torch, case.dtype), case.quantized, floor)
 
 
 def program_logits(path: str, prompt, steps) -> list:
     """The logits of the ``.pte`` at ``path`` over ``prompt`` and the decode ``steps`` (copies: nothing of the
     program's memory); the program is released before this returns, so that checking two programs holds one
-    at a time (with both alive, the check of a 3 GB bfloat16 Llama-3.2-1B beside its eager module was killed
-    at 23.8 GB, out of the machine's memory)."""
+    at a time (keeping the first alive, the check of a 3 GB bfloat16 Llama-3.2-1B beside its eager module was
+    killed loading the second, at 22.7 GiB resident: the machine's memory)."""
     import torch
 
     from edgefuse.llm.eager import logits_sequence

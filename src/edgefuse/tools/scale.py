@@ -673,7 +673,8 @@ def main(argv: list[str] | None = None) -> int:
     from edgefuse.runtime.blas import pin_blas_threads
 
     args = build_parser().parse_args(argv)
-    pin_blas_threads()
+    if not args.no_latency:  # nothing timed: torch keeps its threads
+        pin_blas_threads()
     say = Progress(enabled=not args.quiet)
     return run_command(PROG, run, args, say)
 
