@@ -208,8 +208,8 @@ def check_programs(case: Case, paths: dict[str, str], config, prefill: int = 10,
 
 
 def program_logits(path: str, prompt, steps) -> list:
-    """The logits of the ``.pte`` at ``path`` over ``prompt`` and the decode ``steps`` (copies: nothing of the
-    program's memory); the program is released before this returns, so that checking two programs holds one
+    """The logits of the ``.pte`` at ``path`` over ``prompt`` and the decode ``steps`` (``execute`` returns
+    copies, nothing of the program's memory); the program is released before this returns, so that checking two programs holds one
     at a time (keeping the first alive, the check of a 3 GB bfloat16 Llama-3.2-1B beside its eager module was
     killed loading the second, at 22.7 GiB resident: the machine's memory)."""
     import torch
@@ -220,7 +220,7 @@ def program_logits(path: str, prompt, steps) -> list:
     with open(path, "rb") as f:
         loaded = LoadedProgram(f.read())
     return logits_sequence(
-        lambda tokens, position: loaded.method.execute([tokens, torch.tensor([position], dtype=torch.long)])[0].clone(),
+        lambda tokens, position: loaded.method.execute([tokens, torch.tensor([position], dtype=torch.long)])[0],
         prompt, steps,
     )
 

@@ -58,6 +58,7 @@ if __name__ == "__main__":
 
 from edgefuse.console.command import run_command
 from edgefuse.inputs.errors import CHECK_FAILED, OK, UsageError
+from edgefuse.tools.llm_latency import LABELS
 
 PROG = "python -m edgefuse.tools.scale"
 
@@ -275,18 +276,19 @@ def counts(c) -> dict:
 
 
 def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args,
-              labels: tuple[str, str] | None = None) -> dict:
+              labels: tuple[str, str] = LABELS) -> dict:
     """Both programs timed at ``threads`` as ``llm_latency`` times a pair (in a child): the medians over
-    every round, the ratios over the runs (:func:`edgefuse.llm.latency.pooled`), and the conditions line; ``labels`` name the two in the progress (stock and edgefuse)."""
+    every round, the ratios over the runs (:func:`edgefuse.llm.latency.pooled`), and the conditions line;
+    ``labels`` name the two in the progress."""
 
     def step(note):
         from edgefuse.runtime import set_threads
         from edgefuse.runtime.timer import conditions
-        from edgefuse.tools.llm_latency import LABELS, Pair, time_pair
+        from edgefuse.tools.llm_latency import Pair, time_pair
 
         used = set_threads(threads)
         pair = Pair(name, dtype, os.path.relpath(paths["stock"], folder), os.path.relpath(paths["edgefuse"], folder))
-        rows = time_pair(folder, pair, args, note, labels or LABELS)
+        rows = time_pair(folder, pair, args, note, labels)
         pooled = rows[-1]
         (sp, sd), (ep, ed) = pooled.medians
         return {"threads": used, "stock": [sp, sd], "edgefuse": [ep, ed], "ratios": list(pooled.ratios),
@@ -303,9 +305,8 @@ def norm_cost(shape: Shape, dtype: str, params: dict, model_files: list[str], pa
               extra: tuple[str, ...], args, say) -> dict:
     """What the norms still cost in edgefuse's program ``edgefuse`` of ``shape`` at ``dtype``: the same
     export with every norm reduced to its weight's multiply (in ``pair_folder``'s ``without-norms``), what
-    it holds, both timed as a pair at each of ``args.threads`` (each timing's ``edgefuse`` and ``without_norms``
-medians; ratio = without norms / edgefuse), and both
-    profiled at the first thread count (:func:`edgefuse.tools.llm_latency.profile_table`)."""
+    it holds, both timed as a pair at each of ``args.threads`` (each timing's ``edgefuse`` and
+    ``without_norms`` medians; ratio = without norms / edgefuse), and both profiled at the first thread count (:func:`edgefuse.tools.llm_latency.profile_table`)."""
     from edgefuse.llm.pte import read_pte
 
     folder = os.path.join(pair_folder, "without-norms")
