@@ -16,9 +16,10 @@ import contextlib
 import os
 
 import pytest
+import torch
 
 from edgefuse import cli
-from edgefuse.inputs.errors import OK, USAGE
+from edgefuse.inputs.errors import OK, USAGE, UsageError
 from edgefuse.tools.llm_check import CASES, case_arguments, check_case, check_programs, passed
 from edgefuse.llm.lowering import swapped
 
@@ -276,6 +277,62 @@ def test_bench_llm_says_when_the_context_is_too_short(llama_fp32_programs, capsy
     code = cli.main(["-q", "bench-llm", paths["stock"], paths["edgefuse"],
                      "--prefill", "120", "--decode", "20", "--rounds", "1", "--warmup", "0"])
     assert code == USAGE and "context length" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_timed_program_is_the_file_checked_even_when_another_is_put_at_its_name(llama_fp32_programs, tmp_path):
+    """bench-llm's programs are loaded from the open file that was checked (its descriptor), not from the
+    path again: a file renamed over the name after the check does not reach the runtime."""
+    import shutil
+
+    from edgefuse.compare.llm_programs import load_llm_programs, read_llm_program
+
+    paths, _ = llama_fp32_pair(llama_fp32_programs)
+    path = str(tmp_path / "program.pte")
+    shutil.copyfile(paths["edgefuse"], path)
+    checked = read_llm_program(path, 1 << 30)
+    (tmp_path / "other.pte").write_bytes(b"not a program")
+    os.replace(tmp_path / "other.pte", path)
+    (loaded,) = load_llm_programs([(path, checked)], lambda _: None)
+    assert loaded.run([torch.zeros((1, 1), dtype=torch.long), torch.tensor([0])])[0].shape[-1] > 1
+
+
+@pytest.mark.slow
+def test_a_program_written_to_after_its_check_is_refused_when_it_loads(llama_fp32_programs, tmp_path):
+    """A file written in place after it was checked is refused with the reason when it is loaded: the
+    runtime maps the file, so what it runs must be what was checked."""
+    import shutil
+
+    from edgefuse.compare.llm_programs import load_llm_programs, read_llm_program
+
+    paths, _ = llama_fp32_pair(llama_fp32_programs)
+    path = tmp_path / "program.pte"
+    shutil.copyfile(paths["edgefuse"], path)
+    checked = read_llm_program(str(path), 1 << 30)
+    stamp = os.stat(path)
+    with open(path, "r+b") as f:  # the same bytes written back: only the modification time tells
+        f.seek(100)
+        byte = f.read(1)
+        f.seek(100)
+        f.write(byte)
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1))  # a write within the clock's tick
+    with pytest.raises(UsageError, match="written to after it was checked"):
+        load_llm_programs([(str(path), checked)], lambda _: None)
+
+
+def test_a_checked_program_is_loaded_by_its_open_files_name_not_from_a_copy_of_its_bytes(monkeypatch):
+    """Loading maps the checked file (``/dev/fd/N``) rather than handing the runtime its bytes, which it
+    would hold beside what its delegates allocate: a bf16 Llama-3.2-1B pair fits in 23 GiB only mapped."""
+    from edgefuse import runtime
+    from edgefuse.compare import llm_programs
+
+    given = []
+    monkeypatch.setattr(llm_programs, "load_llm_kernels", lambda: None)
+    monkeypatch.setattr(runtime, "LoadedProgram", lambda pte: given.append(pte))
+    with open(__file__, "rb") as f:
+        identity = llm_programs._identity(f)
+        llm_programs.load_llm_programs([("p.pte", llm_programs.CheckedPte("p.pte", f, identity))], lambda _: None)
+        assert given == [f"/dev/fd/{f.fileno()}"]
 
 
 @pytest.mark.parametrize("runs, message", [("0", "--runs must be at least 2"), ("3", "--runs 3: give an even number")])

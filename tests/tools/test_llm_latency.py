@@ -222,7 +222,8 @@ def test_the_profile_table_is_headed_by_the_labels_given_and_its_differences_are
         ms = {b"first": 2.0, b"second": 0.5}[blob]
         return Profile({(INSIDE, "Square"): ProfileRow(INSIDE, "Square", 3, 1.0, ms, ms / 2)}, rounds)
 
-    monkeypatch.setattr(llm_latency, "pair_programs", lambda folder, pair, args, say: [("f", b"first"), ("s", b"second")])
+    held = [("f", SimpleNamespace(read=lambda: b"first")), ("s", SimpleNamespace(read=lambda: b"second"))]
+    monkeypatch.setattr(llm_latency, "pair_programs", lambda folder, pair, args, say: held)
     monkeypatch.setattr(llm_programs, "load_llm_programs", lambda programs, note: [SimpleNamespace(method=None)])
     monkeypatch.setattr(latency, "prompt_for", lambda method, prefill, decode: (None, None))
     monkeypatch.setattr(profile, "profile_prefill_decode", profiled)

@@ -187,8 +187,7 @@ def read(path: str, folder: str) -> str:
     from edgefuse.inputs.errors import UsageError
 
     try:
-        blob = read_llm_program(path, MAX_BYTES)
-        try_llm_programs([(path, blob)], PREFILL, DECODE)
+        try_llm_programs([(path, read_llm_program(path, MAX_BYTES))], PREFILL, DECODE)
     except UsageError as error:
         return refusal(error)
     return "accepted"

@@ -43,9 +43,10 @@ class LoadedProgram:
 
     Loading and running raise errors that say what the runtime logged about the failure; a method the
     program lacks raises :class:`MethodMissing` naming the ones it has. With ``etdump=True`` the runtime
-    records every run's profile (:meth:`etdump`)."""
+    records every run's profile (:meth:`etdump`). ``pte`` is the program's bytes, or the name of its file,
+    which the runtime maps rather than copies."""
 
-    def __init__(self, pte: bytes, method: str = "forward", etdump: bool = False) -> None:
+    def __init__(self, pte: bytes | str, method: str = "forward", etdump: bool = False) -> None:
         from executorch.runtime import Runtime
 
         start_threadpool()

@@ -214,14 +214,21 @@ def read_regular(path: str | os.PathLike, limit: int, what: str, raise_with: str
     that grows past the bound while it is read is refused too. Memory is set aside for the bytes the file
     holds, not for the bound (``read(limit)`` would ask for all of it at once)."""
     with open_regular(path, limit, what, raise_with) as f:
-        size = os.fstat(f.fileno()).st_size
-        data = f.read(size + 1)
-        if size < len(data) <= limit:  # it grew while it was read: read on, up to the bound
-            grown = bytearray(data)
-            while len(grown) <= limit and (more := f.read(min(limit + 1 - len(grown), 1 << 20))):
-                grown += more
-            data = bytes(grown)
-    _check_size(len(data), limit, f"{os.fspath(path)} ({what})", raise_with)
+        return read_open(f, limit, f"{os.fspath(path)} ({what})", raise_with)
+
+
+def read_open(f: io.BufferedReader, limit: int, where: str, raise_with: str = "") -> bytes:
+    """Every byte of the file :func:`open_regular` opened, from its start, refused past ``limit`` (``where``
+    names it in the refusal): :func:`read_regular`'s reading, for a caller that keeps the file open."""
+    f.seek(0)
+    size = os.fstat(f.fileno()).st_size
+    data = f.read(size + 1)
+    if size < len(data) <= limit:  # it grew while it was read: read on, up to the bound
+        grown = bytearray(data)
+        while len(grown) <= limit and (more := f.read(min(limit + 1 - len(grown), 1 << 20))):
+            grown += more
+        data = bytes(grown)
+    _check_size(len(data), limit, where, raise_with)
     return data
 
 

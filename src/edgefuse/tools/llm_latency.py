@@ -42,14 +42,18 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 if __name__ == "__main__":
     from edgefuse.runtime.quiet import quiet_libraries
 
     quiet_libraries()
 
-from edgefuse.inputs.errors import CHECK_FAILED, OK, UsageError
 from edgefuse.console.command import run_command
+from edgefuse.inputs.errors import CHECK_FAILED, OK, UsageError
+
+if TYPE_CHECKING:
+    from edgefuse.compare.llm_programs import CheckedPte
 
 #: The precisions and the export_llm overrides that set each (beside llm_check's cases).
 DTYPES = ("fp32", "fp16", "bf16", "8da4w")
@@ -292,8 +296,9 @@ def _row(pair: Pair, run: int | str, first: str, timing) -> Row:
 LABELS = ("stock", "edgefuse")
 
 
-def pair_programs(folder: str, pair: Pair, args, say) -> list[tuple[str, bytes]]:
-    """The ``(path, bytes)`` of ``pair``'s two programs, each read and checked within ``--max-bytes``, then
+def pair_programs(folder: str, pair: Pair, args, say) -> list[tuple[str, CheckedPte]]:
+    """The ``(path, checked)`` of ``pair``'s two programs, each read and checked within ``--max-bytes`` and held
+    open (``edgefuse.compare.llm_programs.CheckedPte``), then
     tried in a child process as the timing runs them (``bench-llm``'s rules: a file refused, or one the
     runtime crashes on, is a :class:`UsageError` naming it)."""
     from edgefuse.compare.llm_programs import read_llm_program, try_llm_programs
@@ -305,7 +310,7 @@ def pair_programs(folder: str, pair: Pair, args, say) -> list[tuple[str, bytes]]
     return programs
 
 
-def bench_pair(programs: list[tuple[str, bytes]], pair: Pair, args, runs: int, first_run: int, say,
+def bench_pair(programs: list[tuple[str, CheckedPte]], pair: Pair, args, runs: int, first_run: int, say,
                labels: tuple[str, str] = LABELS) -> list:
     """Time ``pair``'s two programs (:func:`pair_programs`) in ``runs`` runs (``TimedRun``), loaded afresh
     each run with the program loaded first alternating, stock first in the first; the progress names them
@@ -388,10 +393,10 @@ def profile_table(folder: str, pair: Pair, args, say, labels: tuple[str, str] = 
         prompt, steps = prompt_for(probe.method, args.prefill, args.decode)
     del probe
     profiles = []
-    for path, blob in programs:
+    for path, checked in programs:
         say(f"profiling {path}: {args.profile_rounds} rounds with ETDump")
         with failed_steps_named([path]):
-            profiles.append(profile_prefill_decode(blob, prompt, steps, args.profile_rounds))
+            profiles.append(profile_prefill_decode(checked.read(), prompt, steps, args.profile_rounds))
     order = {METHOD: 0, DELEGATE: 1, INSIDE: 2, OUTSIDE: 3}
     keys = sorted(set(profiles[0].rows) | set(profiles[1].rows),
                   key=lambda k: (order[k[0]], -max(p.rows[k].prefill_ms + p.rows[k].decode_ms for p in profiles if k in p.rows)))
