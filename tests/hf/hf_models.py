@@ -46,39 +46,17 @@ def tokens(vocab: int) -> torch.Tensor:
 def eager_logits(model_dir: str, dtype: torch.dtype, qlinear: str | None = None,
                  qembedding: str | None = None) -> list[torch.Tensor]:
     """The eager model's logits at the prompt's last position, then at each decode step's, quantized as
-    optimum's task quantizes it (``quantize_model_``) when asked."""
-    from transformers import AutoModelForCausalLM
+    optimum's task quantizes it (``quantize_model_``) when asked (:mod:`edgefuse.hf.logits`)."""
+    from edgefuse.hf import logits
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    if qlinear or qembedding:
-        from optimum.exporters.executorch.quantization import quantize_model_
-
-        quantize_model_(model, qlinear_config=qlinear, qembedding_config=qembedding)
-    sequence = tokens(model.config.vocab_size)
-    with torch.no_grad():
-        logits = model(input_ids=sequence).logits
-    return [logits[:, position] for position in range(PREFILL - 1, PREFILL + DECODE)]
+    model = logits.eager_model(model_dir, dtype, qlinear, qembedding)
+    return logits.eager_logits(model, tokens(model.config.vocab_size), PREFILL)
 
 
 def program_logits(path: str, vocab: int) -> list[torch.Tensor]:
-    """A program's logits at the same positions: the prompt in one call where its input takes that many
-    tokens (else one token a call, as a program exported with static shapes takes them), then each step."""
+    """A program's logits at the same positions (:func:`edgefuse.hf.logits.program_logits`)."""
     from edgefuse.compare.llm_programs import load_llm_kernels
-    from edgefuse.runtime import LoadedProgram
+    from edgefuse.hf import logits
 
     load_llm_kernels()
-    with open(path, "rb") as f:
-        loaded = LoadedProgram(f.read())  # holds the program, which must outlive its method
-    method = loaded.method
-    sequence = tokens(vocab)
-    width = method.metadata.input_tensor_meta(0).sizes()[1]
-
-    def run(start: int, end: int) -> torch.Tensor:
-        return method.execute([sequence[:, start:end], torch.arange(start, end)])[0][:, -1]
-
-    if width >= PREFILL:
-        prompt = run(0, PREFILL)
-    else:
-        for position in range(PREFILL):
-            prompt = run(position, position + 1)
-    return [prompt] + [run(p, p + 1) for p in range(PREFILL, PREFILL + DECODE)]
+    return logits.program_logits(path, tokens(vocab), PREFILL)

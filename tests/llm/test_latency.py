@@ -31,12 +31,17 @@ class _Method:
     """A stand-in method whose every step costs ``ns`` on ``clock`` and returns logits of a vocabulary of 5;
     it fails on ``fail_at`` (a position) if given, and appends ``name`` to ``ran`` at each step if given."""
 
-    def __init__(self, clock, ns: int, fail_at: int | None, ran: list | None, name) -> None:
+    def __init__(self, clock, ns: int, fail_at: int | None, ran: list | None, name,
+                 declared: tuple[list[int], list[int]] = ([1, 128], [1])) -> None:
         self.clock, self.ns, self.fail_at, self.ran, self.name = clock, ns, fail_at, ran, name
         self.calls = 0
+        self.inputs = []
+        # the sizes the program declares for its tokens and its position input (export_llm's by default)
+        self.metadata = SimpleNamespace(input_tensor_meta=lambda i: SimpleNamespace(sizes=lambda: declared[i]))
 
     def execute(self, inputs):
-        if inputs[1].item() == self.fail_at:
+        self.inputs.append([t.tolist() for t in inputs])
+        if inputs[1][0].item() == self.fail_at:
             raise RuntimeError("the runtime's message")
         self.calls += 1
         if self.ran is not None:
@@ -55,6 +60,27 @@ class _Program:
     @property
     def calls(self) -> int:
         return self.method.calls
+
+
+def test_export_llms_program_gets_the_start_position_and_optimums_each_tokens_position(clock):
+    """export_llm's programs take the start position ``[1]``; optimum-executorch's take each token's cache
+    position ``[n]`` (their position input declared longer than one)."""
+    start = _Method(clock, 1, None, None, "export_llm")
+    each = _Method(clock, 1, None, None, "optimum", declared=([1, 127], [127]))
+    prompt, steps = torch.tensor([[5, 6, 7]]), torch.tensor([[[8]]])
+    time_prefill_decode([start, each], prompt, steps, 1, 0, _timer_clock(clock))
+    assert start.inputs == [[[[5, 6, 7]], [0]], [[[8]], [3]]]
+    assert each.inputs == [[[[5, 6, 7]], [0, 1, 2]], [[[8]], [3]]]
+
+
+def test_a_program_of_one_token_a_call_prefills_one_call_a_token(clock):
+    """A program exported with static shapes (optimum's Gemma 3) declares one token: its prompt is run a
+    token a call at positions 0, 1, 2, as its runner prefills, and the prefill's time is all of them."""
+    single = _Method(clock, 1, None, None, "static", declared=([1, 1], [1]))
+    prompt, steps = torch.tensor([[5, 6, 7]]), torch.tensor([[[8]]])
+    timing = time_prefill_decode([single], prompt, steps, 1, 0, _timer_clock(clock))
+    assert single.inputs == [[[[5]], [0]], [[[6]], [1]], [[[7]], [2]], [[[8]], [3]]]
+    assert timing.prefill_ms == [[3 / 1e6]] and timing.decode_ms == [[1 / 1e6]]
 
 
 def test_the_program_loaded_first_alternates_run_by_run():

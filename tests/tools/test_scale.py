@@ -49,18 +49,29 @@ def _no_run(*args):
     raise AssertionError("the options were taken: the command would have run")
 
 
-def test_gemma3_1b_is_not_exported_and_says_why(tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(scale, "run_model", _no_run)
+def test_gemma3_1b_has_the_public_configs_numbers_and_goes_through_hugging_faces_exporter():
+    """export_llm has no Gemma 3, so Gemma3-1B is a transformers model (``gemma3_text``) exported with
+    optimum-executorch: its config carries the public numbers, the local and global RoPE and the sliding window."""
     shape = scale.SHAPES["gemma3-1b"]
     p = shape.params
     numbers = ("dim", "n_layers", "n_heads", "n_kv_heads", "head_dim", "hidden_dim", "vocab_size")
     assert tuple(p[k] for k in numbers) == (
         1152, 26, 4, 1, 256, 6912, 262144)
-    assert shape.unsupported
-    code, out, err = run(capsys, "--models", "gemma3-1b", "--out", str(tmp_path))
-    assert code == OK, err
-    assert "gemma3-1b: " in out and "not exported: ExecuTorch 1.5.1's export_llm has no Gemma 3 model class" in out
-    assert os.listdir(tmp_path) == []
+    assert shape.through_hf and "no Gemma 3 model class" in shape.unsupported
+    config = scale.hf_config(shape, p)
+    assert config["model_type"] == "gemma3_text" and config["tie_word_embeddings"]
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+            config["num_key_value_heads"], config["head_dim"], config["intermediate_size"], config["vocab_size"]) == (
+        1152, 26, 4, 1, 256, 6912, 262144)
+    assert (config["query_pre_attn_scalar"], config["sliding_window"], config["rms_norm_eps"]) == (256, 512, 1e-6)
+    rope = config["rope_parameters"]
+    assert (rope["sliding_attention"]["rope_theta"], rope["full_attention"]["rope_theta"]) == (10000.0, 1000000.0)
+    assert scale.parameter_count(p, shape.tied, shape) == GEMMA3_1B_PARAMETERS
+    assert scale.norm_count(p, shape) == 26 * 6 + 1  # four a layer, two QK norms, the final one
+
+
+#: Gemma3-1B's parameters as transformers builds its config (the embedding tied): Google's "1B".
+GEMMA3_1B_PARAMETERS = 999_885_952
 
 
 def test_a_cut_keeps_the_shape_and_a_toy_width_makes_heads_of_16():
@@ -110,16 +121,24 @@ def test_an_option_argparse_does_not_know_exits_2(capsys):
 # -- the verdict ----------------------------------------------------------------------------------------
 
 
-def _pair(means=0, casts=0, matches=True):
-    check = {"delegates": 1, "kernels": 2, "means": 0, "casts": 0, "error": 0.0, "allowed": 1.0, "matches": True}
+def _pair(means=0, float_casts=0, integer_casts=0, matches=True):
+    check = {"delegates": 1, "kernels": 2, "means": 0, "casts": 0, "float_casts": 0, "error": 0.0, "allowed": 1.0,
+             "matches": True}
     return scale.PairResult("m", "fp16", 3, checks={
-        "stock": dict(check, means=3), "edgefuse": dict(check, means=means, casts=casts, matches=matches)})
+        "stock": dict(check, means=3), "edgefuse": dict(check, means=means, casts=float_casts + integer_casts,
+                                                        float_casts=float_casts, matches=matches)})
 
 
-@pytest.mark.parametrize("kwargs", [{"means": 1}, {"casts": 1}, {"matches": False}])
-def test_a_pair_fails_when_edgefuse_leaves_a_mean_or_a_cast_outside_or_misses_its_bound(kwargs):
+@pytest.mark.parametrize("kwargs", [{"means": 1}, {"float_casts": 1}, {"matches": False}])
+def test_a_pair_fails_when_edgefuse_leaves_a_mean_or_a_float_cast_outside_or_misses_its_bound(kwargs):
     assert _pair().passed
     assert not _pair(**kwargs).passed
+
+
+def test_integer_casts_outside_are_no_norms_and_a_pair_passes_with_them():
+    """optimum's programs turn position ids into floats for RoPE outside XNNPACK (which takes no int64):
+    casts, but no norm's."""
+    assert _pair(integer_casts=2).passed
 
 
 def test_the_norms_cost_table_reads_every_figure_of_a_row_from_its_own_pair():
@@ -159,7 +178,8 @@ def test_the_norms_cost_exports_without_norms_and_times_edgefuses_program_in_sto
 
     monkeypatch.setattr(scale, "export_one", export_one)
     monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
-    monkeypatch.setattr(pte, "read_pte", lambda path: SimpleNamespace(delegate_count=1, kernel_count=2, means=0, casts=0))
+    monkeypatch.setattr(pte, "read_pte",
+                        lambda path: SimpleNamespace(delegate_count=1, kernel_count=2, means=0, casts=0, float_casts=0))
     monkeypatch.setattr(scale, "time_both", time_both)
     monkeypatch.setattr(scale, "profile_both", profile_both)
     edgefuse = str(tmp_path / "edgefuse.pte")
@@ -171,7 +191,7 @@ def test_the_norms_cost_exports_without_norms_and_times_edgefuses_program_in_sto
     pair = {"stock": edgefuse, "edgefuse": without}
     assert seen["timed"] == [(pair, 2, ("edgefuse", scale.REMOVED)), (pair, 1, ("edgefuse", scale.REMOVED))]
     assert seen["profiled"] == (pair, 2) and record["profile_threads"] == 3  # what the runtime took
-    assert record["contents"] == {"delegates": 1, "kernels": 2, "means": 0, "casts": 0}
+    assert record["contents"] == {"delegates": 1, "kernels": 2, "means": 0, "casts": 0, "float_casts": 0}
     # results.json names each program's medians by the program, not by the pair's slot
     timing = record["timings"][0]
     assert "stock" not in timing and (timing["edgefuse"], timing["without_norms"]) == ([10.0, 4.0], [8.0, 3.0])
@@ -200,6 +220,7 @@ def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_pr
 
     monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
     monkeypatch.setattr(runtime, "set_threads", lambda threads: threads + 1)  # the runtime's count, reported
+    monkeypatch.setattr(runtime, "method_io", lambda pte: ((SimpleNamespace(shape=(1, 129)), None), ()))
     monkeypatch.setattr(timer, "conditions", lambda threads: "conditions")
     monkeypatch.setattr(llm_latency, "profile_table", profile_table)
     monkeypatch.setattr(llm_latency, "time_pair", time_pair)
@@ -209,6 +230,7 @@ def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_pr
     timing = scale.time_both("m", "fp16", "/f/fp16", paths, 1, None, labels=labels)
     assert seen == [("edgefuse.pte", os.path.join("without-norms", "edgefuse.pte"), labels)] * 2
     assert (timing["stock"], timing["edgefuse"], timing["ratios"]) == ([10.0, 4.0], [8.0, 3.0], [0.8, 0.75])
+    assert timing["one_token"] is False
 
 
 def test_a_programs_result_holds_the_floor_of_the_step_it_shows():
@@ -218,7 +240,7 @@ def test_a_programs_result_holds_the_floor_of_the_step_it_shows():
 
     from edgefuse.tools.llm_check import ProgramCheck
 
-    contents = SimpleNamespace(delegate_count=3, kernel_count=2, means=0, casts=0)
+    contents = SimpleNamespace(delegate_count=3, kernel_count=2, means=0, casts=0, float_casts=0)
     check = ProgramCheck("edgefuse", "edgefuse.pte", contents, [0.10, 0.30, 0.05], [0.40, 0.35, 0.60],
                          floor=[0.20, 0.15, 0.25])
     result = scale.program_result(check)
@@ -247,7 +269,7 @@ def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
     programs = out.split("programs (")[1].split("export cost")[0]
     stock, ours = [line.split() for line in programs.splitlines() if line.startswith("qwen3-0.6b")]
     assert stock[2] == "stock" and ours[2] == "edgefuse"
-    assert int(ours[3]) == 5 and int(ours[6]) == 0 and int(ours[7]) == 0 and ours[10] == "yes"  # 5 norms, none outside
+    assert int(ours[3]) == 5 and int(ours[6]) == 0 and int(ours[7]) == 0 and ours[11] == "yes"  # 5 norms, none outside
     assert (int(stock[6]), int(stock[7])) == (5, 0)  # stock leaves each norm's mean outside, the QK norms' too
     assert "1 thread(s); CPU: " in out
     assert out.rstrip().endswith("all passed")
@@ -262,6 +284,32 @@ def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
     if not (sdk := find()):
         pytest.skip(f"QNN tier: {sdk.reason}")
     assert "qwen3-0.6b QNN one layer fp16: edgefuse: " in out and "qwen3-0.6b QNN one layer 16a8w: edgefuse: " in out
+
+
+@pytest.mark.slow
+def test_gemma3_at_a_toy_size_goes_through_optimum_executorch(tmp_path, capsys):
+    """Gemma3 at a toy size (two sliding-window layers, width 64) through the scale command's Hugging Face
+    route: a random-weight transformers model saved with save_pretrained, exported with optimum-executorch's
+    xnnpack recipe and edgefuse's, both against the eager model over the 8-token prompt and 4 decode steps,
+    and timed as a pair. 8da4w through optimum is tests/hf/test_export_hf.py's Gemma3."""
+    from tests.optional import require_optimum
+
+    require_optimum()
+    code, out, err = run(capsys, "--models", "gemma3-1b", "--layers", "2", "--dim", "64", "--dtypes", "fp16",
+                         "--threads", "1", "--prefill", "16", "--decode", "2", "--rounds", "1", "--warmup", "0",
+                         "--no-qnn", "--out", str(tmp_path))
+    assert code == OK, out + err
+    assert "gemma3-1b: " in out and "exported with optimum-executorch" in out
+    programs = out.split("programs (")[1].split("export cost")[0]
+    stock, ours = [line.split() for line in programs.splitlines() if line.startswith("gemma3-1b")]
+    assert stock[2] == "stock" and ours[2] == "edgefuse"
+    assert int(ours[3]) == 13 and int(ours[6]) == 0 and int(ours[7]) == 0 and ours[11] == "yes"  # 13 norms
+    assert int(stock[6]) > 0 and stock[11] == "yes"  # stock leaves norms' means outside
+    latency = out.split("latency: ")[1]
+    assert [line.split()[:3] for line in latency.splitlines() if line.startswith("gemma3-1b")] == [
+        ["gemma3-1b", "fp16", "1"]]
+    assert out.rstrip().endswith("all passed")
+    assert {"hf", "fp16"} <= set(os.listdir(tmp_path / "gemma3-1b"))
 
 
 def test_an_out_that_is_a_file_exits_2(tmp_path, capsys, monkeypatch):

@@ -1,6 +1,9 @@
-"""Prefill latency and decode time per token of ``export_llm`` programs, timed side by side.
+"""Prefill latency and decode time per token of LLM programs with a KV cache, timed side by side.
 
-A program with a KV cache takes tokens ``[1, n]`` and the start position ``[1]``. :func:`time_prefill_decode`
+An ``export_llm`` program takes tokens ``[1, n]`` and the start position ``[1]``; one optimum-executorch
+wrote takes the tokens and their cache positions ``[n]`` (:func:`takes_positions` tells them apart), and
+where it was exported with static shapes (Gemma 3) one token a call, so that its prefill is one call a prompt
+token (:func:`run_prompt`). :func:`time_prefill_decode`
 runs each program through the same prompt at position 0 and then single-token decode steps with the one
 timer (:mod:`edgefuse.runtime.timer`: the programs alternating, so a change of machine load hits all
 alike) and keeps every round's times; the medians are what a table shows.
@@ -22,6 +25,7 @@ loads a middle one first; every caller times two.)
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -31,9 +35,36 @@ import torch
 from edgefuse.runtime.timer import Clock, Task, alternate
 
 
-def llm_inputs(tokens: torch.Tensor, position: int) -> list[torch.Tensor]:
-    """The inputs of an export_llm program with a KV cache: tokens ``[1, n]`` and the start position ``[1]``."""
+def llm_inputs(tokens: torch.Tensor, position: int, positions: bool = False) -> list[torch.Tensor]:
+    """The inputs of a program with a KV cache: tokens ``[1, n]`` and the start position ``[1]`` (export_llm's),
+    or with ``positions`` each token's cache position ``[n]`` (optimum-executorch's)."""
+    if positions:
+        return [tokens, torch.arange(position, position + tokens.shape[1], dtype=torch.long)]
     return [tokens, torch.tensor([position], dtype=torch.long)]
+
+
+def one_token_a_call(method) -> bool:
+    """Whether a loaded method takes a single token a call (exported with static shapes, as optimum-executorch
+    exports Gemma 3): its prompt is then run one token a call (:func:`run_prompt`)."""
+    return method.metadata.input_tensor_meta(0).sizes()[1] == 1
+
+
+def run_prompt(method, prompt: torch.Tensor, index: int = 0, positions: bool = False,
+               one_token: bool = False) -> torch.Tensor:
+    """The logits of a prompt at position 0: one call, or with ``one_token`` (:func:`one_token_a_call`) one
+    call a token, as the program's own runner prefills it."""
+    if not one_token:
+        return run_step(method, prompt, 0, index, positions)
+    for i in range(prompt.shape[1]):
+        logits = run_step(method, prompt[:, i:i + 1], i, index, positions)
+    return logits
+
+
+def takes_positions(method) -> bool:
+    """Whether a loaded method (``LoadedProgram.method``) takes each token's cache position, as
+    optimum-executorch's programs do, rather than export_llm's one start position: its second input is
+    declared longer than one element (a dynamic length's bound, or a static prompt's length)."""
+    return math.prod(method.metadata.input_tensor_meta(1).sizes()) > 1
 
 
 class StepFailed(RuntimeError):
@@ -44,10 +75,11 @@ class StepFailed(RuntimeError):
         self.index, self.tokens, self.position = index, tokens, position
 
 
-def run_step(method, tokens: torch.Tensor, position: int, index: int = 0) -> torch.Tensor:
-    """The logits of one call of a loaded method (``LoadedProgram.method``); :class:`StepFailed` if it fails."""
+def run_step(method, tokens: torch.Tensor, position: int, index: int = 0, positions: bool = False) -> torch.Tensor:
+    """The logits of one call of a loaded method (``LoadedProgram.method``), given each token's position
+    with ``positions`` (:func:`takes_positions`); :class:`StepFailed` if it fails."""
     try:
-        return method.execute(llm_inputs(tokens, position))[0]
+        return method.execute(llm_inputs(tokens, position, positions))[0]
     except Exception as error:  # the runtime raises RuntimeError with its log, or ValueError on shapes
         raise StepFailed(index, tokens.shape[1], position, error) from error
 
@@ -57,7 +89,7 @@ def prompt_for(method, prefill: int, decode: int, seed: int = 0) -> tuple[torch.
     program (read from the logits of a one-token probe)."""
     from edgefuse.llm.eager import prompt_and_steps
 
-    vocab = run_step(method, torch.zeros((1, 1), dtype=torch.long), 0).shape[-1]
+    vocab = run_step(method, torch.zeros((1, 1), dtype=torch.long), 0, 0, takes_positions(method)).shape[-1]
     return prompt_and_steps(vocab, prefill, decode, seed)
 
 
@@ -90,16 +122,18 @@ def time_prefill_decode(methods: Sequence, prompt: torch.Tensor, steps: torch.Te
                         warmup: int, clock: Clock = Clock()) -> PrefillDecode:
     """Time a prefill of ``prompt`` and the decode ``steps`` of each loaded method with the one timer
     (:func:`edgefuse.runtime.timer.alternate`: the methods alternating, ``rounds`` kept rounds after
-    ``warmup`` others)."""
+    ``warmup`` others). A method that takes one token a call prefills one call a token (:func:`run_prompt`)."""
     decode = steps.shape[0]
     last_logits: list[torch.Tensor | None] = [None for _ in methods]
+    positions = [takes_positions(method) for method in methods]
+    one_token = [one_token_a_call(method) for method in methods]
 
     def task(k: int) -> Task:
         def prefill_then_decode(mark) -> None:
-            logits = run_step(methods[k], prompt, 0, k)
+            logits = run_prompt(methods[k], prompt, k, positions[k], one_token[k])
             mark("prefill")
             for i in range(decode):
-                logits = run_step(methods[k], steps[i], prompt.shape[1] + i, k)
+                logits = run_step(methods[k], steps[i], prompt.shape[1] + i, k, positions[k])
             mark("decode")
             last_logits[k] = logits
 

@@ -114,10 +114,10 @@ class TensorMeta:
         return f"ScalarType {known.get(self.code, self.code)}"
 
 
-def method_io(pte: bytes, method: str = "forward") -> tuple[tuple[TensorMeta | None, ...], tuple[TensorMeta | None, ...]]:
-    """Each input and each output of ``method`` of ``pte`` as the program declares it (None for a value
-    that is not a tensor), read from its method table: the method is not loaded, so no backend is
-    initialised. A method the program lacks raises :class:`MethodMissing`."""
+def method_io(pte: bytes | str, method: str = "forward") -> tuple[tuple[TensorMeta | None, ...], tuple[TensorMeta | None, ...]]:
+    """Each input and each output of ``method`` of ``pte`` (its bytes, or its file's name: mapped, not read) as
+    the program declares it (None for a value that is not a tensor), read from its method table: the method
+    is not loaded, so no backend is initialised. A method the program lacks raises :class:`MethodMissing`."""
     from executorch.runtime import Runtime
 
     start_threadpool()

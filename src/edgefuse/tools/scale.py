@@ -67,7 +67,9 @@ PROG = "python -m edgefuse.tools.scale"
 class Shape:
     """A real model's shape as ``export_llm`` takes it: ``base.model_class``, the params file's fields
     (ExecuTorch's ``ModelArgs``), whether the output projection is the token embedding, where the numbers
-    come from; ``unsupported`` says why ``export_llm`` cannot export it (empty when it can)."""
+    come from. A shape ``export_llm`` cannot export (``unsupported`` says why) is exported through Hugging
+    Face's exporter instead: a transformers model of ``hf_model_type`` with the params' widths and
+    ``hf_fields`` besides (:func:`hf_config`)."""
 
     name: str
     model_class: str
@@ -75,11 +77,19 @@ class Shape:
     tied: bool
     source: str
     unsupported: str = ""
+    hf_model_type: str = ""
+    hf_fields: dict = field(default_factory=dict)
+
+    @property
+    def through_hf(self) -> bool:
+        """Whether it is exported with optimum-executorch (``edgefuse export-hf``'s flow), not ``export_llm``."""
+        return bool(self.unsupported)
 
 
-def norm_count(params: dict) -> int:
-    """The RMSNorms of ExecuTorch's Llama with ``params``: two a layer, two more with QK norms, the final one."""
-    per_layer = 2 + (2 if params.get("use_qk_norm") else 0)
+def norm_count(params: dict, shape: Shape | None = None) -> int:
+    """The RMSNorms of ExecuTorch's Llama with ``params``: two a layer, two more with QK norms, the final one;
+    of a Gemma 3 (``shape`` exported through Hugging Face's flow) two more a layer, its post-norms."""
+    per_layer = 2 + (2 if params.get("use_qk_norm") else 0) + (2 if shape is not None and shape.through_hf else 0)
     return params["n_layers"] * per_layer + 1
 
 
@@ -121,6 +131,10 @@ SHAPES = {
             "post_attention_norm, post_ffn_norm, embedding_scale_factor, act_fn and sliding_window, but "
             "llama_transformer.py builds no post-attention norm, does not scale the embedding and builds its "
             "feed-forward with SiLU, so a program it wrote would not be Gemma 3",
+            "gemma3_text",
+            {"max_position_embeddings": 32768, "sliding_window": 512, "hidden_activation": "gelu_pytorch_tanh",
+             "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                                 "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}},
         ),
     )
 }
@@ -153,10 +167,19 @@ def sized_params(shape: Shape, layers: int | None, dim: int | None) -> dict:
     return params
 
 
-def parameter_count(params: dict, tied: bool) -> int:
+def parameter_count(params: dict, tied: bool, shape: Shape | None = None) -> int:
     """The parameters of ExecuTorch's Llama ``Transformer`` with ``params`` (built on the meta device: no
-    memory), the output projection counted once with ``tied``."""
+    memory), the output projection counted once with ``tied``; of the transformers model of a ``shape``
+    exported through Hugging Face's flow (:func:`hf_config`) for such a shape."""
     import torch
+
+    if shape is not None and shape.through_hf:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        fields = dict(hf_config(shape, params))
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
+        return sum(p.numel() for p in model.parameters())  # a tied weight is one parameter
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
@@ -261,6 +284,94 @@ def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files:
     return in_child(step)
 
 
+# -- a shape export_llm cannot export: Hugging Face's exporter -------------------------------------------
+
+#: optimum-executorch's options for each dtype (``edgefuse export-hf``'s), besides its custom SDPA and the
+#: KV cache's length: 8da4w quantizes the linear layers of a float32 model, as ``export_llm``'s case does.
+HF_OPTIONS = {"8da4w": {"qlinear": "8da4w"}, "fp16": {"dtype": "float16"}, "bf16": {"dtype": "bfloat16"}}
+HF_DTYPES = {"8da4w": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def hf_config(shape: Shape, params: dict) -> dict:
+    """The transformers config of ``shape`` with ``params``' widths (:func:`sized_params`), its model type and
+    ``hf_fields``: Gemma 3 scales its queries by its head dim (``query_pre_attn_scalar``, 256 in Gemma3-1B)."""
+    head_dim = params.get("head_dim", params["dim"] // params["n_heads"])
+    return {"model_type": shape.hf_model_type, "hidden_size": params["dim"], "num_hidden_layers": params["n_layers"],
+            "num_attention_heads": params["n_heads"], "num_key_value_heads": params["n_kv_heads"],
+            "head_dim": head_dim, "query_pre_attn_scalar": head_dim, "intermediate_size": params["hidden_dim"],
+            "vocab_size": params["vocab_size"], "rms_norm_eps": params["norm_eps"], "tie_word_embeddings": shape.tied,
+            **shape.hf_fields}
+
+
+def write_hf_model(shape: Shape, params: dict, folder: str) -> str:
+    """Save a random-weight transformers model of ``shape`` (:func:`hf_config`) with ``save_pretrained`` in
+    ``folder/hf`` (in a child); the folder."""
+    path = os.path.join(folder, "hf")
+
+    def step(note):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        fields = dict(hf_config(shape, params))
+        config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config).save_pretrained(path)
+        return path
+
+    return in_child(step)
+
+
+def export_hf_one(dtype: str, how: str, model_dir: str, folder: str, seq_len: int) -> dict:
+    """Export the model saved in ``model_dir`` at ``dtype`` with ``how``'s recipe of optimum-executorch
+    (``edgefuse export-hf``'s flow, :func:`edgefuse.hf.export`) to ``folder/HOW.pte`` in a child: the record
+    :func:`export_one` gives; the seconds are optimum's ``main_export``'s, which loads the model."""
+    from edgefuse.hf.options import EDGEFUSE_RECIPE, STOCK_RECIPE
+
+    def step(note):
+        from edgefuse.hf import export
+        from edgefuse.runtime.quiet import quiet_root_logger
+
+        recipe = EDGEFUSE_RECIPE if how == "edgefuse" else STOCK_RECIPE
+        with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
+            done = export(model_dir, folder, recipe, name=f"{how}.pte", use_custom_sdpa=True, max_seq_len=seq_len,
+                          **HF_OPTIONS[dtype])
+        record = done.record
+        return {"path": done.path, "seconds": done.seconds, "peak_bytes": peak_rss_bytes(),
+                "substituted": record.substituted if record else 0, "restored": record.restored if record else 0}
+
+    return in_child(step)
+
+
+def check_hf_both(dtype: str, model_dir: str, paths: dict) -> dict:
+    """Both programs of a Hugging Face export against the eager model they were exported from (8da4w:
+    quantized as optimum quantizes it) over a prompt of :data:`CHECK_PREFILL` tokens and
+    :data:`CHECK_DECODE` decode steps, by ``llm_check``'s rule (in a child): :func:`check_both`'s record. The
+    eager model is released before the programs load, and each program before the next."""
+
+    def step(note):
+        import gc
+
+        import torch
+
+        from edgefuse.compare.llm_programs import load_llm_kernels
+        from edgefuse.hf import logits
+        from edgefuse.tools.llm_check import checked_logits
+
+        torch_dtype = getattr(torch, HF_DTYPES[dtype])
+        model = logits.eager_model(model_dir, torch_dtype, HF_OPTIONS[dtype].get("qlinear"))
+        sequence = torch.randint(0, model.config.vocab_size, (1, CHECK_PREFILL + CHECK_DECODE),
+                                 generator=torch.Generator().manual_seed(0))
+        expected = logits.eager_logits(model, sequence, CHECK_PREFILL)
+        del model
+        gc.collect()
+        load_llm_kernels()
+        got = {how: logits.program_logits(path, sequence, CHECK_PREFILL) for how, path in paths.items()}
+        checks = checked_logits(expected, got, paths, torch_dtype, dtype == "8da4w")
+        return {how: program_result(check) for how, check in checks.items()}
+
+    return in_child(step)
+
+
 def program_result(check) -> dict:
     """One program's entry of :func:`check_both` from its ``llm_check.ProgramCheck``: what it holds, and at its
     worst step the error, what that step allows and the rounding floor in that (0 when none was measured)."""
@@ -271,8 +382,11 @@ def program_result(check) -> dict:
 
 def counts(c) -> dict:
     """What a program runs, from its ``edgefuse.llm.pte.PteContents``: delegates, kernels outside them, and
-    the means and casts among those."""
-    return {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means, "casts": c.casts}
+    the means and casts among those; ``float_casts`` the casts between float dtypes (a norm's), apart from
+    integer ones (optimum's programs turn position ids into floats for RoPE outside XNNPACK, which takes
+    no int64)."""
+    return {"delegates": c.delegate_count, "kernels": c.kernel_count, "means": c.means, "casts": c.casts,
+            "float_casts": c.float_casts}
 
 
 def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args,
@@ -286,13 +400,16 @@ def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, arg
         from edgefuse.runtime.timer import conditions
         from edgefuse.tools.llm_latency import Pair, time_pair
 
+        from edgefuse.runtime import method_io
+
         used = set_threads(threads)
         pair = Pair(name, dtype, os.path.relpath(paths["stock"], folder), os.path.relpath(paths["edgefuse"], folder))
         rows = time_pair(folder, pair, args, note, labels)
         pooled = rows[-1]
         (sp, sd), (ep, ed) = pooled.medians
+        tokens = method_io(paths["stock"])[0][0]  # mapped, not read: the method table alone
         return {"threads": used, "stock": [sp, sd], "edgefuse": [ep, ed], "ratios": list(pooled.ratios),
-                "runs": len(rows) - 1, "conditions": conditions(used)}
+                "runs": len(rows) - 1, "conditions": conditions(used), "one_token": tokens.shape[1] == 1}
 
     return in_child(step)
 
@@ -393,27 +510,38 @@ class PairResult:
     def passed(self) -> bool:
         ours = self.checks.get("edgefuse", {})
         return (all(c["matches"] for c in self.checks.values()) and ours.get("means") == 0
-                and ours.get("casts") == 0)
+                and ours.get("float_casts") == 0)
 
 
 def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResult], dict | None]:
     """Write ``shape``'s model files, export and check each dtype both ways (stock first in every other
-    pair, from ``start_order``), time them, and lower one layer through QNN."""
+    pair, from ``start_order``), time them, and lower one layer through QNN. A shape ``export_llm`` cannot
+    export goes through Hugging Face's exporter (:func:`write_hf_model`, :func:`export_hf_one`,
+    :func:`check_hf_both`)."""
     params = sized_params(shape, args.layers, args.dim)
     folder = os.path.join(args.out, shape.name)
     os.makedirs(folder, exist_ok=True)
-    say(f"{shape.name}: writing params and a random checkpoint ({params['n_layers']} layers, width {params['dim']})")
-    model_files = write_model(shape, params, folder)
+    if shape.through_hf:
+        say(f"{shape.name}: saving a random-weight {shape.hf_model_type} model with save_pretrained "
+            f"({params['n_layers']} layers, width {params['dim']}); export_llm cannot export it, optimum-executorch does")
+        model_dir = write_hf_model(shape, params, folder)
+    else:
+        say(f"{shape.name}: writing params and a random checkpoint ({params['n_layers']} layers, width {params['dim']})")
+        model_files = write_model(shape, params, folder)
     extra = context_overrides(args.prefill, args.decode)
     results = []
     for k, dtype in enumerate(args.dtypes):
-        result = PairResult(shape.name, dtype, norm_count(params))
+        result = PairResult(shape.name, dtype, norm_count(params, shape))
         pair_folder = os.path.join(folder, dtype)
         os.makedirs(pair_folder, exist_ok=True)
         order = LOWERINGS if (start_order + k) % 2 == 0 else LOWERINGS[::-1]
         for how in order:
-            say(f"{shape.name} {dtype}: export_llm with {how}'s lowering")
-            record = export_one(shape, dtype, params, how, model_files, pair_folder, extra)
+            if shape.through_hf:
+                say(f"{shape.name} {dtype}: optimum-executorch's export with {how}'s recipe")
+                record = export_hf_one(dtype, how, model_dir, pair_folder, hf_cache_length(args.prefill, args.decode))
+            else:
+                say(f"{shape.name} {dtype}: export_llm with {how}'s lowering")
+                record = export_one(shape, dtype, params, how, model_files, pair_folder, extra)
             if "rejected" in record:
                 raise UsageError(f"export_llm rejected {shape.name} {dtype}:\n{record['rejected']}")
             say(f"{shape.name} {dtype} {how}: {record['seconds']:.0f}s, peak {record['peak_bytes'] / 2**30:.2f} GiB")
@@ -421,14 +549,20 @@ def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResul
         paths = {how: result.exports[how]["path"] for how in LOWERINGS}
         say(f"{shape.name} {dtype}: both programs against eager ({CHECK_PREFILL} prompt tokens, "
             f"{CHECK_DECODE} decode steps)")
-        result.checks = check_both(shape, dtype, params, paths, model_files, extra)
+        if shape.through_hf:
+            result.checks = check_hf_both(dtype, model_dir, paths)
+        else:
+            result.checks = check_both(shape, dtype, params, paths, model_files, extra)
         if not args.no_latency:
             for threads in args.threads:
                 say(f"{shape.name} {dtype}: timing both at {threads} thread(s)")
                 timing = time_both(shape.name, dtype, pair_folder, paths, threads, args)
                 timing["load"] = os.getloadavg()
                 result.timings.append(timing)
-        if args.norms_removed:
+        if args.norms_removed and shape.through_hf:
+            say(f"{shape.name} {dtype}: --norms-removed is for export_llm's programs; not measured for a model "
+                "exported through Hugging Face's flow")
+        elif args.norms_removed:
             result.removed = norm_cost(shape, dtype, params, model_files, pair_folder, paths["edgefuse"], extra,
                                        args, say)
         results.append(result)
@@ -438,6 +572,14 @@ def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResul
         say(f"{shape.name}: one decoder layer through QNN ({', '.join(QNN_PRECISIONS)}) on the HTP emulator")
         qnn = qnn_layer(params)
     return results, qnn
+
+
+def hf_cache_length(prefill: int, decode: int) -> int:
+    """optimum's ``max_seq_len`` (its KV cache's length) for a prefill and decode steps: the context an
+    ``export_llm`` program is exported with (:func:`context_overrides`)."""
+    from edgefuse.tools.llm_latency import context_for
+
+    return context_for(prefill, decode)[1]
 
 
 def write_results(folder: str, name: str, results: list[PairResult]) -> None:
@@ -459,13 +601,14 @@ def _gib(n: float) -> str:
 def programs_table(results: list[PairResult]) -> str:
     from edgefuse.console.tables import format_table
 
-    header = ("model", "dtype", "lowering", "norms", "delegates", "kernels outside", "means", "casts",
-              "err vs eager", "allowed", "ok", "export s", "peak GiB")
+    header = ("model", "dtype", "lowering", "norms", "delegates", "kernels outside", "means", "float casts",
+              "integer casts", "err vs eager", "allowed", "ok", "export s", "peak GiB")
     rows = []
     for r in results:
         for how in LOWERINGS:
             c, e = r.checks[how], r.exports[how]
-            rows.append([r.model, r.dtype, how, r.norms, c["delegates"], c["kernels"], c["means"], c["casts"],
+            rows.append([r.model, r.dtype, how, r.norms, c["delegates"], c["kernels"], c["means"], c["float_casts"],
+                         c["casts"] - c["float_casts"],
                          f"{c['error']:.3g}", f"{c['allowed']:.3g}", "yes" if c["matches"] else "NO",
                          f"{e['seconds']:.1f}", _gib(e["peak_bytes"])])
     return format_table(header, rows)
@@ -519,7 +662,12 @@ def norm_cost_table(results: list[PairResult]) -> str:
 def qnn_lines(name: str, qnn: dict) -> list[str]:
     if "unavailable" in qnn:
         return [f"{name} QNN: not run: {qnn['unavailable']} (set QNN's libraries up with `edgefuse qnn setup`)"]
-    return [f"{name} QNN one layer {precision}: {row['line']}" for precision, row in qnn.items()]
+    lines = [f"{name} QNN one layer {precision}: {row['line']}" for precision, row in qnn.items()]
+    if SHAPES.get(name) is not None and SHAPES[name].through_hf:
+        lines.insert(0, f"{name} QNN: the layer is ExecuTorch's Transformer layer at {name}'s widths, with its QK norms "
+                        "and its norms' unit offset; that Transformer builds no post-norms and a SiLU feed-forward, so the "
+                        "layer is not Gemma 3's")
+    return lines
 
 
 # -- the command ----------------------------------------------------------------------------------------
@@ -619,17 +767,16 @@ def run(args, say) -> int:
 
 
 def _run(shapes: list[Shape], args, say) -> int:
-    counts = {shape.name: parameter_count(sized_params(shape, args.layers, args.dim), shape.tied) for shape in shapes}
+    counts = {shape.name: parameter_count(sized_params(shape, args.layers, args.dim), shape.tied, shape)
+              for shape in shapes}
     results, qnn = [], {}
     for shape in shapes:
-        if shape.unsupported:
-            say(f"{shape.name}: not exported: {shape.unsupported}")
-            continue
         pairs, qnn[shape.name] = run_model(shape, args, say, len(results))
         results += pairs
     for shape in shapes:
         print(f"{shape.name}: {counts[shape.name]:,} parameters ({shape.source})"
-              + (f"\n  not exported: {shape.unsupported}" if shape.unsupported else ""))
+              + (f"\n  exported with optimum-executorch (edgefuse export-hf's flow: recipes xnnpack and edgefuse-xnnpack, "
+                 f"custom SDPA), not export_llm: {shape.unsupported}" if shape.through_hf else ""))
     if args.layers is not None or args.dim is not None:
         print(f"cut for a quick run: --layers {args.layers} --dim {args.dim}")
     if not results:
@@ -647,6 +794,10 @@ def _run(shapes: list[Shape], args, say) -> int:
         for line in dict.fromkeys(t["conditions"] for r in results for t in r.timings):
             print(f"  {line}")
         print(latency_table(results))
+        for r in results:
+            if any(t.get("one_token") for t in r.timings):
+                print(f"  {r.model} {r.dtype}: the programs take one token a call (exported with static shapes), so "
+                      f"a prefill is {args.prefill} calls of one token, as their runner prefills")
     if any(r.removed for r in results):
         print(f"what the norms still cost: edgefuse's program against the same export with every norm reduced to its "
               f"weight's multiply ({REMOVED}), timed as the pairs above")
