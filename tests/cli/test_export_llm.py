@@ -298,9 +298,10 @@ def test_a_timed_program_is_the_file_checked_even_when_another_is_put_at_its_nam
 
 
 @pytest.mark.slow
-def test_a_program_written_to_after_its_check_is_refused_when_it_loads(llama_fp32_programs, tmp_path):
-    """A file written in place after it was checked is refused with the reason when it is loaded: the
-    runtime maps the file, so what it runs must be what was checked."""
+def test_a_program_written_to_after_its_check_is_refused_when_it_loads_or_is_read(llama_fp32_programs, tmp_path):
+    """A file written in place after it was checked is refused with the reason when it is loaded or read
+    (a profile reads it): the runtime maps the file, so what it runs must be what was checked. The same
+    bytes written back with the modification time put back still move the change time, which tells."""
     import shutil
 
     from edgefuse.compare.llm_programs import load_llm_programs, read_llm_program
@@ -309,15 +310,22 @@ def test_a_program_written_to_after_its_check_is_refused_when_it_loads(llama_fp3
     path = tmp_path / "program.pte"
     shutil.copyfile(paths["edgefuse"], path)
     checked = read_llm_program(str(path), 1 << 30)
+    assert checked.read() == path.read_bytes()
     stamp = os.stat(path)
-    with open(path, "r+b") as f:  # the same bytes written back: only the modification time tells
+    with open(path, "r+b") as f:
         f.seek(100)
         byte = f.read(1)
         f.seek(100)
         f.write(byte)
-    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns + 1))  # a write within the clock's tick
+    os.utime(path, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
     with pytest.raises(UsageError, match="written to after it was checked"):
         load_llm_programs([(str(path), checked)], lambda _: None)
+    with pytest.raises(UsageError, match="written to after it was checked"):
+        checked.read()
+    with open(path, "ab") as f:  # and grown: refused as written, not as a file past its bound
+        f.write(b"more")
+    with pytest.raises(UsageError, match="written to after it was checked"):
+        checked.read()
 
 
 def test_a_checked_program_is_loaded_by_its_open_files_name_not_from_a_copy_of_its_bytes(monkeypatch):
@@ -330,7 +338,7 @@ def test_a_checked_program_is_loaded_by_its_open_files_name_not_from_a_copy_of_i
     monkeypatch.setattr(llm_programs, "load_llm_kernels", lambda: None)
     monkeypatch.setattr(runtime, "LoadedProgram", lambda pte: given.append(pte))
     with open(__file__, "rb") as f:
-        identity = llm_programs._identity(f)
+        identity = os.fstat(f.fileno())
         llm_programs.load_llm_programs([("p.pte", llm_programs.CheckedPte("p.pte", f, identity))], lambda _: None)
         assert given == [f"/dev/fd/{f.fileno()}"]
 
@@ -379,6 +387,7 @@ def test_bench_llms_ratios_are_the_geometric_mean_of_its_runs_not_of_the_pooled_
     monkeypatch.setattr(runtime, "set_threads", lambda threads: threads)
     monkeypatch.setattr(llm_programs, "read_llm_program", lambda path, max_bytes: b"")
     monkeypatch.setattr(llm_programs, "try_llm_programs", lambda programs, prefill, decode: None)
+    monkeypatch.setattr(llm_programs, "refuse_changed", lambda programs: None)
     monkeypatch.setattr(latency, "time_runs", lambda *args: runs)
     args = SimpleNamespace(stock="s.pte", edgefuse="e.pte", runs=2, rounds=1, warmup=0, prefill=4, decode=2,
                            threads=1, max_bytes=1 << 20)

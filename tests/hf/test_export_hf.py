@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 import pytest
+import torch
 
 from edgefuse.llm.pte import read_pte
 from tests.hf.conftest import CASES
@@ -68,3 +69,54 @@ def test_the_programs_logits_are_within_the_bound_of_the_dtype(hf_runs, name):
     checks = checked_logits(expected, logits, paths, run.dtype, run.quantized)
     for how, check in checks.items():
         assert check.matches, (how, check.errors, check.allowed, check.versus_stock, check.versus_stock_allowed)
+
+
+@pytest.mark.parametrize("name, one_token", [("qwen3", False), ("gemma3", True)])
+def test_a_timing_feeds_optimums_programs_their_cache_positions_as_the_check_does(hf_runs, name, one_token):
+    """optimum's Qwen3 takes a whole prompt and each token's cache position; its Gemma3, exported with static
+    shapes, one token a call. The timing reads that from the program (``inputs_of``) and runs the prompt and
+    decode steps so; its last logits are the check's, which feeds positions by hand."""
+    from edgefuse.compare.llm_programs import load_llm_kernels
+    from edgefuse.hf.logits import program_logits as checked
+    from edgefuse.llm.latency import inputs_of, time_prefill_decode
+    from edgefuse.runtime import LoadedProgram
+    from tests.hf.hf_models import DECODE, PREFILL, tokens
+
+    load_llm_kernels()
+    loaded = LoadedProgram(hf_runs[name].edgefuse)
+    taken = inputs_of(loaded.method)
+    assert (taken.positions, taken.one_token) == (not one_token, one_token)
+    sequence = tokens(256)
+    steps = sequence[0, PREFILL:].reshape(DECODE, 1, 1)
+    timing = time_prefill_decode([loaded.method], sequence[:, :PREFILL], steps, 1, 0)
+    expected = checked(hf_runs[name].edgefuse, sequence, PREFILL)[-1]
+    assert torch.equal(timing.last_logits[0][:, -1], expected)
+
+
+def test_the_eager_model_is_the_saved_one_built_from_its_folder_alone(hf_models, tmp_path):
+    """``edgefuse.hf.logits.eager_model`` builds the model from config.json and the safetensors weights (no
+    download, no from_pretrained): every weight the file holds, the tied output projection the embedding."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from edgefuse.hf.logits import eager_model
+    from tests.hf.hf_models import config
+
+    tied = config("llama")
+    tied.tie_word_embeddings = True
+    torch.manual_seed(1)
+    saved_model = AutoModelForCausalLM.from_config(tied).eval()
+    saved_model.save_pretrained(tmp_path / "tied")
+    rebuilt = eager_model(tmp_path / "tied", torch.float32)
+    assert rebuilt.lm_head.weight is rebuilt.model.embed_tokens.weight
+    sequence = torch.randint(3, 256, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(rebuilt(input_ids=sequence).logits, saved_model(input_ids=sequence).logits)
+
+    for name, folder in hf_models.items():
+        model = eager_model(folder, torch.float32)
+        state = model.state_dict()
+        saved = load_file(f"{folder}/model.safetensors")
+        assert all(torch.equal(state[key], value) for key, value in saved.items()), name
+        assert set(state) - set(saved) <= {"lm_head.weight"}, name
+        assert not model.training, name

@@ -68,7 +68,8 @@ def test_export_llms_program_gets_the_start_position_and_optimums_each_tokens_po
     start = _Method(clock, 1, None, None, "export_llm")
     each = _Method(clock, 1, None, None, "optimum", declared=([1, 127], [127]))
     prompt, steps = torch.tensor([[5, 6, 7]]), torch.tensor([[[8]]])
-    time_prefill_decode([start, each], prompt, steps, 1, 0, _timer_clock(clock))
+    for method in (start, each):
+        time_prefill_decode([method], prompt, steps, 1, 0, _timer_clock(clock))
     assert start.inputs == [[[[5, 6, 7]], [0]], [[[8]], [3]]]
     assert each.inputs == [[[[5, 6, 7]], [0, 1, 2]], [[[8]], [3]]]
 
@@ -81,6 +82,24 @@ def test_a_program_of_one_token_a_call_prefills_one_call_a_token(clock):
     timing = time_prefill_decode([single], prompt, steps, 1, 0, _timer_clock(clock))
     assert single.inputs == [[[[5]], [0]], [[[6]], [1]], [[[7]], [2]], [[[8]], [3]]]
     assert timing.prefill_ms == [[3 / 1e6]] and timing.decode_ms == [[1 / 1e6]]
+
+
+def test_programs_that_take_their_inputs_unlike_the_first_are_refused_before_any_round(clock):
+    """A pair whose prefills would not be the same work (one prompt call against a call a token) is refused,
+    naming the second program, before either runs; so is a program whose inputs are not ``[1, n]`` tokens
+    with a one-dimensional position input."""
+    from edgefuse.llm.latency import InputsRefused
+
+    whole = _Method(clock, 1, None, None, "dynamic")
+    single = _Method(clock, 1, None, None, "static", declared=([1, 1], [1]))
+    prompt, steps = torch.tensor([[5, 6, 7]]), torch.tensor([[[8]]])
+    with pytest.raises(InputsRefused, match="unlike the first program") as refused:
+        time_prefill_decode([whole, single], prompt, steps, 1, 0, _timer_clock(clock))
+    assert refused.value.index == 1 and whole.inputs == single.inputs == []
+    flat = _Method(clock, 1, None, None, "flat", declared=([4], [1]))
+    with pytest.raises(InputsRefused, match=r"takes tokens of sizes \[4\]") as refused:
+        time_prefill_decode([whole, flat], prompt, steps, 1, 0, _timer_clock(clock))
+    assert refused.value.index == 1
 
 
 def test_the_program_loaded_first_alternates_run_by_run():

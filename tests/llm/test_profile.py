@@ -47,3 +47,19 @@ def test_the_profile_sums_each_run_by_op_and_splits_rounds_into_prefill_and_deco
     assert profile.total() == (10000 / 1e6, 2000 / 1e6)
     with pytest.raises(ValueError, match="do not make rounds"):
         summarize(runs[:4], labels, decode=2)
+
+
+def test_a_prefill_of_one_call_a_token_is_the_sum_of_its_calls():
+    """A program that takes one token a call (optimum's Gemma 3) prefills in as many calls as the prompt
+    has tokens: a round is those calls, then the decode steps, and the prefill's row sums its calls."""
+    from edgefuse.llm.profile import INSIDE, summarize
+
+    labels = [[("kernel", "aten::mean.out"), ("delegate", "XnnpackBackend")]]
+    # two rounds of a three-call prefill (4x, 5x, 6x) and one decode step (1x)
+    runs = [_etdump_run(s) for s in (4, 5, 6, 1, 4, 5, 6, 1)]
+    profile = summarize(runs, labels, decode=1, prompt_calls=3)
+    gemm = profile.rows[(INSIDE, "XnnpackBackend: Fully Connected (NC, F32) GEMM")]
+    assert profile.rounds == 2
+    assert (gemm.prefill_calls, gemm.prefill_ms) == (6, 15 * 500 / 1e6)
+    assert (gemm.decode_calls, gemm.decode_ms) == (2, 500 / 1e6)
+    assert profile.total() == (15000 / 1e6, 1000 / 1e6)

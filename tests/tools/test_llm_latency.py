@@ -201,6 +201,7 @@ def test_the_progress_of_a_timing_names_the_program_loaded_first_by_the_labels_g
         return []
 
     monkeypatch.setattr(llm_programs, "load_llm_programs", lambda programs, note: programs)
+    monkeypatch.setattr(llm_programs, "refuse_changed", lambda programs: None)
     monkeypatch.setattr(latency, "time_runs", time_runs)
     pair = llm_latency.Pair("128x2", "fp16", "a.pte", "b.pte")
     args = SimpleNamespace(prefill=4, decode=2, rounds=1, warmup=0)

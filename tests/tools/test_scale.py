@@ -121,24 +121,27 @@ def test_an_option_argparse_does_not_know_exits_2(capsys):
 # -- the verdict ----------------------------------------------------------------------------------------
 
 
-def _pair(means=0, float_casts=0, integer_casts=0, matches=True):
+def _pair(means=0, float_casts=0, integer_casts=0, matches=True, through_hf=False):
     check = {"delegates": 1, "kernels": 2, "means": 0, "casts": 0, "float_casts": 0, "error": 0.0, "allowed": 1.0,
              "matches": True}
     return scale.PairResult("m", "fp16", 3, checks={
         "stock": dict(check, means=3), "edgefuse": dict(check, means=means, casts=float_casts + integer_casts,
-                                                        float_casts=float_casts, matches=matches)})
+                                                        float_casts=float_casts, matches=matches)},
+                            through_hf=through_hf)
 
 
+@pytest.mark.parametrize("through_hf", [False, True])
 @pytest.mark.parametrize("kwargs", [{"means": 1}, {"float_casts": 1}, {"matches": False}])
-def test_a_pair_fails_when_edgefuse_leaves_a_mean_or_a_float_cast_outside_or_misses_its_bound(kwargs):
-    assert _pair().passed
-    assert not _pair(**kwargs).passed
+def test_a_pair_fails_when_edgefuse_leaves_a_mean_or_a_float_cast_outside_or_misses_its_bound(kwargs, through_hf):
+    assert _pair(through_hf=through_hf).passed
+    assert not _pair(**kwargs, through_hf=through_hf).passed
 
 
-def test_integer_casts_outside_are_no_norms_and_a_pair_passes_with_them():
+def test_integer_casts_outside_pass_through_optimum_only():
     """optimum's programs turn position ids into floats for RoPE outside XNNPACK (which takes no int64):
-    casts, but no norm's."""
-    assert _pair(integer_casts=2).passed
+    casts, but no norm's. export_llm's edgefuse programs leave no cast at all outside, and are held to that."""
+    assert _pair(integer_casts=2, through_hf=True).passed
+    assert not _pair(integer_casts=2).passed
 
 
 def test_the_norms_cost_table_reads_every_figure_of_a_row_from_its_own_pair():
@@ -288,14 +291,14 @@ def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_gemma3_at_a_toy_size_goes_through_optimum_executorch(tmp_path, capsys):
-    """Gemma3 at a toy size (two sliding-window layers, width 64) through the scale command's Hugging Face
+    """Gemma3 at a toy size (six layers, a global one among sliding-window ones, width 64) through the scale command's Hugging Face
     route: a random-weight transformers model saved with save_pretrained, exported with optimum-executorch's
     xnnpack recipe and edgefuse's, both against the eager model over the 8-token prompt and 4 decode steps,
     and timed as a pair. 8da4w through optimum is tests/hf/test_export_hf.py's Gemma3."""
     from tests.optional import require_optimum
 
     require_optimum()
-    code, out, err = run(capsys, "--models", "gemma3-1b", "--layers", "2", "--dim", "64", "--dtypes", "fp16",
+    code, out, err = run(capsys, "--models", "gemma3-1b", "--layers", "6", "--dim", "64", "--dtypes", "fp16",
                          "--threads", "1", "--prefill", "16", "--decode", "2", "--rounds", "1", "--warmup", "0",
                          "--no-qnn", "--out", str(tmp_path))
     assert code == OK, out + err
@@ -303,13 +306,36 @@ def test_gemma3_at_a_toy_size_goes_through_optimum_executorch(tmp_path, capsys):
     programs = out.split("programs (")[1].split("export cost")[0]
     stock, ours = [line.split() for line in programs.splitlines() if line.startswith("gemma3-1b")]
     assert stock[2] == "stock" and ours[2] == "edgefuse"
-    assert int(ours[3]) == 13 and int(ours[6]) == 0 and int(ours[7]) == 0 and ours[11] == "yes"  # 13 norms
+    # 37 norms (six layers, five sliding and one global); none outside edgefuse's delegates, no float cast
+    assert int(ours[3]) == 37 and int(ours[6]) == 0 and int(ours[7]) == 0 and ours[11] == "yes"
     assert int(stock[6]) > 0 and stock[11] == "yes"  # stock leaves norms' means outside
     latency = out.split("latency: ")[1]
     assert [line.split()[:3] for line in latency.splitlines() if line.startswith("gemma3-1b")] == [
         ["gemma3-1b", "fp16", "1"]]
+    assert "gemma3-1b fp16: the programs take one token a call" in latency and "16 calls of one token" in latency
     assert out.rstrip().endswith("all passed")
     assert {"hf", "fp16"} <= set(os.listdir(tmp_path / "gemma3-1b"))
+    # the norms scale by 1 + w with w of about 0.1 N(0, 1), not transformers' zeros: a lowering that dropped
+    # or misplaced a norm's weight would miss its bound
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "gemma3-1b" / "hf" / "model.safetensors"))
+    norms = torch.cat([w.flatten() for name, w in saved.items() if name.endswith("norm.weight")])
+    assert norms.numel() == 6 * (4 * 64 + 2 * 16) + 64 and 0.05 < float(norms.std()) < 0.2
+
+
+def test_a_model_exported_through_optimum_needs_it_installed_and_says_so_before_anything_runs(
+        tmp_path, capsys, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(scale, "_run", _no_run)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name.startswith("optimum") else real(name, *a))
+    code, out, err = run(capsys, "--models", "qwen3-0.6b,gemma3-1b", "--out", str(tmp_path))
+    assert code == USAGE and "Traceback" not in err
+    assert "gemma3-1b is exported with optimum-executorch, which needs optimum: pip install optimum-executorch" in err
+    assert os.listdir(tmp_path) == []
 
 
 def test_an_out_that_is_a_file_exits_2(tmp_path, capsys, monkeypatch):

@@ -183,6 +183,7 @@ def bench_llm_command(args, say: Say) -> int:
         failed_steps_named,
         load_llm_programs,
         read_llm_program,
+        refuse_changed,
         try_llm_programs,
     )
     from edgefuse.llm.latency import pooled, time_runs
@@ -202,6 +203,7 @@ def bench_llm_command(args, say: Say) -> int:
 
     with failed_steps_named(paths):
         runs = time_runs(load, len(paths), args.prefill, args.decode, args.runs, args.rounds, args.warmup)
+    refuse_changed(programs)  # a write during the last run's rounds reached what it ran
     timing = pooled(runs)
     medians = [timing.medians(k) for k in range(len(paths))]
     from edgefuse.console.tables import format_table

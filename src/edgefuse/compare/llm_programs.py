@@ -52,12 +52,12 @@ class CheckedPte:
     (``/dev/fd/N``), not whatever is put at ``path`` later, and maps it rather than copying it, so a loaded
     program costs the file pages it reads and what its delegates allocate, not a copy of the file besides. A
     bf16 Llama-3.2-1B (a 2.79 GB file) takes 12.4 GiB loaded from its bytes and 10.1 GiB mapped: two of them
-    fit in 23 GiB only mapped. ``identity`` is the file's ``fstat`` when it was checked (device, inode, size and
-    modification time), which a load compares after it (:meth:`changed`)."""
+    fit in 23 GiB only mapped. ``identity`` is the file's ``fstat`` when it was checked, which a load and the
+    end of a timing compare (:meth:`changed`)."""
 
     path: str
     file: io.BufferedReader
-    identity: tuple[int, ...]
+    identity: os.stat_result
 
     @property
     def source(self) -> str:
@@ -65,31 +65,47 @@ class CheckedPte:
         return f"/dev/fd/{self.file.fileno()}"
 
     def changed(self) -> bool:
-        """Whether the file was written since it was checked (a write moves its modification time; a new file
-        renamed over its name leaves this one as it was)."""
-        return _identity(self.file) != self.identity
+        """Whether the file was written since it was checked: its size or modification time moved, or its
+        change time did while its links did not (a new file renamed over its name unlinks this one, which
+        moves its change time, and leaves its content as it was). A write of the same size within the
+        clock's tick that also puts the modification time back goes unseen."""
+        now, then = os.fstat(self.file.fileno()), self.identity
+        if (now.st_size, now.st_mtime_ns) != (then.st_size, then.st_mtime_ns):
+            return True
+        return now.st_ctime_ns != then.st_ctime_ns and now.st_nlink == then.st_nlink
 
     def read(self) -> bytes:
         """The file's bytes, for a reader that needs them all (a profile labels instructions from them);
         :class:`UsageError` if it was written since it was checked."""
-        from edgefuse.runtime.files import read_open
+        from edgefuse.runtime.files import TooLarge, read_open
 
-        data = read_open(self.file, self.identity[2], f"{self.path} (a .pte)")
+        written = UsageError(f"{self.path} was written to after it was checked; run again once nothing writes it")
         if self.changed():
-            raise UsageError(f"{self.path} was written to after it was checked; read it again once nothing writes it")
+            raise written
+        try:
+            data = read_open(self.file, self.identity.st_size, f"{self.path} (a .pte)")
+        except (TooLarge, OSError) as error:
+            raise written from error
+        if self.changed():
+            raise written
         return data
 
 
-def _identity(f: io.BufferedReader) -> tuple[int, ...]:
-    status = os.fstat(f.fileno())
-    return status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns
+def refuse_changed(programs) -> None:
+    """:class:`UsageError` naming the first ``(path, checked)`` of ``programs`` written to since it was
+    checked: the runtime maps the file, so a write during a timing reaches what it runs."""
+    for path, checked in programs:
+        if checked.changed():
+            raise UsageError(f"{path} was written to after it was checked, while it was loaded or timed; time it "
+                             "again once nothing writes it")
 
 
 def read_llm_program(path: str, max_bytes: int) -> CheckedPte:
     """The ``.pte`` at ``path``, held open once the runtime may see it: a regular file whose headers,
     tables and size pass :func:`~edgefuse.runtime.pte_check.check_pte` within ``max_bytes``, delegating to
-    XNNPACK or to nothing, whose ``forward`` takes export_llm's tokens and start position (two int64
-    tensors). :class:`UsageError` naming the file and why otherwise."""
+    XNNPACK or to nothing, whose ``forward`` takes tokens and their position (two int64 tensors: export_llm's
+    start position, or optimum-executorch's cache positions). :class:`UsageError` naming the file and why
+    otherwise."""
     from edgefuse.runtime.files import NotARegularFile, TooLarge, open_regular
 
     try:
@@ -101,7 +117,7 @@ def read_llm_program(path: str, max_bytes: int) -> CheckedPte:
     except (NotARegularFile, TooLarge) as error:
         raise UsageError(str(error)) from error
     try:
-        identity = _identity(f)
+        identity = os.fstat(f.fileno())
         _check_llm_program(f, path, max_bytes)
     except BaseException:
         f.close()
@@ -152,13 +168,14 @@ def load_llm_programs(programs, say: Say) -> list:
     loaded = []
     for path, checked in programs:
         say(f"loading {path}")
+        if not os.path.exists(checked.source):
+            raise UsageError(f"{path} cannot be loaded by its open descriptor: {checked.source} does not exist here "
+                             "(is /proc mounted?)")
         try:
             loaded.append(LoadedProgram(checked.source))
         except Exception as error:  # the runtime says why in its log, which the error carries
             raise UsageError(f"{path} does not load in executorch.runtime: {error}") from error
-        if checked.changed():
-            raise UsageError(f"{path} was written to after it was checked, while it was loaded; time it again "
-                             "once nothing writes it")
+    refuse_changed(programs)
     return loaded
 
 
@@ -200,11 +217,14 @@ def try_llm_programs(programs, prefill: int, decode: int) -> None:
 
 @contextlib.contextmanager
 def failed_steps_named(paths):
-    """A step that fails in the block becomes a :class:`UsageError` naming the program's file."""
-    from edgefuse.llm.latency import StepFailed
+    """A step that fails in the block, or a program whose inputs the timing cannot feed as the others', becomes
+    a :class:`UsageError` naming the program's file."""
+    from edgefuse.llm.latency import InputsRefused, StepFailed
 
     try:
         yield
+    except InputsRefused as error:
+        raise UsageError(f"{paths[error.index]} {error}") from error
     except StepFailed as error:
         raise UsageError(f"{paths[error.index]} {error} (is --prefill plus --decode within the program's "
                          "context length?)") from error

@@ -51,8 +51,8 @@ def eager_logits(model, sequence: torch.Tensor, prefill: int) -> list[torch.Tens
 
 
 def program_logits(pte: bytes | str, sequence: torch.Tensor, prefill: int) -> list[torch.Tensor]:
-    """A program's logits at :func:`eager_logits`' positions: the prompt in one call where its input takes that
-    many tokens (else one token a call, as a program exported with static shapes takes them), then each
+    """A program's logits at :func:`eager_logits`' positions: the prompt in one call, or one call a token where
+    the program takes one token a call (exported with static shapes, as optimum exports Gemma 3), then each
     token in a call of its own, each with its cache positions. ``pte`` is the program's bytes or file name."""
     from edgefuse.runtime import LoadedProgram
 
@@ -63,7 +63,7 @@ def program_logits(pte: bytes | str, sequence: torch.Tensor, prefill: int) -> li
     def run(start: int, end: int) -> torch.Tensor:
         return method.execute([sequence[:, start:end], torch.arange(start, end)])[0][:, -1]
 
-    if width >= prefill:
+    if width > 1:
         prompt = run(0, prefill)
     else:
         for position in range(prefill):

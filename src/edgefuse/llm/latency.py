@@ -1,9 +1,9 @@
 """Prefill latency and decode time per token of LLM programs with a KV cache, timed side by side.
 
 An ``export_llm`` program takes tokens ``[1, n]`` and the start position ``[1]``; one optimum-executorch
-wrote takes the tokens and their cache positions ``[n]`` (:func:`takes_positions` tells them apart), and
-where it was exported with static shapes (Gemma 3) one token a call, so that its prefill is one call a prompt
-token (:func:`run_prompt`). :func:`time_prefill_decode`
+wrote takes the tokens and their cache positions ``[n]``, and where it was exported with static shapes
+(Gemma 3) one token a call, so that its prefill is one call a prompt token (:func:`inputs_of`,
+:func:`run_prompt`). :func:`time_prefill_decode`
 runs each program through the same prompt at position 0 and then single-token decode steps with the one
 timer (:mod:`edgefuse.runtime.timer`: the programs alternating, so a change of machine load hits all
 alike) and keeps every round's times; the medians are what a table shows.
@@ -25,7 +25,6 @@ loads a middle one first; every caller times two.)
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -43,28 +42,44 @@ def llm_inputs(tokens: torch.Tensor, position: int, positions: bool = False) -> 
     return [tokens, torch.tensor([position], dtype=torch.long)]
 
 
-def one_token_a_call(method) -> bool:
-    """Whether a loaded method takes a single token a call (exported with static shapes, as optimum-executorch
-    exports Gemma 3): its prompt is then run one token a call (:func:`run_prompt`)."""
-    return method.metadata.input_tensor_meta(0).sizes()[1] == 1
+class InputsRefused(ValueError):
+    """A program's inputs are not those of an LLM with a KV cache as a timing feeds them, or are fed unlike
+    the first program's (their prefills would not be the same work); ``index`` is the program's place."""
+
+    def __init__(self, index: int, reason: str) -> None:
+        super().__init__(reason)
+        self.index = index
 
 
-def run_prompt(method, prompt: torch.Tensor, index: int = 0, positions: bool = False,
-               one_token: bool = False) -> torch.Tensor:
-    """The logits of a prompt at position 0: one call, or with ``one_token`` (:func:`one_token_a_call`) one
-    call a token, as the program's own runner prefills it."""
-    if not one_token:
-        return run_step(method, prompt, 0, index, positions)
+@dataclass(frozen=True)
+class Inputs:
+    """How a program takes its inputs: each token's cache position (optimum-executorch's) rather than the
+    start position (export_llm's), and one token a call (exported with static shapes, as optimum exports
+    Gemma 3), whose prompt is then run a token a call (:func:`run_prompt`)."""
+
+    positions: bool
+    one_token: bool
+
+
+def inputs_of(method, index: int = 0) -> Inputs:
+    """How a loaded method (``LoadedProgram.method``) takes its inputs, read from the sizes it declares (a
+    dynamic length's bound): tokens ``[1, n]``, then its start position ``[1]`` or cache positions ``[n]``.
+    :class:`InputsRefused` for other sizes."""
+    tokens, position = (list(method.metadata.input_tensor_meta(i).sizes()) for i in (0, 1))
+    if len(tokens) != 2 or tokens[0] != 1 or len(position) != 1:
+        raise InputsRefused(index, f"takes tokens of sizes {tokens} and a position input of sizes {position}: not "
+                                   "tokens [1, n] with their start position [1] or cache positions [n]")
+    return Inputs(positions=position[0] > 1, one_token=tokens[1] == 1)
+
+
+def run_prompt(method, prompt: torch.Tensor, index: int = 0, inputs: Inputs = Inputs(False, False)) -> torch.Tensor:
+    """The logits of a prompt at position 0: one call, or one call a token for a program that takes one
+    token a call (``inputs.one_token``), as optimum's runner (``ExecuTorchModelForCausalLM``) prefills it."""
+    if not inputs.one_token:
+        return run_step(method, prompt, 0, index, inputs.positions)
     for i in range(prompt.shape[1]):
-        logits = run_step(method, prompt[:, i:i + 1], i, index, positions)
+        logits = run_step(method, prompt[:, i:i + 1], i, index, inputs.positions)
     return logits
-
-
-def takes_positions(method) -> bool:
-    """Whether a loaded method (``LoadedProgram.method``) takes each token's cache position, as
-    optimum-executorch's programs do, rather than export_llm's one start position: its second input is
-    declared longer than one element (a dynamic length's bound, or a static prompt's length)."""
-    return math.prod(method.metadata.input_tensor_meta(1).sizes()) > 1
 
 
 class StepFailed(RuntimeError):
@@ -77,7 +92,7 @@ class StepFailed(RuntimeError):
 
 def run_step(method, tokens: torch.Tensor, position: int, index: int = 0, positions: bool = False) -> torch.Tensor:
     """The logits of one call of a loaded method (``LoadedProgram.method``), given each token's position
-    with ``positions`` (:func:`takes_positions`); :class:`StepFailed` if it fails."""
+    with ``positions`` (:class:`Inputs`); :class:`StepFailed` if it fails."""
     try:
         return method.execute(llm_inputs(tokens, position, positions))[0]
     except Exception as error:  # the runtime raises RuntimeError with its log, or ValueError on shapes
@@ -89,7 +104,7 @@ def prompt_for(method, prefill: int, decode: int, seed: int = 0) -> tuple[torch.
     program (read from the logits of a one-token probe)."""
     from edgefuse.llm.eager import prompt_and_steps
 
-    vocab = run_step(method, torch.zeros((1, 1), dtype=torch.long), 0, 0, takes_positions(method)).shape[-1]
+    vocab = run_step(method, torch.zeros((1, 1), dtype=torch.long), 0, 0, inputs_of(method).positions).shape[-1]
     return prompt_and_steps(vocab, prefill, decode, seed)
 
 
@@ -122,18 +137,22 @@ def time_prefill_decode(methods: Sequence, prompt: torch.Tensor, steps: torch.Te
                         warmup: int, clock: Clock = Clock()) -> PrefillDecode:
     """Time a prefill of ``prompt`` and the decode ``steps`` of each loaded method with the one timer
     (:func:`edgefuse.runtime.timer.alternate`: the methods alternating, ``rounds`` kept rounds after
-    ``warmup`` others). A method that takes one token a call prefills one call a token (:func:`run_prompt`)."""
+    ``warmup`` others). A method that takes one token a call prefills one call a token (:func:`run_prompt`);
+    methods that take their inputs unlike the first raise :class:`InputsRefused`."""
     decode = steps.shape[0]
     last_logits: list[torch.Tensor | None] = [None for _ in methods]
-    positions = [takes_positions(method) for method in methods]
-    one_token = [one_token_a_call(method) for method in methods]
+    inputs = [inputs_of(method, k) for k, method in enumerate(methods)]
+    for k, taken in enumerate(inputs):
+        if taken != inputs[0]:
+            raise InputsRefused(k, f"takes its inputs unlike the first program ({taken} against {inputs[0]}): their "
+                                   "prefills would not be the same work")
 
     def task(k: int) -> Task:
         def prefill_then_decode(mark) -> None:
-            logits = run_prompt(methods[k], prompt, k, positions[k], one_token[k])
+            logits = run_prompt(methods[k], prompt, k, inputs[k])
             mark("prefill")
             for i in range(decode):
-                logits = run_step(methods[k], steps[i], prompt.shape[1] + i, k, positions[k])
+                logits = run_step(methods[k], steps[i], prompt.shape[1] + i, k, inputs[k].positions)
             mark("decode")
             last_logits[k] = logits
 

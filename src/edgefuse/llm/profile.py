@@ -95,25 +95,33 @@ def _label(labels, chain: int, instruction: int) -> tuple[str, str]:
     return ("", "")
 
 
-def summarize(runs, labels, decode: int) -> Profile:
-    """Sum each round of ETDump ``runs`` (a prefill then ``decode`` steps, round after round) by row;
-    each row's medians over the rounds."""
-    per_round = 1 + decode
+def summarize(runs, labels, decode: int, prompt_calls: int = 1) -> Profile:
+    """Sum each round of ETDump ``runs`` (a prefill of ``prompt_calls`` calls, one a token for a program that
+    takes one token a call, then ``decode`` steps, round after round) by row; each row's medians over the
+    rounds."""
+    per_round = prompt_calls + decode
     if not runs or len(runs) % per_round:
-        raise ValueError(f"{len(runs)} ETDump runs do not make rounds of one prefill and {decode} decode steps")
+        raise ValueError(f"{len(runs)} ETDump runs do not make rounds of a prefill of {prompt_calls} call(s) and "
+                         f"{decode} decode steps")
     prefill_ns: dict = defaultdict(list)
     decode_ns: dict = defaultdict(list)
     prefill_calls: dict = {}
     decode_calls: dict = {}
     rounds = len(runs) // per_round
     for r in range(rounds):
-        ns, calls = _run_rows(runs[r * per_round], labels)
-        for key in ns:
-            prefill_ns[key].append(ns[key])
-            prefill_calls[key] = calls[key]
+        prompt: dict = defaultdict(int)
+        prompt_counts: dict = defaultdict(int)
+        for run in runs[r * per_round:r * per_round + prompt_calls]:
+            ns, calls = _run_rows(run, labels)
+            for key in ns:
+                prompt[key] += ns[key]
+                prompt_counts[key] += calls[key]
+        for key in prompt:
+            prefill_ns[key].append(prompt[key])
+            prefill_calls[key] = prompt_counts[key]
         steps: dict = defaultdict(int)
         step_calls: dict = defaultdict(int)
-        for run in runs[r * per_round + 1:(r + 1) * per_round]:
+        for run in runs[r * per_round + prompt_calls:(r + 1) * per_round]:
             ns, calls = _run_rows(run, labels)
             for key in ns:
                 steps[key] += ns[key]
@@ -147,11 +155,14 @@ def profile_prefill_decode(pte: bytes, prompt: torch.Tensor, steps: torch.Tensor
     from edgefuse.llm.pte import instruction_labels
     from edgefuse.runtime import LoadedProgram
 
+    from edgefuse.llm.latency import inputs_of
+
     program = LoadedProgram(pte, etdump=True)
     decode = steps.shape[0]
+    prompt_calls = prompt.shape[1] if inputs_of(program.method).one_token else 1
     time_prefill_decode([program.method], prompt, steps, rounds, warmup)  # the rounds a timing runs, recorded
     dump = deserialize_from_etdump_flatcc(program.etdump())
     executed = [run for run in dump.run_data if any(
         e.profile_event is not None and e.profile_event.name == "Method::execute" for e in run.events or [])]
-    timed = executed[warmup * (1 + decode):]
-    return summarize(timed, instruction_labels(pte), decode)
+    timed = executed[warmup * (prompt_calls + decode):]
+    return summarize(timed, instruction_labels(pte), decode, prompt_calls)

@@ -315,7 +315,7 @@ def bench_pair(programs: list[tuple[str, CheckedPte]], pair: Pair, args, runs: i
     """Time ``pair``'s two programs (:func:`pair_programs`) in ``runs`` runs (``TimedRun``), loaded afresh
     each run with the program loaded first alternating, stock first in the first; the progress names them
     by ``labels``."""
-    from edgefuse.compare.llm_programs import failed_steps_named, load_llm_programs
+    from edgefuse.compare.llm_programs import failed_steps_named, load_llm_programs, refuse_changed
     from edgefuse.llm.latency import time_runs
 
     run = first_run
@@ -328,7 +328,9 @@ def bench_pair(programs: list[tuple[str, CheckedPte]], pair: Pair, args, runs: i
         return load_llm_programs([programs[k] for k in order], lambda _: None)
 
     with failed_steps_named([path for path, _ in programs]):
-        return time_runs(load, len(programs), args.prefill, args.decode, runs, args.rounds, args.warmup)
+        timed = time_runs(load, len(programs), args.prefill, args.decode, runs, args.rounds, args.warmup)
+    refuse_changed(programs)  # a write during the last run's rounds reached what it ran
+    return timed
 
 
 def time_pair(folder: str, pair: Pair, args, say, labels: tuple[str, str] = LABELS) -> list[Row]:

@@ -1,6 +1,6 @@
-"""Real-size shapes through ExecuTorch's ``export_llm``, stock and with edgefuse: what each program holds,
-its logits against eager, what each export costs, prefill and decode latency; one decoder layer of each
-through QNN.
+"""Real-size shapes through ExecuTorch's ``export_llm`` (or optimum-executorch where it has no such model),
+stock and with edgefuse: what each program holds, its logits against eager, what each export costs, prefill
+and decode latency; one decoder layer of each through QNN.
 
 ``python -m edgefuse.tools.scale [--models qwen3-0.6b,llama-3.2-1b,gemma3-1b] [--dtypes 8da4w,fp16,bf16]
 [--threads 1,2] [--layers N] [--dim N] [--prefill 128] [--decode 16] [--rounds 10] [--warmup 2] [--no-latency]
@@ -10,41 +10,48 @@ For each model (:data:`SHAPES`: the public config numbers of Qwen3-0.6B, Llama-3
 here with their source; nothing is downloaded) it writes an ``export_llm`` params file and a random-weight
 checkpoint (embeddings tied where the model ties them), then for each dtype exports it with ``export_llm``
 stock and with edgefuse's lowering from the same overrides as ``llm_check``'s cases (KV cache, custom SDPA,
-XNNPACK with extended ops; ``8da4w`` group size 32, ``fp16``, ``bf16``). Each export runs alone in a child
-process forked from this one, which has not loaded torch: its wall time is the export's (the child's
-imports excluded) and its peak RSS is the child's own (``getrusage``); the order of stock and edgefuse
-alternates from one dtype to the next. Then, per model and dtype, it prints:
+XNNPACK with extended ops; ``8da4w`` group size 32, ``fp16``, ``bf16``). Gemma3-1B, which ``export_llm``
+cannot export, is a random-weight transformers model saved with ``save_pretrained`` and exported with
+optimum-executorch's ``xnnpack`` recipe and edgefuse's ``edgefuse-xnnpack`` (``edgefuse export-hf``'s flow:
+custom SDPA; ``--qlinear 8da4w``, ``--dtype float16``, ``--dtype bfloat16``). Each export runs alone in a
+child process forked from this one, which has not loaded torch: its wall time is the export's (the child's
+imports excluded; optimum's ``main_export``, which loads the model, for Gemma3-1B) and its peak RSS is the
+child's own (``getrusage``); the order of stock and edgefuse alternates from one dtype to the next. Then,
+per model and dtype, it prints:
 
-- the norms the architecture holds, and the means and casts each program runs outside its delegates, its
-  delegates and kernels outside (read from the ``.pte``);
-- each program's logits against the eager module ``export_llm`` exported, over a prompt and decode steps, by
+- the norms the architecture holds, and the means and casts (float and integer) each program runs outside
+  its delegates, its delegates and kernels outside (read from the ``.pte``);
+- each program's logits against the eager module exported, over a prompt and decode steps, by
   ``llm_check``'s rule (``TOLERANCES["model logits"]`` units of the dtype; an 8da4w program within stock's
-  error, edgefuse's plus that bound and the step's rounding floor);
+  error, edgefuse's plus that bound and, for ``export_llm``'s, the step's rounding floor: none is measured
+  for a transformers model, which only makes its bound tighter);
 - export seconds and peak memory of both, and edgefuse's over stock's;
-- unless ``--no-latency``, the prefill (``--prefill`` tokens) and decode medians of both at each thread
-  count, timed as ``llm_latency`` times them (``edgefuse.runtime.timer``: alternating rounds, two runs with
-  each program loaded first once, the ratio the geometric mean of the runs'), with the conditions line
-  (threads, the CPU's float16, bfloat16 and int8 features, MKL's threads) and the machine's load average;
-- with ``--norms-removed``, what the norms still cost in edgefuse's program: the same export with every
-  norm reduced to its weight's multiply (:func:`edgefuse.llm.eager.norms_removed`), timed against
-  edgefuse's program as a pair at each thread count, and where each spends a prefill and a decode step
-  (``llm_latency``'s ETDump profile, side by side);
-- unless ``--no-qnn``, a QNN row per model: one decoder layer at the real shape (ExecuTorch's
-  ``Transformer`` with one layer and a vocabulary of :data:`QNN_VOCAB`) lowered by ``edgefuse.qnn.lower``
-  at fp16 and 16a8w and run on the x86 HTP emulator: norms found and rebuilt, ``RmsNorm`` ops QNN compiled,
-  error against eager (fp16) or the fake-quantized module (16a8w). Without QNN's libraries the row says how
-  to set them up.
+- unless ``--no-latency``, the prefill (``--prefill`` tokens; one call a token for programs that take one
+  token a call, as optimum's Gemma 3) and decode medians of both at each thread count, timed as
+  ``llm_latency`` times them (``edgefuse.runtime.timer``: alternating rounds, two runs with each program
+  loaded first once, the ratio the geometric mean of the runs'), with the conditions line (threads, the
+  CPU's float16, bfloat16 and int8 features, MKL's threads) and the machine's load average;
+- with ``--norms-removed`` (``export_llm``'s models), what the norms still cost in edgefuse's program: the
+  same export with every norm reduced to its weight's multiply (:func:`edgefuse.llm.eager.norms_removed`),
+  timed against edgefuse's program as a pair at each thread count, and where each spends a prefill and a
+  decode step (``llm_latency``'s ETDump profile, side by side);
+- unless ``--no-qnn``, a QNN row per model: one decoder layer at the real widths (ExecuTorch's
+  ``Transformer`` with one layer and a vocabulary of :data:`QNN_VOCAB`; for Gemma3-1B that Transformer's
+  layer, not Gemma 3's) lowered by ``edgefuse.qnn.lower`` at fp16 and 16a8w and run on the x86 HTP
+  emulator: norms found and rebuilt, ``RmsNorm`` ops QNN compiled, error against eager (fp16) or the
+  fake-quantized module (16a8w). Without QNN's libraries the row says how to set them up.
 
 ``--layers N`` cuts the depth and ``--dim N`` makes a toy width (heads of 16, feed-forward twice the width,
 vocabulary 256) for a quick run. A measure, not a test: run it on an otherwise idle machine for the times.
-Exit status: 0 every check passed, 1 a program missed its bound or edgefuse left a mean or a cast outside,
-2 bad usage.
+Exit status: 0 every check passed, 1 a program missed its bound or edgefuse left a mean or a cast outside
+(through optimum, a float cast), 2 bad usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import os
 import sys
@@ -83,13 +90,18 @@ class Shape:
     @property
     def through_hf(self) -> bool:
         """Whether it is exported with optimum-executorch (``edgefuse export-hf``'s flow), not ``export_llm``."""
-        return bool(self.unsupported)
+        return bool(self.hf_model_type)
+
+
+#: transformers' model type of Gemma 3's text model: pre- and post-norms around attention and feed-forward.
+GEMMA3 = "gemma3_text"
 
 
 def norm_count(params: dict, shape: Shape | None = None) -> int:
     """The RMSNorms of ExecuTorch's Llama with ``params``: two a layer, two more with QK norms, the final one;
-    of a Gemma 3 (``shape`` exported through Hugging Face's flow) two more a layer, its post-norms."""
-    per_layer = 2 + (2 if params.get("use_qk_norm") else 0) + (2 if shape is not None and shape.through_hf else 0)
+    of transformers' Gemma 3 (``shape``'s ``hf_model_type``) two more a layer, its post-norms."""
+    post_norms = shape is not None and shape.hf_model_type == GEMMA3
+    per_layer = 2 + (2 if params.get("use_qk_norm") else 0) + (2 if post_norms else 0)
     return params["n_layers"] * per_layer + 1
 
 
@@ -131,8 +143,8 @@ SHAPES = {
             "post_attention_norm, post_ffn_norm, embedding_scale_factor, act_fn and sliding_window, but "
             "llama_transformer.py builds no post-attention norm, does not scale the embedding and builds its "
             "feed-forward with SiLU, so a program it wrote would not be Gemma 3",
-            "gemma3_text",
-            {"max_position_embeddings": 32768, "sliding_window": 512, "hidden_activation": "gelu_pytorch_tanh",
+            GEMMA3,
+            {"max_position_embeddings": 32768, "final_logit_softcapping": None, "attn_logit_softcapping": None, "sliding_window": 512, "hidden_activation": "gelu_pytorch_tanh",
              "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                  "full_attention": {"rope_type": "default", "rope_theta": 1000000.0}}},
         ),
@@ -174,12 +186,15 @@ def parameter_count(params: dict, tied: bool, shape: Shape | None = None) -> int
     import torch
 
     if shape is not None and shape.through_hf:
-        from transformers import AutoConfig, AutoModelForCausalLM
+        def step(note):  # in a child: transformers stays out of this process and the exports forked from it
+            from transformers import AutoConfig, AutoModelForCausalLM
 
-        fields = dict(hf_config(shape, params))
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
-        return sum(p.numel() for p in model.parameters())  # a tied weight is one parameter
+            fields = dict(hf_config(shape, params))
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
+            return sum(p.numel() for p in model.parameters())  # a tied weight is one parameter
+
+        return in_child(step)
     from executorch.examples.models.llama.llama_transformer import construct_transformer
     from executorch.examples.models.llama.model_args import ModelArgs
 
@@ -300,22 +315,33 @@ def hf_config(shape: Shape, params: dict) -> dict:
             "num_attention_heads": params["n_heads"], "num_key_value_heads": params["n_kv_heads"],
             "head_dim": head_dim, "query_pre_attn_scalar": head_dim, "intermediate_size": params["hidden_dim"],
             "vocab_size": params["vocab_size"], "rms_norm_eps": params["norm_eps"], "tie_word_embeddings": shape.tied,
-            **shape.hf_fields}
+            **copy.deepcopy(shape.hf_fields)}
 
 
 def write_hf_model(shape: Shape, params: dict, folder: str) -> str:
     """Save a random-weight transformers model of ``shape`` (:func:`hf_config`) with ``save_pretrained`` in
-    ``folder/hf`` (in a child); the folder."""
+    ``folder/hf`` (in a child); the folder. Its norms scale by about ``1 + 0.1 N(0, 1)`` as the checkpoints
+    ``export_llm`` is given do (``edgefuse.llm.eager``): transformers starts Gemma's norm weights at 0 (it
+    scales by ``1 + w``), with which a lowering that dropped or misplaced a norm's weight would match."""
     path = os.path.join(folder, "hf")
 
     def step(note):
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        from edgefuse.runtime.quiet import quiet_root_logger
+
         fields = dict(hf_config(shape, params))
         config = AutoConfig.for_model(fields.pop("model_type"), **fields)
         torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(config).save_pretrained(path)
+        with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
+            model = AutoModelForCausalLM.from_config(config)
+            offset = params.get("rms_norm_add_unit_offset", False)
+            with torch.no_grad():
+                for name, weight in model.named_parameters():
+                    if name.endswith("norm.weight"):
+                        weight.normal_(0.0 if offset else 1.0, 0.1)
+            model.save_pretrained(path)
         return path
 
     return in_child(step)
@@ -324,17 +350,23 @@ def write_hf_model(shape: Shape, params: dict, folder: str) -> str:
 def export_hf_one(dtype: str, how: str, model_dir: str, folder: str, seq_len: int) -> dict:
     """Export the model saved in ``model_dir`` at ``dtype`` with ``how``'s recipe of optimum-executorch
     (``edgefuse export-hf``'s flow, :func:`edgefuse.hf.export`) to ``folder/HOW.pte`` in a child: the record
-    :func:`export_one` gives; the seconds are optimum's ``main_export``'s, which loads the model."""
+    :func:`export_one` gives (``rejected`` with the reason when optimum refused the model or the options);
+    the seconds are optimum's ``main_export``'s, which loads the model and imports what it lazily needs."""
     from edgefuse.hf.options import EDGEFUSE_RECIPE, STOCK_RECIPE
 
     def step(note):
         from edgefuse.hf import export
         from edgefuse.runtime.quiet import quiet_root_logger
 
+        from edgefuse.hf import HfInputError, ModelRejected, OptimumUnavailable
+
         recipe = EDGEFUSE_RECIPE if how == "edgefuse" else STOCK_RECIPE
-        with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
-            done = export(model_dir, folder, recipe, name=f"{how}.pte", use_custom_sdpa=True, max_seq_len=seq_len,
-                          **HF_OPTIONS[dtype])
+        try:
+            with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
+                done = export(model_dir, folder, recipe, name=f"{how}.pte", use_custom_sdpa=True,
+                              max_seq_len=seq_len, **HF_OPTIONS[dtype])
+        except (HfInputError, ModelRejected, OptimumUnavailable) as error:
+            return {"rejected": str(error)}
         record = done.record
         return {"path": done.path, "seconds": done.seconds, "peak_bytes": peak_rss_bytes(),
                 "substituted": record.substituted if record else 0, "restored": record.restored if record else 0}
@@ -357,15 +389,18 @@ def check_hf_both(dtype: str, model_dir: str, paths: dict) -> dict:
         from edgefuse.hf import logits
         from edgefuse.tools.llm_check import checked_logits
 
+        from edgefuse.runtime.quiet import quiet_root_logger
+
         torch_dtype = getattr(torch, HF_DTYPES[dtype])
-        model = logits.eager_model(model_dir, torch_dtype, HF_OPTIONS[dtype].get("qlinear"))
-        sequence = torch.randint(0, model.config.vocab_size, (1, CHECK_PREFILL + CHECK_DECODE),
-                                 generator=torch.Generator().manual_seed(0))
-        expected = logits.eager_logits(model, sequence, CHECK_PREFILL)
-        del model
-        gc.collect()
-        load_llm_kernels()
-        got = {how: logits.program_logits(path, sequence, CHECK_PREFILL) for how, path in paths.items()}
+        with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
+            model = logits.eager_model(model_dir, torch_dtype, HF_OPTIONS[dtype].get("qlinear"))
+            sequence = torch.randint(0, model.config.vocab_size, (1, CHECK_PREFILL + CHECK_DECODE),
+                                     generator=torch.Generator().manual_seed(0))
+            expected = logits.eager_logits(model, sequence, CHECK_PREFILL)
+            del model
+            gc.collect()
+            load_llm_kernels()
+            got = {how: logits.program_logits(path, sequence, CHECK_PREFILL) for how, path in paths.items()}
         checks = checked_logits(expected, got, paths, torch_dtype, dtype == "8da4w")
         return {how: program_result(check) for how, check in checks.items()}
 
@@ -505,12 +540,16 @@ class PairResult:
     checks: dict = field(default_factory=dict)
     timings: list = field(default_factory=list)
     removed: dict = field(default_factory=dict)  # with --norms-removed: :func:`norm_cost`'s record
+    through_hf: bool = False  # exported with optimum-executorch
 
     @property
     def passed(self) -> bool:
+        """Both programs within their bounds, and no mean and no cast outside edgefuse's delegates; through
+        Hugging Face's flow no float cast (its programs turn integer positions into floats for RoPE outside
+        XNNPACK, which takes no int64: casts, but no norm's)."""
         ours = self.checks.get("edgefuse", {})
-        return (all(c["matches"] for c in self.checks.values()) and ours.get("means") == 0
-                and ours.get("float_casts") == 0)
+        casts = ours.get("float_casts") if self.through_hf else ours.get("casts")
+        return all(c["matches"] for c in self.checks.values()) and ours.get("means") == 0 and casts == 0
 
 
 def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResult], dict | None]:
@@ -531,7 +570,7 @@ def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResul
     extra = context_overrides(args.prefill, args.decode)
     results = []
     for k, dtype in enumerate(args.dtypes):
-        result = PairResult(shape.name, dtype, norm_count(params, shape))
+        result = PairResult(shape.name, dtype, norm_count(params, shape), through_hf=shape.through_hf)
         pair_folder = os.path.join(folder, dtype)
         os.makedirs(pair_folder, exist_ok=True)
         order = LOWERINGS if (start_order + k) % 2 == 0 else LOWERINGS[::-1]
@@ -543,7 +582,8 @@ def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResul
                 say(f"{shape.name} {dtype}: export_llm with {how}'s lowering")
                 record = export_one(shape, dtype, params, how, model_files, pair_folder, extra)
             if "rejected" in record:
-                raise UsageError(f"export_llm rejected {shape.name} {dtype}:\n{record['rejected']}")
+                exporter = "optimum-executorch" if shape.through_hf else "export_llm"
+                raise UsageError(f"{exporter} rejected {shape.name} {dtype}:\n{record['rejected']}")
             say(f"{shape.name} {dtype} {how}: {record['seconds']:.0f}s, peak {record['peak_bytes'] / 2**30:.2f} GiB")
             result.exports[how] = record
         paths = {how: result.exports[how]["path"] for how in LOWERINGS}
@@ -745,6 +785,27 @@ def check_options(args) -> None:
         raise UsageError("--norms-removed times the program without norms against edgefuse's: not with --no-latency")
     if args.prefill + args.decode > 1024:
         raise UsageError("--prefill plus --decode at most 1024 (the context every program is exported with)")
+    through_hf = [name for name in args.models if SHAPES[name].through_hf]
+    if through_hf:
+        _require_hf(through_hf[0])
+
+
+def _require_hf(name: str) -> None:
+    """:class:`UsageError` saying what to install when ``name``, a shape exported through Hugging Face's flow,
+    cannot be: transformers and optimum-executorch are extras (``edgefuse[hf]``)."""
+    import importlib.util
+
+    from edgefuse.hf.flow import INSTALL
+
+    for module, install in (("transformers", "pip install 'edgefuse[models]'"),
+                            ("optimum.exporters.executorch", INSTALL)):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise UsageError(f"{name} is exported with optimum-executorch, which needs {module.split('.')[0]}: "
+                             f"{install} (or leave {name} out of --models)")
 
 
 def run(args, say) -> int:
@@ -796,8 +857,9 @@ def _run(shapes: list[Shape], args, say) -> int:
         print(latency_table(results))
         for r in results:
             if any(t.get("one_token") for t in r.timings):
-                print(f"  {r.model} {r.dtype}: the programs take one token a call (exported with static shapes), so "
-                      f"a prefill is {args.prefill} calls of one token, as their runner prefills")
+                print(f"  {r.model} {r.dtype}: the programs take one token a call (optimum exports them with static "
+                      f"shapes), so a prefill is {args.prefill} calls of one token, as optimum's runner "
+                      "(ExecuTorchModelForCausalLM) prefills them")
     if any(r.removed for r in results):
         print(f"what the norms still cost: edgefuse's program against the same export with every norm reduced to its "
               f"weight's multiply ({REMOVED}), timed as the pairs above")
