@@ -51,7 +51,7 @@ class CheckedPte:
     """A ``.pte`` file :func:`read_llm_program` read and checked, held open: the runtime loads this open file
     (``/dev/fd/N``), not whatever is put at ``path`` later, and maps it rather than copying it, so a loaded
     program costs the file pages it reads and what its delegates allocate, not a copy of the file besides. A
-    bf16 Llama-3.2-1B (a 2.79 GB file) takes 12.4 GiB loaded from its bytes and 10.1 GiB mapped: two of them
+    bf16 Llama-3.2-1B (a 2.79 GiB file) takes 12.4 GiB loaded from its bytes and 10.1 GiB mapped: two of them
     fit in 23 GiB only mapped. ``identity`` is the file's ``fstat`` when it was checked, which a load and the
     end of a timing compare (:meth:`changed`)."""
 
