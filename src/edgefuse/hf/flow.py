@@ -77,16 +77,21 @@ def check_export(model_dir, output_dir, recipe: str = EDGEFUSE_RECIPE, name: str
     return model_type, checked
 
 
-def check_installed(options: dict) -> None:
-    """:class:`OptimumUnavailable` unless optimum-executorch can be imported; :class:`HfInputError` for the
-    custom KV cache with a transformers that optimum-executorch 1.1.0's cache cannot import."""
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it (a missing parent package counts as
+    not installed)."""
     import importlib.util
 
     try:
-        found = importlib.util.find_spec("optimum.exporters.executorch") is not None
+        return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):
-        found = False
-    if not found:
+        return False
+
+
+def check_installed(options: dict) -> None:
+    """:class:`OptimumUnavailable` unless optimum-executorch can be imported; :class:`HfInputError` for the
+    custom KV cache with a transformers that optimum-executorch 1.1.0's cache cannot import."""
+    if not installed("optimum.exporters.executorch"):
         raise OptimumUnavailable(f"optimum-executorch is not installed: {INSTALL}")
     if options.get("use_custom_kv_cache"):
         import transformers

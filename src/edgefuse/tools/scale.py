@@ -792,18 +792,12 @@ def check_options(args) -> None:
 
 def _require_hf(name: str) -> None:
     """:class:`UsageError` saying what to install when ``name``, a shape exported through Hugging Face's flow,
-    cannot be: transformers and optimum-executorch are extras (``edgefuse[hf]``)."""
-    import importlib.util
-
-    from edgefuse.hf.flow import INSTALL
+    cannot be: transformers (the ``models`` extra) and optimum-executorch are not dependencies of edgefuse."""
+    from edgefuse.hf.flow import INSTALL, installed
 
     for module, install in (("transformers", "pip install 'edgefuse[models]'"),
                             ("optimum.exporters.executorch", INSTALL)):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except (ImportError, ValueError):
-            found = False
-        if not found:
+        if not installed(module):
             raise UsageError(f"{name} is exported with optimum-executorch, which needs {module.split('.')[0]}: "
                              f"{install} (or leave {name} out of --models)")
 
