@@ -76,7 +76,7 @@ def export_hf_command(args, say: Say) -> int:
     for export in exports:
         line = f"{export.recipe}: exported in {export.seconds:.1f} s"
         if export.record is not None:
-            line += (f"; edgefuse substituted {export.record.substituted} means, casts and scalar adds, "
+            line += (f"; edgefuse substituted {export.record.substituted} means, casts, scalar adds and tanh GELUs, "
                      f"{export.record.restored} of them left outside a delegate and restored")
         print(line)
     print(format_contents(exports))

@@ -110,7 +110,7 @@ def export_llm_command(args, say: Say) -> int:
         substituted = sum(l.substituted for l in ours.swap.lowerings)
         restored = sum(l.restored for l in ours.swap.lowerings)
         partitioners = ", ".join(p for l in ours.swap.lowerings for p in l.partitioners)
-        print(f"edgefuse lowering: {partitioners}; {substituted} means, casts and scalar adds substituted, "
+        print(f"edgefuse lowering: {partitioners}; {substituted} means, casts, scalar adds and tanh GELUs substituted, "
               f"{restored} of them left outside a delegate and restored (single-row policy {ours.swap.single_row!r})")
     else:
         print("this config lowers nothing for XNNPACK or QNN: the program is export_llm's own (enable "

@@ -43,6 +43,7 @@ class Role(enum.Enum):
     RESHAPE = "reshape"
     PERMUTE = "permute"
     RMS_NORM = "rms_norm"
+    GELU = "gelu"
     ASSERT_METADATA = "assert_metadata"
     QUANTIZE = "quantize"
     DEQUANTIZE = "dequantize"
@@ -138,6 +139,7 @@ CAPTURE = OpTable(
         aten.movedim.int: Role.PERMUTE,
         aten.movedim.intlist: Role.PERMUTE,
         aten.rms_norm.default: Role.RMS_NORM,
+        aten.gelu.default: Role.GELU,
         aten._assert_tensor_metadata.default: Role.ASSERT_METADATA,
         **_quantization_ops(torch.ops),
     },
@@ -164,6 +166,7 @@ EDGE = OpTable(
         edge.aten.reciprocal.default: Role.RECIPROCAL,
         edge.aten.view_copy.default: Role.RESHAPE,
         edge.aten.rms_norm.default: Role.RMS_NORM,
+        edge.aten.gelu.default: Role.GELU,
         **_quantization_ops(edge),
     },
     rms_norm=edge.aten.rms_norm.default,

@@ -22,7 +22,7 @@ from edgefuse.hf.options import EDGEFUSE_RECIPE
 
 @dataclass
 class RecipeRecord:
-    """What one run of the recipe did: the means, casts and scalar adds edgefuse substituted, and of those
+    """What one run of the recipe did: the means, casts, scalar adds and tanh GELUs edgefuse substituted, and of those
     the ones left outside a delegate and restored."""
 
     substituted: int = 0

@@ -64,7 +64,7 @@ class Lowering:
     """One ``to_edge_transform_and_lower`` call that ran with edgefuse's partitioners."""
 
     partitioners: list[str]
-    substituted: int = 0  # means, casts and scalar adds swapped for edgefuse's ops before partitioning
+    substituted: int = 0  # means, casts, scalar adds and tanh GELUs swapped for edgefuse's ops before partitioning
     restored: int = 0  # of those, the ones left outside a delegate and put back after it
     manager: Any = None  # the lowered EdgeProgramManager
 

@@ -1,5 +1,5 @@
-"""Partitioner configs: the means, casts, scalar adds and squares edgefuse hands to the XNNPACK delegate,
-and the GELUs it keeps from it.
+"""Partitioner configs: the means, casts, scalar adds, squares and tanh GELUs edgefuse hands to the XNNPACK
+delegate, and the GELUs it keeps from it.
 
 Each config is a stock ``XNNPartitionerConfig``: the partitioner builds it with every keyword argument
 it was given, so edgefuse's options (``single_row``) reach the configs the same way ``enable_bf16``
@@ -99,6 +99,20 @@ class XnnAddScalarConfig(GenericNodePartitionerConfig):
         return [ConfigPrecisionType.FP32]
 
 
+class XnnGeluTanhConfig(GenericNodePartitionerConfig):
+    """Takes an ``edgefuse.xnn_gelu_tanh`` (see :mod:`edgefuse.xnnpack.substitute` for which GELUs); a GELU
+    all the same, so it goes with the stock ``GeluConfig``: a config list without that keeps it out."""
+
+    target_name = "xnn_gelu_tanh.default"
+    amends = GeluConfig.target_name
+
+    def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
+        return self.check_common_constraints(node, ep)
+
+    def supported_precision_types(self) -> List[ConfigPrecisionType]:
+        return [ConfigPrecisionType.FP32]
+
+
 class SquarePowConfig(GenericNodePartitionerConfig):
     """Replaces the stock ``PowConfig``: takes ``pow(x, 2)`` with the exponent an int or the float 2.0.
 
@@ -126,7 +140,9 @@ class ExactGeluConfig(GeluConfig):
 
     The released visitor serializes every ``gelu`` as ``XNNGelu``, dropping ``approximate``: a
     ``gelu(x, approximate="tanh")`` (Gemma's ``gelu_pytorch_tanh``) would compute the erf form, up to
-    4.7e-4 away at ``x = -2.70``. The tanh form stays on the portable kernel, which computes it.
+    4.7e-4 away at ``x = -2.70``. :class:`~edgefuse.xnnpack.substitute.SubstituteForXnnpack` turns the tanh
+    form into ``edgefuse.xnn_gelu_tanh`` before partitioning; one that reaches this config (that substitution
+    turned off) stays on the portable kernel, which computes it.
     """
 
     def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
@@ -137,4 +153,6 @@ class ExactGeluConfig(GeluConfig):
         return super().check_constraints(node, ep)
 
 
-EDGEFUSE_CONFIGS = (XnnMeanConfig, XnnConvertConfig, XnnAddScalarConfig, SquarePowConfig, ExactGeluConfig)
+EDGEFUSE_CONFIGS = (
+    XnnMeanConfig, XnnConvertConfig, XnnAddScalarConfig, XnnGeluTanhConfig, SquarePowConfig, ExactGeluConfig,
+)

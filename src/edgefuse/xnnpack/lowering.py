@@ -41,14 +41,15 @@ def lower(
     means: bool = True,
     casts: bool = True,
     adds: bool = True,
+    gelus: bool = True,
     compile_config: EdgeCompileConfig | None = None,
     **partitioner_kwargs: Any,
 ) -> EdgeProgramManager:
-    """Lower ``exported_program`` to XNNPACK with edgefuse's means, casts, scalar adds and squares (and no
-    tanh GELU).
+    """Lower ``exported_program`` to XNNPACK with edgefuse's means, casts, scalar adds, squares and tanh GELUs.
 
-    ``single_row`` is the single-row mean policy (:mod:`edgefuse.xnnpack.policy`); ``means``, ``casts``
-    and ``adds`` turn the substitutions off one at a time (to measure them); ``compile_config`` goes to
+    ``single_row`` is the single-row mean policy (:mod:`edgefuse.xnnpack.policy`); ``means``, ``casts``,
+    ``adds`` and ``gelus`` turn the substitutions off one at a time (to measure them; a tanh GELU not
+    substituted stays outside the delegate); ``compile_config`` goes to
     ``to_edge_transform_and_lower``; every other keyword goes to :class:`EdgefuseXnnpackPartitioner`
     and from there to ``XnnpackPartitioner`` (``enable_bf16``, ``config_precisions``, ...).
     """
@@ -58,7 +59,7 @@ def lower(
             "call torch.export.export(module, inputs) first"
         )
     check_policy(single_row)
-    for name, value in (("means", means), ("casts", casts), ("adds", adds)):
+    for name, value in (("means", means), ("casts", casts), ("adds", adds), ("gelus", gelus)):
         if not isinstance(value, bool):
             raise TypeError(f"lower's {name} is True or False, got {value!r}")
     if compile_config is not None and not isinstance(compile_config, EdgeCompileConfig):
@@ -66,13 +67,13 @@ def lower(
     unknown = sorted(set(partitioner_kwargs) - set(PARTITIONER_OPTIONS))
     if unknown:
         raise TypeError(
-            f"lower got unknown options {', '.join(unknown)}; it takes single_row, means, casts, adds, "
+            f"lower got unknown options {', '.join(unknown)}; it takes single_row, means, casts, adds, gelus, "
             f"compile_config and XnnpackPartitioner's {', '.join(PARTITIONER_OPTIONS)}"
         )
     partitioner = EdgefuseXnnpackPartitioner(single_row=single_row, **partitioner_kwargs)
     manager = to_edge_transform_and_lower(
         detached(exported_program),  # the caller's program keeps the constants a delegate takes in
-        transform_passes=[SubstituteForXnnpack(means=means, casts=casts, adds=adds)],
+        transform_passes=[SubstituteForXnnpack(means=means, casts=casts, adds=adds, gelus=gelus)],
         partitioner=[partitioner],
         compile_config=compile_config,
     )

@@ -1,4 +1,4 @@
-"""The drop-in for ``XnnpackPartitioner``: the stock configs, with edgefuse's mean, cast, square and GELU.
+"""The drop-in for ``XnnpackPartitioner``: the stock configs, with edgefuse's mean, cast, square and GELUs.
 
 ``EdgefuseXnnpackPartitioner(**kwargs)`` takes every keyword argument ``XnnpackPartitioner`` takes
 (``configs``, ``config_precisions``, ``per_op_mode``, ``verbose``, ``enable_bf16``, ...) plus
@@ -9,8 +9,8 @@ The partitioner only chooses nodes; ExecuTorch forbids a partitioner to change t
 casts it delegates are the ``edgefuse`` ops that :class:`~edgefuse.xnnpack.substitute.SubstituteForXnnpack`
 puts in the graph before partitioning, and :class:`~edgefuse.xnnpack.substitute.RestoreUndelegated`
 must run after it; :func:`edgefuse.xnnpack.lower` does all three. On a graph without edgefuse ops it
-partitions like stock, except that ``pow(x, 2.0)`` is taken as a square, and that a tanh GELU, which the
-delegate would compute as the erf GELU, and any node with a tensor of more than six dims, which the
+partitions like stock, except that ``pow(x, 2.0)`` is taken as a square, and that a tanh GELU left as
+``aten.gelu`` (the delegate would compute it as the erf GELU), and any node with a tensor of more than six dims, which the
 runtime cannot define (stock's program then fails to load), are left out.
 """
 
@@ -36,11 +36,13 @@ from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy
 
 def edgefuse_configs(base: Optional[List[Type[XNNPartitionerConfig]]] = None) -> list[Type[XNNPartitionerConfig]]:
     """``base`` (by default every stock config) with edgefuse's configs: those for edgefuse's own ops
-    added, those that amend a stock config (the square, the GELU) in place of it, and only where
-    ``base`` has it, so a list without a stock config keeps that op out as stock would."""
+    added, those that amend a stock config (the square, the erf GELU, and the tanh GELU, whose config
+    names the stock one it ``amends``) only where ``base`` has that config, so a list without a stock
+    config keeps that op out as stock would."""
     base = list(base or ALL_PARTITIONER_CONFIGS)
     names = {getattr(config, "target_name", None) for config in base}
-    ours = [c for c in EDGEFUSE_CONFIGS if c.target_name in names or c.target_name not in STOCK_TARGETS]
+    ours = [c for c in EDGEFUSE_CONFIGS if getattr(c, "amends", c.target_name) in names or
+            (c.target_name not in STOCK_TARGETS and not hasattr(c, "amends"))]
     replaced = {config.target_name for config in ours}
     return [config for config in base if getattr(config, "target_name", None) not in replaced] + ours
 

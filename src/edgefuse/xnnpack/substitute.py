@@ -1,4 +1,4 @@
-"""The two graph passes around partitioning: swap means, casts and scalar adds for edgefuse's ops, and back.
+"""The two graph passes around partitioning: swap means, casts, scalar adds and tanh GELUs for edgefuse's ops, and back.
 
 :class:`SubstituteForXnnpack` runs on the edge program before partitioning. It replaces
 
@@ -14,7 +14,11 @@
   ``edgefuse.xnn_convert``;
 - every ``add.Scalar`` of a float32 or float16 tensor, with alpha 1, with ``edgefuse.xnn_add_scalar``:
   ``torch.nn.RMSNorm`` adds its eps that way, and the released delegate takes no ``add.Scalar``. The
-  delegate adds the scalar rounded to the tensor's dtype, as eager's ``add.Scalar`` does.
+  delegate adds the scalar rounded to the tensor's dtype, as eager's ``add.Scalar`` does;
+- every ``gelu(x, approximate="tanh")`` of a float32, float16 or bfloat16 tensor with
+  ``edgefuse.xnn_gelu_tanh``: the released visitor would serialize it as the erf GELU. The delegate
+  computes it in float32 from multiplies, adds and a tanh, in eager's order, and rounds once to the
+  tensor's dtype, as eager's kernel does.
 
 :class:`RestoreUndelegated` runs on the lowered program and turns every edgefuse op left outside a
 delegate (refused by a config, or by the single-row policy) back into the op it replaced, with the
@@ -30,8 +34,11 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 
 from edgefuse.core.casts import changes_only_dtype, dtype_of
 from edgefuse.core.ops import EDGE, Role
-from edgefuse.xnnpack.custom_ops import EDGE_XNN_ADD_SCALAR, EDGE_XNN_CONVERT, EDGE_XNN_MEAN
+from edgefuse.xnnpack.custom_ops import EDGE_XNN_ADD_SCALAR, EDGE_XNN_CONVERT, EDGE_XNN_GELU_TANH, EDGE_XNN_MEAN
 from edgefuse.xnnpack.mean_plan import PlanError, normalize_dims
+
+#: The ops :class:`SubstituteForXnnpack` puts in a graph, which :class:`RestoreUndelegated` takes back out.
+EDGEFUSE_OPS = (EDGE_XNN_MEAN, EDGE_XNN_CONVERT, EDGE_XNN_ADD_SCALAR, EDGE_XNN_GELU_TANH)
 
 #: ``node.meta`` key holding ``(target, args after the tensor, kwargs)`` of the op a node replaced.
 ORIGINAL = "edgefuse_xnnpack_original"
@@ -133,6 +140,20 @@ def add_reason(node: Node) -> str | None:
     return None
 
 
+def gelu_reason(node: Node) -> str | None:
+    """Why a ``gelu`` node is not substituted, or None when it is (the tanh form of a float tensor)."""
+    approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+    if approximate != "tanh":
+        return f"GELU with approximate={approximate!r}: the stock delegate computes the erf GELU"
+    dtype = dtype_of(node.args[0])
+    if dtype not in _FLOATS or dtype_of(node) != dtype:
+        return f"GELU of {dtype} producing {dtype_of(node)}: edgefuse substitutes float GELUs only"
+    value = node.args[0].meta.get("val")
+    if not isinstance(value, torch.Tensor) or value.dim() == 0:
+        return "GELU of a 0-d tensor: the delegate cannot return a 0-d tensor"
+    return None
+
+
 def _replace(graph, node: Node, target, args: tuple, original) -> Node:
     with graph.inserting_before(node):
         new = graph.call_function(target, args)
@@ -144,13 +165,15 @@ def _replace(graph, node: Node, target, args: tuple, original) -> Node:
 
 
 class SubstituteForXnnpack(PassBase):
-    """Swap delegable means, casts and scalar adds for edgefuse's ops; ``substituted`` names the replaced nodes."""
+    """Swap delegable means, casts, scalar adds and tanh GELUs for edgefuse's ops; ``substituted`` names the
+    replaced nodes."""
 
-    def __init__(self, means: bool = True, casts: bool = True, adds: bool = True) -> None:
+    def __init__(self, means: bool = True, casts: bool = True, adds: bool = True, gelus: bool = True) -> None:
         super().__init__()
         self.means = means
         self.casts = casts
         self.adds = adds
+        self.gelus = gelus
         self.substituted: list[str] = []
 
     def call(self, graph_module: GraphModule) -> PassResult:
@@ -172,6 +195,10 @@ class SubstituteForXnnpack(PassBase):
                 original = (node.target, tuple(node.args[1:]), dict(node.kwargs))
                 _replace(graph, node, EDGE_XNN_ADD_SCALAR, (node.args[0], float(node.args[1])), original)
                 self.substituted.append(node.name)
+            elif self.gelus and EDGE.is_a(node, Role.GELU) and gelu_reason(node) is None:
+                original = (node.target, tuple(node.args[1:]), dict(node.kwargs))
+                _replace(graph, node, EDGE_XNN_GELU_TANH, (node.args[0],), original)
+                self.substituted.append(node.name)
         if self.substituted:
             graph.lint()
             graph_module.recompile()
@@ -189,7 +216,7 @@ class RestoreUndelegated(PassBase):
         self.restored = []
         graph = graph_module.graph
         for node in list(graph.nodes):
-            if node.op != "call_function" or node.target not in (EDGE_XNN_MEAN, EDGE_XNN_CONVERT, EDGE_XNN_ADD_SCALAR):
+            if node.op != "call_function" or node.target not in EDGEFUSE_OPS:
                 continue
             original = node.meta.get(ORIGINAL)
             if original is None:

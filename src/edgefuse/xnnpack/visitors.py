@@ -1,11 +1,12 @@
-"""Node visitors that serialize edgefuse's mean, cast and scalar add with node types the released runtime has.
+"""Node visitors that serialize edgefuse's mean, cast, scalar add and tanh GELU with node types the released runtime has.
 
 ``edgefuse.xnn_mean`` becomes the nodes of :func:`edgefuse.xnnpack.mean_plan.plan_mean`
 (``XNNFullyConnected`` against a constant ``1/W`` row, ``XNNGlobalAvgPooling2d``, ``XNNStaticReshape``);
 a fully-connected step of a float16 mean, and every step of a bfloat16 mean, runs in float32 between
 two ``XNNConvert`` nodes (see :func:`_step_dtype`).
 ``edgefuse.xnn_convert`` becomes one ``XNNConvert``, ``edgefuse.xnn_add_scalar`` one ``XNNAdd`` of a
-constant. No node type is new, so the programs load on the released 1.5.1 runtime.
+constant, ``edgefuse.xnn_gelu_tanh`` the float32 multiplies, adds and ``XNNTanh`` of
+:data:`GELU_TANH_STEPS`. No node type is new, so the programs load on the released 1.5.1 runtime.
 
 Importing this module registers the visitors with the delegate (``register_node_visitor`` keys them by
 their own targets, so no stock visitor is replaced) and adds the mean to the layout pass's set of ops
@@ -16,6 +17,7 @@ convolution's output) then gets the one transpose it needs instead of averaging 
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Dict
 
 import torch
@@ -34,7 +36,9 @@ from executorch.backends.xnnpack.serialization.xnnpack_graph_schema import (
     XNNFullyConnected,
     XNNGlobalAvgPooling2d,
     XNNGraph,
+    XNNMultiply,
     XNNStaticReshape,
+    XNNTanh,
     XNNTensorValue,
     XNode,
     XValue,
@@ -46,7 +50,7 @@ from executorch.backends.xnnpack.utils.xnnpack_constants import (
     XNN_INVALID_VALUE_ID,
 )
 
-from edgefuse.xnnpack.custom_ops import EDGE_XNN_ADD_SCALAR, EDGE_XNN_CONVERT, EDGE_XNN_MEAN
+from edgefuse.xnnpack.custom_ops import EDGE_XNN_ADD_SCALAR, EDGE_XNN_CONVERT, EDGE_XNN_GELU_TANH, EDGE_XNN_MEAN
 from edgefuse.xnnpack.mean_plan import DYNAMIC, FULLY_CONNECTED_KINDS, PlanError, Step, plan_mean
 
 _XNN_DTYPES = {
@@ -235,6 +239,58 @@ class XnnAddScalarVisitor(_EdgefuseVisitor):
             ),
             debug_handle,
         )
+
+
+#: The tanh GELU as ATen's CPU kernel computes it, in float32 and in its order:
+#: ``0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x * x * x)))``. Each step is
+#: ``(result, node type, first operand, second operand)``: an operand is an earlier result or ``x``, a number
+#: a float32 constant; ``y`` is the output.
+GELU_TANH_STEPS = (
+    ("square", XNNMultiply, "x", "x"),
+    ("cube", XNNMultiply, "square", "x"),
+    ("scaled_cube", XNNMultiply, 0.044715, "cube"),
+    ("inner", XNNAdd, "x", "scaled_cube"),
+    ("argument", XNNMultiply, math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5, "inner"),
+    ("tanh", XNNTanh, "argument", None),
+    ("one_plus", XNNAdd, 1.0, "tanh"),
+    ("half_x", XNNMultiply, 0.5, "x"),
+    ("y", XNNMultiply, "half_x", "one_plus"),
+)
+
+
+@register_node_visitor
+class XnnGeluTanhVisitor(_EdgefuseVisitor):
+    """Serializes ``edgefuse.xnn_gelu_tanh`` as :data:`GELU_TANH_STEPS` in float32; a float16 or bfloat16
+    input is converted to float32 first and the result back once, as ATen's kernel computes a half GELU in
+    float32 and rounds once."""
+
+    target = EDGE_XNN_GELU_TANH.__name__
+
+    def define_node(self, node: Node, xnn_graph: XNNGraph, vals_to_ids: Dict[Node, int], debug_handle: int) -> None:
+        self.define_nodes_tensor_inputs_outputs(node, xnn_graph, vals_to_ids)
+        source = node.args[0]
+        dtype = source.meta["val"].dtype
+        dims = xnn_graph.xvalues[vals_to_ids[source]].xvalue_union.dims  # in the layout the delegate gave it
+        ids = {"x": vals_to_ids[source]}
+        if dtype != torch.float32:
+            ids["x"] = self._internal_value(xnn_graph, dims, torch.float32)
+            self._append(xnn_graph, XNNConvert(input_id=vals_to_ids[source], output_id=ids["x"], flags=0), debug_handle)
+
+        def operand(name_or_number) -> int:
+            if isinstance(name_or_number, str):
+                return ids[name_or_number]
+            return self._constant_value(xnn_graph, torch.tensor([name_or_number], dtype=torch.float64).float())
+
+        for result, kind, first, second in GELU_TANH_STEPS:
+            last = result == "y" and dtype == torch.float32
+            ids[result] = vals_to_ids[node] if last else self._internal_value(xnn_graph, dims, torch.float32)
+            if second is None:
+                union = kind(input_id=operand(first), output_id=ids[result], flags=0)
+            else:
+                union = kind(input1_id=operand(first), input2_id=operand(second), output_id=ids[result], flags=0)
+            self._append(xnn_graph, union, debug_handle)
+        if dtype != torch.float32:
+            self._append(xnn_graph, XNNConvert(input_id=ids["y"], output_id=vals_to_ids[node], flags=0), debug_handle)
 
 
 ChannelsLastTaggedReshapePass.memory_sensitive_ops_nchw.add(EDGE_XNN_MEAN)
