@@ -283,7 +283,8 @@ def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files:
                extra: tuple[str, ...]) -> dict:
     """Both programs against the eager module (``llm_check.check_programs``, in a child): by lowering, the
     delegates, kernels, means and casts outside, the worst step's error, what it allows and the rounding
-    floor in that (``llm_check.rounding_floor``; 0 but for edgefuse's quantized program), whether it passed."""
+    floor in that (:func:`edgefuse.quant.rounding.rounding_floor`; 0 but for edgefuse's quantized program),
+    whether it passed."""
 
     def step(note):
         from edgefuse.llm.eager import config_from_overrides
