@@ -89,31 +89,6 @@ def test_a_step_that_allows_no_finite_error_fails(no_pte):
     assert stock.worst_step == 1 and not stock.matches
 
 
-def test_the_rounding_floor_is_at_each_step_the_most_of_every_rounding(monkeypatch):
-    """Each way of rounding the means is run once, and the floor at a step is the largest move of any (here
-    each rounding moves one step the most)."""
-    import contextlib
-
-    from edgefuse.llm import eager
-
-    expected = [torch.zeros(4) for _ in range(3)]
-    moves = {"float64": [0.3, 0.0, 0.1], "up": [0.1, 0.2, 0.0], "down": [0.0, 0.1, 0.4]}
-    assert set(moves) == set(eager.MEAN_ROUNDINGS)
-    ran = []
-
-    @contextlib.contextmanager
-    def means_rounded(model, rounding):
-        ran.append(rounding)
-        yield 1
-
-    monkeypatch.setattr(eager, "means_rounded", means_rounded)
-    monkeypatch.setattr(eager, "eager_step", lambda model: None)
-    monkeypatch.setattr(eager, "logits_sequence", lambda step, prompt, steps: [torch.full((4,), m) for m in moves[ran[-1]]])
-    floor = llm_check.rounding_floor(object(), None, None, expected)
-    assert sorted(ran) == sorted(eager.MEAN_ROUNDINGS)
-    assert floor == pytest.approx([0.3, 0.2, 0.4])
-
-
 @pytest.mark.parametrize("name", ["qwen3-8da4w", "qwen3-fp32"])
 def test_check_programs_measures_the_floor_of_a_quantized_case_alone(tmp_path, monkeypatch, name):
     """check_programs hands checked_logits the floor measured on the eager module for a quantized case, and
@@ -121,13 +96,15 @@ def test_check_programs_measures_the_floor_of_a_quantized_case_alone(tmp_path, m
     from edgefuse import runtime
     from edgefuse.compare import llm_programs
     from edgefuse.llm import eager
+    from edgefuse.quant import rounding
 
     model, logits, floor, seen = object(), [torch.zeros(4)], [0.5], {}
     monkeypatch.setattr(llm_programs, "load_llm_kernels", lambda: None)
     monkeypatch.setattr(runtime, "LoadedProgram", lambda data: None)
     monkeypatch.setattr(eager, "eager_model", lambda config: model)
     monkeypatch.setattr(eager, "logits_sequence", lambda step, prompt, steps: logits)
-    monkeypatch.setattr(llm_check, "rounding_floor", lambda m, prompt, steps, expected: floor if m is model else None)
+    monkeypatch.setattr(rounding, "rounding_floor",
+                        lambda m, outputs, expected: floor if m is model and outputs() is logits else None)
     monkeypatch.setattr(llm_check, "checked_logits", lambda *args: seen.setdefault("args", args))
     paths = {}
     for how in ("stock", "edgefuse"):
@@ -148,10 +125,11 @@ def _eager(tmp_path, name: str, dim: int, layers: int):
 
 def _floor(case, model):
     from edgefuse.llm.eager import eager_step, logits_sequence, prompt_and_steps
+    from edgefuse.quant.rounding import rounding_floor
 
     prompt, steps = prompt_and_steps(case.params["vocab_size"], 8, 4)
     expected = logits_sequence(eager_step(model), prompt, steps)
-    floor = llm_check.rounding_floor(model, prompt, steps, expected)
+    floor = rounding_floor(model, lambda: logits_sequence(eager_step(model), prompt, steps), expected)
     again = logits_sequence(eager_step(model), prompt, steps)
     assert all(torch.equal(a, e) for a, e in zip(again, expected))  # eager is as it was after the floor
     bound = [finite_tolerance(torch.float32, e, TOLERANCES["model logits"].ulps) for e in expected]
@@ -171,29 +149,6 @@ def test_the_rounding_floor_of_an_8da4w_model_is_what_its_quantized_activations_
     (a mean summed in float64 alone moves none there: the floor takes the most of three)."""
     floor, bound = _floor(*_eager(tmp_path, "qwen3-8da4w", 1024, 4))
     assert all(b < f < float("inf") for f, b in zip(floor, bound)), floor
-
-
-def test_a_model_without_executorchs_rmsnorm_has_no_floor_to_measure():
-    """A module whose norms ``means_rounded`` cannot reach (here ExecuTorch's Llama with its norms made
-    ``torch.nn.RMSNorm``, a module that runs) would get a floor of 0 at every step: refused."""
-    import torch
-    from executorch.examples.models.llama.llama_transformer import construct_transformer
-    from executorch.examples.models.llama.model_args import ModelArgs
-    from executorch.examples.models.llama.source_transformation.rms_norm import replace_rms_norm_with_native_rms_norm
-
-    from edgefuse.llm.eager import eager_step, logits_sequence, prompt_and_steps, random_state
-    from edgefuse.tools.llm_check import rounding_floor
-
-    model = construct_transformer(ModelArgs(dim=64, n_layers=1, n_heads=4, n_kv_heads=2, vocab_size=32, hidden_dim=128,
-                                            use_kv_cache=True, enable_dynamic_shape=True, max_seq_len=16,
-                                            max_context_len=16))
-    model.load_state_dict(random_state(model))
-    model = replace_rms_norm_with_native_rms_norm(model.eval())
-    assert not any(type(m).__name__ == "RMSNorm" and type(m) is not torch.nn.RMSNorm for m in model.modules())
-    prompt, steps = prompt_and_steps(32, 4, 2)
-    expected = logits_sequence(eager_step(model), prompt, steps)
-    with pytest.raises(ValueError, match="holds no ExecuTorch RMSNorm"):
-        rounding_floor(model, prompt, steps, expected)
 
 
 def test_check_programs_holds_one_program_at_a_time(tmp_path, monkeypatch):

@@ -251,6 +251,59 @@ def test_a_programs_result_holds_the_floor_of_the_step_it_shows():
     assert scale.program_result(ProgramCheck("stock", "stock.pte", contents, [0.1], [0.1]))["floor"] == 0.0
 
 
+def test_a_hugging_face_models_8da4w_check_measures_the_floor_on_its_eager_model(tmp_path):
+    """hf_reference measures the rounding floor of an 8da4w check on the eager model (Gemma3 and Qwen3 built
+    from tests/hf's configs: transformers' norms) over the check's steps, and none in float; a step's floor is
+    0 exactly where no rounding moves its logits, each rounding applied here on the model it was measured on."""
+    from tests.hf.hf_models import save_model
+    from tests.optional import require_optimum
+
+    from edgefuse.hf import logits
+    from edgefuse.quant.rounding import MEAN_ROUNDINGS, means_rounded
+
+    require_optimum()
+    for name in ("gemma3", "qwen3"):
+        folder = save_model(str(tmp_path), name)
+        assert scale.hf_reference("fp16", folder).floor is None
+        reference = scale.hf_reference("8da4w", folder)
+        assert len(reference.floor) == len(reference.expected) == scale.CHECK_DECODE + 1
+        model = logits.eager_model(folder, torch.float32, "8da4w")
+        assert all(torch.equal(a, e) for a, e in
+                   zip(logits.eager_logits(model, reference.sequence, scale.CHECK_PREFILL), reference.expected))
+        moved = [False] * len(reference.expected)
+        for rounding in MEAN_ROUNDINGS:
+            with means_rounded(model, rounding):
+                got = logits.eager_logits(model, reference.sequence, scale.CHECK_PREFILL)
+            moved = [m or not torch.equal(g, e) for m, g, e in zip(moved, got, reference.expected)]
+        assert any(moved), name
+        assert [f > 0 for f in reference.floor] == moved, (name, reference.floor)
+        assert all(f < float("inf") for f in reference.floor)
+
+
+def test_a_hugging_face_models_8da4w_check_allows_edgefuse_the_floor(monkeypatch):
+    """hf_results holds edgefuse's program to stock's error plus the bound plus the reference's floor, and
+    reports it: 0.25 off eager where stock is 0.2 off is within a floor of 0.1, and not without it (nothing
+    runs; the programs' contents are stand-ins)."""
+    from types import SimpleNamespace
+
+    from edgefuse.llm import pte
+
+    contents = SimpleNamespace(delegate_count=1, kernel_count=0, means=0, casts=0, float_casts=0)
+    monkeypatch.setattr(pte, "read_pte", lambda path: contents)
+
+    def off(by):
+        steps = [torch.linspace(-3.0, 3.0, 64), torch.linspace(-2.0, 4.0, 64)]
+        for s in steps:
+            s[0] += by
+        return steps
+
+    got, paths = {"stock": off(0.2), "edgefuse": off(0.25)}, {"stock": "stock.pte", "edgefuse": "edgefuse.pte"}
+    results = scale.hf_results("8da4w", scale.HfReference(None, off(0.0), [0.1, 0.1]), got, paths)
+    assert results["edgefuse"]["matches"] and results["edgefuse"]["floor"] == 0.1
+    assert results["stock"]["matches"] and results["stock"]["floor"] == 0.0
+    assert not scale.hf_results("8da4w", scale.HfReference(None, off(0.0), None), got, paths)["edgefuse"]["matches"]
+
+
 # -- the whole command at a toy size ------------------------------------------------------------------
 
 

@@ -5,10 +5,8 @@ same loading, source transforms, quantization and dtype, through ``export_llama_
 preparation), and :func:`logits_sequence` runs any program, eager or loaded, through the same prompt
 and decode steps. :func:`write_small_model` writes params and a random checkpoint for small models
 (a model without a checkpoint reads uninitialised memory), such as those of :mod:`edgefuse.llm.small`.
-:func:`means_rounded` makes the eager module's norms round their means another way, for the spread a
-quantized program's check allows (:mod:`edgefuse.tools.llm_check`), and :func:`norms_removed` makes every
-norm built within it normalize nothing, for the program a norm's cost is measured against
-(:mod:`edgefuse.tools.scale`).
+:func:`norms_removed` makes every norm built within it normalize nothing, for the program a norm's cost is
+measured against (:mod:`edgefuse.tools.scale`).
 """
 
 from __future__ import annotations
@@ -86,47 +84,6 @@ def eager_model(config) -> torch.nn.Module:
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401  (eager kernels of the custom SDPA)
 
     return _prepare_for_llama_export(copy.deepcopy(config)).model.eval()
-
-
-#: How :func:`means_rounded` rounds each norm's mean of squares: summed in float64 and rounded once to the
-#: input's dtype, or torch's mean moved one unit in its last place up or down.
-MEAN_ROUNDINGS = ("float64", "up", "down")
-
-
-@contextlib.contextmanager
-def means_rounded(model: torch.nn.Module, rounding: str) -> Iterator[int]:
-    """Within the block, each of ``model``'s RMSNorms (ExecuTorch's ``RMSNorm``, as ``export_llm``'s Llama
-    and Qwen3 hold them) takes its mean of squares rounded another way (``rounding``, one of
-    :data:`MEAN_ROUNDINGS`: summed in float64 and rounded once, or torch's float32 mean one unit in the
-    last place up or down); the rest of the norm is unchanged. The norm then differs from eager's by the
-    rounding of that mean alone: the one thing edgefuse's XNNPACK lowering changes in a norm, whose
-    mean it sums inside the delegate in an order of its own. Yields how many norms it changed; each is
-    put back on leaving."""
-    from executorch.examples.models.llama.norm import RMSNorm
-
-    if rounding not in MEAN_ROUNDINGS:
-        raise ValueError(f"rounding {rounding!r}: one of {', '.join(MEAN_ROUNDINGS)}")
-
-    def norm(self, x: torch.Tensor) -> torch.Tensor:
-        if rounding == "float64":
-            mean = (x.double() * x.double()).mean(-1, keepdim=True).to(x.dtype)
-        else:
-            mean = (x * x).mean(-1, keepdim=True)
-            mean = torch.nextafter(mean, torch.full_like(mean, float("inf") if rounding == "up" else float("-inf")))
-        return x * torch.rsqrt(mean + self.eps)
-
-    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
-    before = [m.__dict__.get("_norm") for m in norms]  # a block within another puts the outer's back
-    for m in norms:
-        m._norm = norm.__get__(m)
-    try:
-        yield len(norms)
-    finally:
-        for m, kept in zip(norms, before):
-            if kept is None:
-                del m._norm
-            else:
-                m._norm = kept
 
 
 @contextlib.contextmanager

@@ -18,7 +18,7 @@ rather than by a portable kernel) moves a value by a whole step, and layer after
 spread; at width 1024 the two programs' logits were measured 0.037 apart at a largest logit of 2.77,
 and 0.08 to 0.17 apart at Qwen3-0.6B's 28 layers (docs/scale.md). So each step's *rounding floor* is
 measured: the largest logit difference from eager's of the eager module run again with every norm's
-mean rounded another way (:func:`edgefuse.llm.eager.means_rounded`: summed in float64 and rounded
+mean rounded another way (:func:`edgefuse.quant.rounding.means_rounded`: summed in float64 and rounded
 once, or one unit in the last place up, or down; the one thing edgefuse's lowering changes in a norm),
 the most of the three. edgefuse's error is allowed stock's at that step plus
 the float32 bound plus the floor. The check fails when edgefuse leaves a mean or a cast
@@ -191,17 +191,20 @@ def check_case(case: Case, directory: str, prefill: int = 10, decode: int = 12,
 def check_programs(case: Case, paths: dict[str, str], config, prefill: int = 10,
                    decode: int = 12) -> dict[str, ProgramCheck]:
     """Check the ``.pte`` files ``paths`` (by lowering) of ``case`` against the eager module of ``config``;
-    a quantized case's rounding floor is measured on that module (:func:`rounding_floor`)."""
+    a quantized case's rounding floor is measured on that module (:func:`edgefuse.quant.rounding.rounding_floor`)."""
     import torch
 
     from edgefuse.compare.llm_programs import load_llm_kernels
     from edgefuse.llm.eager import eager_model, eager_step, logits_sequence, prompt_and_steps
+    from edgefuse.quant.rounding import rounding_floor
 
     load_llm_kernels()
     model = eager_model(config)
     prompt, steps = prompt_and_steps(case.params["vocab_size"], prefill, decode)
     expected = logits_sequence(eager_step(model), prompt, steps)
-    floor = rounding_floor(model, prompt, steps, expected) if case.quantized else None
+    floor = None
+    if case.quantized:
+        floor = rounding_floor(model, lambda: logits_sequence(eager_step(model), prompt, steps), expected)
     del model  # not needed by the programs' runs, which each take gigabytes at real size
     logits = {how: program_logits(path, prompt, steps) for how, path in paths.items()}
     return checked_logits(expected, logits, paths, getattr(torch, case.dtype), case.quantized, floor)
@@ -225,34 +228,13 @@ def program_logits(path: str, prompt, steps) -> list:
     )
 
 
-def rounding_floor(model, prompt: torch.Tensor, steps, expected: list[torch.Tensor]) -> list[float]:
-    """At each step, the largest difference between eager's logits ``expected`` and those of the same
-    module with every norm's mean rounded another way, the most over each way of
-    :data:`~edgefuse.llm.eager.MEAN_ROUNDINGS` (:func:`~edgefuse.llm.eager.means_rounded`): what a
-    rounding of each mean becomes in the logits once quantized activations have turned it into whole
-    int8 steps layer after layer. Whether a last-bit change moves any activation to another int8 level
-    is chance (in the small Qwen3 of width 1024 and 4 layers, over 8 prompt tokens and 4 decode steps, the
-    float64 sum moved the logits by at most 1e-6, by up to 0.018 over 10 and 12; one unit up by 0.044 to
-    0.060; one unit down by 6e-7 at the prompt and 0.037 to 0.088 after), so the floor takes the most of
-    three."""
-    from edgefuse.llm.eager import MEAN_ROUNDINGS, eager_step, logits_sequence, means_rounded
-
-    floor = [0.0] * len(expected)
-    for rounding in MEAN_ROUNDINGS:
-        with means_rounded(model, rounding) as changed:
-            if not changed:
-                raise ValueError("the eager module holds no ExecuTorch RMSNorm: its rounding floor cannot be measured")
-            moved = logits_sequence(eager_step(model), prompt, steps)
-        floor = [max(f, _error(e, m)) for f, e, m in zip(floor, expected, moved)]
-    return floor
-
-
 def checked_logits(expected: list[torch.Tensor], logits: dict[str, list[torch.Tensor]], paths: dict[str, str],
                    dtype: torch.dtype, quantized: bool, floor: list[float] | None = None) -> dict[str, ProgramCheck]:
     """Each program's logits (by lowering: ``stock``, ``edgefuse``) at each step held to eager's ``expected``
     by this module's rule: within the ``model logits`` units of ``dtype`` at the step's largest logit;
     quantized, within stock's own error, plus for edgefuse the bound and the step's rounding ``floor``
-    (:func:`rounding_floor`; none measured counts as 0); in float, also within the bound of stock's logits."""
+    (:func:`edgefuse.quant.rounding.rounding_floor`; none measured counts as 0); in float, also within the
+    bound of stock's logits."""
     from edgefuse.core.verify import finite_tolerance
     from edgefuse.llm.pte import read_pte
 

@@ -23,8 +23,8 @@ per model and dtype, it prints:
   its delegates, its delegates and kernels outside (read from the ``.pte``);
 - each program's logits against the eager module exported, over a prompt and decode steps, by
   ``llm_check``'s rule (``TOLERANCES["model logits"]`` units of the dtype; an 8da4w program within stock's
-  error, edgefuse's plus that bound and, for ``export_llm``'s, the step's rounding floor: none is measured
-  for a transformers model, which only makes its bound tighter);
+  error, edgefuse's plus that bound and the step's rounding floor, measured on the eager model, ExecuTorch's
+  norms or transformers', with each mean rounded another way);
 - export seconds and peak memory of both, and edgefuse's over stock's;
 - unless ``--no-latency``, the prefill (``--prefill`` tokens; one call a token for programs that take one
   token a call, as optimum's Gemma 3) and decode medians of both at each thread count, timed as
@@ -57,6 +57,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple
 
 if __name__ == "__main__":
     from edgefuse.runtime.quiet import quiet_libraries
@@ -66,6 +67,9 @@ if __name__ == "__main__":
 from edgefuse.console.command import run_command
 from edgefuse.inputs.errors import CHECK_FAILED, OK, UsageError
 from edgefuse.tools.llm_latency import LABELS
+
+if TYPE_CHECKING:
+    import torch
 
 PROG = "python -m edgefuse.tools.scale"
 
@@ -283,7 +287,8 @@ def check_both(shape: Shape, dtype: str, params: dict, paths: dict, model_files:
                extra: tuple[str, ...]) -> dict:
     """Both programs against the eager module (``llm_check.check_programs``, in a child): by lowering, the
     delegates, kernels, means and casts outside, the worst step's error, what it allows and the rounding
-    floor in that (``llm_check.rounding_floor``; 0 but for edgefuse's quantized program), whether it passed."""
+    floor in that (:func:`edgefuse.quant.rounding.rounding_floor`; 0 but for edgefuse's quantized program),
+    whether it passed."""
 
     def step(note):
         from edgefuse.llm.eager import config_from_overrides
@@ -374,35 +379,67 @@ def export_hf_one(dtype: str, how: str, model_dir: str, folder: str, seq_len: in
     return in_child(step)
 
 
+class HfReference(NamedTuple):
+    """What a Hugging Face export's programs are checked against: the tokens (the prompt, then one a decode
+    step), eager's logits at each step and, for 8da4w, each step's rounding floor (None in float)."""
+
+    sequence: torch.Tensor
+    expected: list
+    floor: list[float] | None
+
+
+def hf_reference(dtype: str, model_dir: str) -> HfReference:
+    """The eager side of :func:`check_hf_both`: the model saved in ``model_dir`` at ``dtype`` (8da4w: quantized as
+    optimum quantizes it), its logits over a prompt of :data:`CHECK_PREFILL` tokens and :data:`CHECK_DECODE`
+    decode steps and, quantized, the rounding floor measured on it as ``llm_check`` measures export_llm's
+    (:func:`edgefuse.quant.rounding.rounding_floor`). The model is released before this returns, so that the
+    programs load without it."""
+    import gc
+
+    import torch
+
+    from edgefuse.hf import logits
+    from edgefuse.quant.rounding import rounding_floor
+
+    model = logits.eager_model(model_dir, getattr(torch, HF_DTYPES[dtype]), HF_OPTIONS[dtype].get("qlinear"))
+    sequence = torch.randint(0, model.config.vocab_size, (1, CHECK_PREFILL + CHECK_DECODE),
+                             generator=torch.Generator().manual_seed(0))
+    expected = logits.eager_logits(model, sequence, CHECK_PREFILL)
+    floor = None
+    if dtype == "8da4w":
+        floor = rounding_floor(model, lambda: logits.eager_logits(model, sequence, CHECK_PREFILL), expected)
+    del model
+    gc.collect()
+    return HfReference(sequence, expected, floor)
+
+
+def hf_results(dtype: str, reference: HfReference, got: dict, paths: dict) -> dict:
+    """:func:`check_both`'s record of the programs at ``paths`` (by lowering) from their logits ``got``, held to
+    ``reference`` by ``llm_check``'s rule (:func:`edgefuse.tools.llm_check.checked_logits`, with its floor)."""
+    import torch
+
+    from edgefuse.tools.llm_check import checked_logits
+
+    checks = checked_logits(reference.expected, got, paths, getattr(torch, HF_DTYPES[dtype]), dtype == "8da4w",
+                            reference.floor)
+    return {how: program_result(check) for how, check in checks.items()}
+
+
 def check_hf_both(dtype: str, model_dir: str, paths: dict) -> dict:
-    """Both programs of a Hugging Face export against the eager model they were exported from (8da4w:
-    quantized as optimum quantizes it) over a prompt of :data:`CHECK_PREFILL` tokens and
-    :data:`CHECK_DECODE` decode steps, by ``llm_check``'s rule (in a child): :func:`check_both`'s record. The
-    eager model is released before the programs load, and each program before the next."""
+    """Both programs of a Hugging Face export against the eager model they were exported from
+    (:func:`hf_reference`), by ``llm_check``'s rule (in a child): :func:`check_both`'s record. The eager model
+    is released before the programs load, and each program before the next."""
 
     def step(note):
-        import gc
-
-        import torch
-
         from edgefuse.compare.llm_programs import load_llm_kernels
         from edgefuse.hf import logits
-        from edgefuse.tools.llm_check import checked_logits
-
         from edgefuse.runtime.quiet import quiet_root_logger
 
-        torch_dtype = getattr(torch, HF_DTYPES[dtype])
         with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
-            model = logits.eager_model(model_dir, torch_dtype, HF_OPTIONS[dtype].get("qlinear"))
-            sequence = torch.randint(0, model.config.vocab_size, (1, CHECK_PREFILL + CHECK_DECODE),
-                                     generator=torch.Generator().manual_seed(0))
-            expected = logits.eager_logits(model, sequence, CHECK_PREFILL)
-            del model
-            gc.collect()
+            reference = hf_reference(dtype, model_dir)
             load_llm_kernels()
-            got = {how: logits.program_logits(path, sequence, CHECK_PREFILL) for how, path in paths.items()}
-        checks = checked_logits(expected, got, paths, torch_dtype, dtype == "8da4w")
-        return {how: program_result(check) for how, check in checks.items()}
+            got = {how: logits.program_logits(path, reference.sequence, CHECK_PREFILL) for how, path in paths.items()}
+        return hf_results(dtype, reference, got, paths)
 
     return in_child(step)
 
