@@ -216,10 +216,12 @@ def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_pr
         monkeypatch):
     """time_both and profile_both hand llm_latency the pair in the order given (edgefuse's program in the
     ``stock`` slot) and the labels its progress and profile columns name them by; the timing's entry keeps
-    the pair's slots (``stock`` the first program's medians, ratios second / first)."""
+    the pair's slots (``stock`` the first program's medians, ratios second / first) and whether the programs
+    took one token a call as the timing read it, not from the files again."""
     from types import SimpleNamespace
 
     from edgefuse import runtime
+    from edgefuse.llm.latency import Inputs
     from edgefuse.runtime import timer
     from edgefuse.tools import llm_latency
 
@@ -231,11 +233,15 @@ def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_pr
 
     def time_pair(folder, pair, args, say, labels=None):
         seen.append((pair.stock, pair.edgefuse, labels))
-        return [SimpleNamespace(medians=[(10.0, 4.0), (8.0, 3.0)], ratios=(0.8, 0.75))]
+        return [SimpleNamespace(medians=[(10.0, 4.0), (8.0, 3.0)], ratios=(0.8, 0.75),
+                                inputs=Inputs(positions=True, one_token=True))]
+
+    def no_reading(*args):
+        raise AssertionError("the program's file was read again")
 
     monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
     monkeypatch.setattr(runtime, "set_threads", lambda threads: threads + 1)  # the runtime's count, reported
-    monkeypatch.setattr(runtime, "method_io", lambda pte: ((SimpleNamespace(shape=(1, 129)), None), ()))
+    monkeypatch.setattr(runtime, "method_io", no_reading)
     monkeypatch.setattr(timer, "conditions", lambda threads: "conditions")
     monkeypatch.setattr(llm_latency, "profile_table", profile_table)
     monkeypatch.setattr(llm_latency, "time_pair", time_pair)
@@ -245,7 +251,7 @@ def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_pr
     timing = scale.time_both("m", "fp16", "/f/fp16", paths, 1, None, labels=labels)
     assert seen == [("edgefuse.pte", os.path.join("without-norms", "edgefuse.pte"), labels)] * 2
     assert (timing["stock"], timing["edgefuse"], timing["ratios"]) == ([10.0, 4.0], [8.0, 3.0], [0.8, 0.75])
-    assert timing["one_token"] is False
+    assert timing["one_token"] is True
 
 
 def test_a_programs_result_holds_the_floor_of_the_step_it_shows():

@@ -444,24 +444,21 @@ def counts(c) -> dict:
 def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args,
               labels: tuple[str, str] = LABELS) -> dict:
     """Both programs timed at ``threads`` as ``llm_latency`` times a pair (in a child): the medians over
-    every round, the ratios over the runs (:func:`edgefuse.llm.latency.pooled`), and the conditions line;
-    ``labels`` name the two in the progress."""
+    every round, the ratios over the runs (:func:`edgefuse.llm.latency.pooled`), the conditions line, and
+    whether the programs took one token a call, as the timing read it; ``labels`` name the two in the progress."""
 
     def step(note):
         from edgefuse.runtime import set_threads
         from edgefuse.runtime.timer import conditions
         from edgefuse.tools.llm_latency import Pair, time_pair
 
-        from edgefuse.runtime import method_io
-
         used = set_threads(threads)
         pair = Pair(name, dtype, os.path.relpath(paths["stock"], folder), os.path.relpath(paths["edgefuse"], folder))
         rows = time_pair(folder, pair, args, note, labels)
         pooled = rows[-1]
         (sp, sd), (ep, ed) = pooled.medians
-        tokens = method_io(paths["stock"])[0][0]  # mapped, not read: the method table alone
         return {"threads": used, "stock": [sp, sd], "edgefuse": [ep, ed], "ratios": list(pooled.ratios),
-                "runs": len(rows) - 1, "conditions": conditions(used), "one_token": tokens.shape[1] == 1}
+                "runs": len(rows) - 1, "conditions": conditions(used), "one_token": pooled.inputs.one_token}
 
     return in_child(step)
 
