@@ -65,21 +65,24 @@ def inputs_of(method, index: int = 0) -> Inputs:
     """How a loaded method (``LoadedProgram.method``) takes its inputs, read from the sizes it declares (a
     dynamic length's bound): tokens ``[1, n]``, then its start position ``[1]`` or cache positions ``[n]``.
     :class:`InputsRefused` for other sizes."""
+    from edgefuse.runtime import takes_one_token
+
     tokens, position = (list(method.metadata.input_tensor_meta(i).sizes()) for i in (0, 1))
     if len(tokens) != 2 or tokens[0] != 1 or len(position) != 1:
         raise InputsRefused(index, f"takes tokens of sizes {tokens} and a position input of sizes {position}: not "
                                    "tokens [1, n] with their start position [1] or cache positions [n]")
-    return Inputs(positions=position[0] > 1, one_token=tokens[1] == 1)
+    return Inputs(positions=position[0] > 1, one_token=takes_one_token(method))
 
 
 def run_prompt(method, prompt: torch.Tensor, index: int = 0, inputs: Inputs = Inputs(False, False)) -> torch.Tensor:
-    """The logits of a prompt at position 0: one call, or one call a token for a program that takes one
-    token a call (``inputs.one_token``), as optimum's runner (``ExecuTorchModelForCausalLM``) prefills it."""
-    if not inputs.one_token:
-        return run_step(method, prompt, 0, index, inputs.positions)
-    for i in range(prompt.shape[1]):
-        logits = run_step(method, prompt[:, i:i + 1], i, index, inputs.positions)
-    return logits
+    """The logits of a prompt at position 0, one call a token for a program that takes one token a call
+    (``inputs.one_token``; :func:`edgefuse.runtime.prefill`)."""
+    from edgefuse.runtime import prefill
+
+    def step(start: int, end: int) -> torch.Tensor:
+        return run_step(method, prompt[:, start:end], start, index, inputs.positions)
+
+    return prefill(step, prompt.shape[1], inputs.one_token)
 
 
 class StepFailed(RuntimeError):
