@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from edgefuse.llm.latency import StepFailed, load_orders, pooled, time_prefill_decode, time_runs
+from edgefuse.llm.latency import Inputs, StepFailed, load_orders, pooled, time_prefill_decode, time_runs
 from edgefuse.runtime.timer import Clock
 
 
@@ -82,6 +82,7 @@ def test_a_program_of_one_token_a_call_prefills_one_call_a_token(clock):
     timing = time_prefill_decode([single], prompt, steps, 1, 0, _timer_clock(clock))
     assert single.inputs == [[[[5]], [0]], [[[6]], [1]], [[[7]], [2]], [[[8]], [3]]]
     assert timing.prefill_ms == [[3 / 1e6]] and timing.decode_ms == [[1 / 1e6]]
+    assert timing.inputs == Inputs(positions=False, one_token=True)  # what the scale command reports
 
 
 def test_programs_that_take_their_inputs_unlike_the_first_are_refused_before_any_round(clock):
@@ -172,6 +173,7 @@ def test_pooled_holds_every_round_of_every_run_by_program(clock):
     assert sorted(set(whole.decode_ms[0])) == [1e-6, 3e-6, 5e-6]
     assert sorted(set(whole.decode_ms[1])) == [2e-6, 4e-6, 6e-6]
     assert whole.last_logits[0] is runs[-1].timing.last_logits[0]
+    assert whole.inputs == runs[-1].timing.inputs == Inputs(positions=False, one_token=False)
 
 
 def test_a_ratio_over_runs_is_the_geometric_mean_of_each_runs_ratio_not_the_ratio_of_pooled_medians():

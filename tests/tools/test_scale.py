@@ -4,6 +4,7 @@ or a memory figure."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -72,6 +73,17 @@ def test_gemma3_1b_has_the_public_configs_numbers_and_goes_through_hugging_faces
 
 #: Gemma3-1B's parameters as transformers builds its config (the embedding tied): Google's "1B".
 GEMMA3_1B_PARAMETERS = 999_885_952
+
+
+def test_gemma3s_config_keeps_its_global_layers_at_full_size_and_in_a_cut_of_two():
+    """At 26 layers every sixth attends globally (layers 5, 11, 17, 23), as transformers' default pattern
+    has it; a cut of two layers, under six, keeps one sliding-window layer and one global, the last."""
+    shape = scale.SHAPES["gemma3-1b"]
+    full = scale.hf_config(shape, shape.params)["layer_types"]
+    assert len(full) == 26 and [i for i, kind in enumerate(full) if kind == "full_attention"] == [5, 11, 17, 23]
+    assert set(full) == {"full_attention", "sliding_attention"}
+    cut = scale.hf_config(shape, scale.sized_params(shape, 2, 64))
+    assert cut["num_hidden_layers"] == 2 and cut["layer_types"] == ["sliding_attention", "full_attention"]
 
 
 def test_a_cut_keeps_the_shape_and_a_toy_width_makes_heads_of_16():
@@ -204,10 +216,12 @@ def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_pr
         monkeypatch):
     """time_both and profile_both hand llm_latency the pair in the order given (edgefuse's program in the
     ``stock`` slot) and the labels its progress and profile columns name them by; the timing's entry keeps
-    the pair's slots (``stock`` the first program's medians, ratios second / first)."""
+    the pair's slots (``stock`` the first program's medians, ratios second / first) and whether the programs
+    took one token a call as the timing read it, not from the files again."""
     from types import SimpleNamespace
 
     from edgefuse import runtime
+    from edgefuse.llm.latency import Inputs
     from edgefuse.runtime import timer
     from edgefuse.tools import llm_latency
 
@@ -219,11 +233,15 @@ def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_pr
 
     def time_pair(folder, pair, args, say, labels=None):
         seen.append((pair.stock, pair.edgefuse, labels))
-        return [SimpleNamespace(medians=[(10.0, 4.0), (8.0, 3.0)], ratios=(0.8, 0.75))]
+        return [SimpleNamespace(medians=[(10.0, 4.0), (8.0, 3.0)], ratios=(0.8, 0.75),
+                                inputs=Inputs(positions=True, one_token=True))]
+
+    def no_reading(*args):
+        raise AssertionError("the program's file was read again")
 
     monkeypatch.setattr(scale, "in_child", lambda step: step(lambda _: None))
     monkeypatch.setattr(runtime, "set_threads", lambda threads: threads + 1)  # the runtime's count, reported
-    monkeypatch.setattr(runtime, "method_io", lambda pte: ((SimpleNamespace(shape=(1, 129)), None), ()))
+    monkeypatch.setattr(runtime, "method_io", no_reading)
     monkeypatch.setattr(timer, "conditions", lambda threads: "conditions")
     monkeypatch.setattr(llm_latency, "profile_table", profile_table)
     monkeypatch.setattr(llm_latency, "time_pair", time_pair)
@@ -233,7 +251,7 @@ def test_the_timing_and_profile_of_the_norms_cost_name_edgefuse_first_and_the_pr
     timing = scale.time_both("m", "fp16", "/f/fp16", paths, 1, None, labels=labels)
     assert seen == [("edgefuse.pte", os.path.join("without-norms", "edgefuse.pte"), labels)] * 2
     assert (timing["stock"], timing["edgefuse"], timing["ratios"]) == ([10.0, 4.0], [8.0, 3.0], [0.8, 0.75])
-    assert timing["one_token"] is False
+    assert timing["one_token"] is True
 
 
 def test_a_programs_result_holds_the_floor_of_the_step_it_shows():
@@ -344,14 +362,14 @@ def test_the_whole_command_at_a_toy_size(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_gemma3_at_a_toy_size_goes_through_optimum_executorch(tmp_path, capsys):
-    """Gemma3 at a toy size (six layers, a global one among sliding-window ones, width 64) through the scale command's Hugging Face
-    route: a random-weight transformers model saved with save_pretrained, exported with optimum-executorch's
-    xnnpack recipe and edgefuse's, both against the eager model over the 8-token prompt and 4 decode steps,
-    and timed as a pair. 8da4w through optimum is tests/hf/test_export_hf.py's Gemma3."""
+    """Gemma3 at a toy size (two layers, a sliding-window one and a global one, width 64) through the scale
+    command's Hugging Face route: a random-weight transformers model saved with save_pretrained, exported with
+    optimum-executorch's xnnpack recipe and edgefuse's, both against the eager model over the 8-token prompt
+    and 4 decode steps, and timed as a pair. 8da4w through optimum is tests/hf/test_export_hf.py's Gemma3."""
     from tests.optional import require_optimum
 
     require_optimum()
-    code, out, err = run(capsys, "--models", "gemma3-1b", "--layers", "6", "--dim", "64", "--dtypes", "fp16",
+    code, out, err = run(capsys, "--models", "gemma3-1b", "--layers", "2", "--dim", "64", "--dtypes", "fp16",
                          "--threads", "1", "--prefill", "16", "--decode", "2", "--rounds", "1", "--warmup", "0",
                          "--no-qnn", "--out", str(tmp_path))
     assert code == OK, out + err
@@ -359,8 +377,9 @@ def test_gemma3_at_a_toy_size_goes_through_optimum_executorch(tmp_path, capsys):
     programs = out.split("programs (")[1].split("export cost")[0]
     stock, ours = [line.split() for line in programs.splitlines() if line.startswith("gemma3-1b")]
     assert stock[2] == "stock" and ours[2] == "edgefuse"
-    # 37 norms (six layers, five sliding and one global); none outside edgefuse's delegates, no float cast
-    assert int(ours[3]) == 37 and int(ours[6]) == 0 and int(ours[7]) == 0 and ours[11] == "yes"
+    # 13 norms (two layers of four and two QK norms, the final one); none outside edgefuse's delegates, no
+    # float cast
+    assert int(ours[3]) == 13 and int(ours[6]) == 0 and int(ours[7]) == 0 and ours[11] == "yes"
     assert int(stock[6]) > 0 and stock[11] == "yes"  # stock leaves norms' means outside
     latency = out.split("latency: ")[1]
     assert [line.split()[:3] for line in latency.splitlines() if line.startswith("gemma3-1b")] == [
@@ -368,13 +387,15 @@ def test_gemma3_at_a_toy_size_goes_through_optimum_executorch(tmp_path, capsys):
     assert "gemma3-1b fp16: the programs take one token a call" in latency and "16 calls of one token" in latency
     assert out.rstrip().endswith("all passed")
     assert {"hf", "fp16"} <= set(os.listdir(tmp_path / "gemma3-1b"))
+    saved_config = json.loads((tmp_path / "gemma3-1b" / "hf" / "config.json").read_text())
+    assert saved_config["layer_types"] == ["sliding_attention", "full_attention"]  # the model exported has both
     # the norms scale by 1 + w with w of about 0.1 N(0, 1), not transformers' zeros: a lowering that dropped
     # or misplaced a norm's weight would miss its bound
     from safetensors.torch import load_file
 
     saved = load_file(str(tmp_path / "gemma3-1b" / "hf" / "model.safetensors"))
     norms = torch.cat([w.flatten() for name, w in saved.items() if name.endswith("norm.weight")])
-    assert norms.numel() == 6 * (4 * 64 + 2 * 16) + 64 and 0.05 < float(norms.std()) < 0.2
+    assert norms.numel() == 2 * (4 * 64 + 2 * 16) + 64 and 0.05 < float(norms.std()) < 0.2
 
 
 def test_a_model_exported_through_optimum_needs_it_installed_and_says_so_before_anything_runs(

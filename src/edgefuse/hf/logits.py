@@ -54,20 +54,16 @@ def program_logits(pte: bytes | str, sequence: torch.Tensor, prefill: int) -> li
     """A program's logits at :func:`eager_logits`' positions: the prompt in one call, or one call a token where
     the program takes one token a call (exported with static shapes, as optimum exports Gemma 3), then each
     token in a call of its own, each with its cache positions. ``pte`` is the program's bytes or file name."""
-    from edgefuse.runtime import LoadedProgram
+    from edgefuse.runtime import LoadedProgram, takes_one_token
+    from edgefuse.runtime import prefill as prefilled
 
     loaded = LoadedProgram(pte)  # holds the program, which must outlive its method
     method = loaded.method
-    width = method.metadata.input_tensor_meta(0).sizes()[1]
 
     def run(start: int, end: int) -> torch.Tensor:
         return method.execute([sequence[:, start:end], torch.arange(start, end)])[0][:, -1]
 
-    if width > 1:
-        prompt = run(0, prefill)
-    else:
-        for position in range(prefill):
-            prompt = run(position, position + 1)
+    prompt = prefilled(run, prefill, takes_one_token(method))
     logits = [prompt] + [run(p, p + 1) for p in range(prefill, sequence.shape[1])]
     del method, loaded
     gc.collect()

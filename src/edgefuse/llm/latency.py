@@ -65,21 +65,24 @@ def inputs_of(method, index: int = 0) -> Inputs:
     """How a loaded method (``LoadedProgram.method``) takes its inputs, read from the sizes it declares (a
     dynamic length's bound): tokens ``[1, n]``, then its start position ``[1]`` or cache positions ``[n]``.
     :class:`InputsRefused` for other sizes."""
+    from edgefuse.runtime import takes_one_token
+
     tokens, position = (list(method.metadata.input_tensor_meta(i).sizes()) for i in (0, 1))
     if len(tokens) != 2 or tokens[0] != 1 or len(position) != 1:
         raise InputsRefused(index, f"takes tokens of sizes {tokens} and a position input of sizes {position}: not "
                                    "tokens [1, n] with their start position [1] or cache positions [n]")
-    return Inputs(positions=position[0] > 1, one_token=tokens[1] == 1)
+    return Inputs(positions=position[0] > 1, one_token=takes_one_token(method))
 
 
 def run_prompt(method, prompt: torch.Tensor, index: int = 0, inputs: Inputs = Inputs(False, False)) -> torch.Tensor:
-    """The logits of a prompt at position 0: one call, or one call a token for a program that takes one
-    token a call (``inputs.one_token``), as optimum's runner (``ExecuTorchModelForCausalLM``) prefills it."""
-    if not inputs.one_token:
-        return run_step(method, prompt, 0, index, inputs.positions)
-    for i in range(prompt.shape[1]):
-        logits = run_step(method, prompt[:, i:i + 1], i, index, inputs.positions)
-    return logits
+    """The logits of a prompt at position 0, one call a token for a program that takes one token a call
+    (``inputs.one_token``; :func:`edgefuse.runtime.prefill`)."""
+    from edgefuse.runtime import prefill
+
+    def step(start: int, end: int) -> torch.Tensor:
+        return run_step(method, prompt[:, start:end], start, index, inputs.positions)
+
+    return prefill(step, prompt.shape[1], inputs.one_token)
 
 
 class StepFailed(RuntimeError):
@@ -111,13 +114,15 @@ def prompt_for(method, prefill: int, decode: int, seed: int = 0) -> tuple[torch.
 @dataclass
 class PrefillDecode:
     """Each program's times over the timed rounds: the prefill in ms, and decode in ms per token; the
-    logits of each program's last decode step."""
+    logits of each program's last decode step; how the programs took their inputs, the same for all."""
 
     prefill_ms: list[list[float]]
     decode_ms: list[list[float]]
     last_logits: list[torch.Tensor | None] = field(default_factory=list)
     #: The runs these rounds were pooled from (:func:`pooled`); empty for one run's timing.
     runs: list["PrefillDecode"] = field(default_factory=list)
+    #: How every program timed takes its inputs (:func:`inputs_of`); None where nothing was run.
+    inputs: Inputs | None = None
 
     def medians(self, index: int) -> tuple[float, float]:
         """The median prefill ms and decode ms per token of program ``index``."""
@@ -161,7 +166,7 @@ def time_prefill_decode(methods: Sequence, prompt: torch.Tensor, steps: torch.Te
     samples = alternate([task(k) for k in range(len(methods))], rounds, warmup, clock)
     return PrefillDecode([[us / 1e3 for us in s.wall_us.get("prefill", [])] for s in samples],
                          [[us / 1e3 / max(decode, 1) for us in s.wall_us.get("decode", [])] for s in samples],
-                         last_logits)
+                         last_logits, inputs=inputs[0] if inputs else None)
 
 
 def load_orders(count: int, runs: int) -> list[tuple[int, ...]]:
@@ -202,11 +207,12 @@ def time_runs(load: Callable[[tuple[int, ...]], Sequence], count: int, prefill: 
 
 def pooled(runs: Sequence[TimedRun]) -> PrefillDecode:
     """Every timed round of ``runs`` as one :class:`PrefillDecode` whose ratios combine the runs'; the last
-    logits are the last run's."""
+    logits and the inputs taken are the last run's."""
     count = len(runs[0].timing.prefill_ms)
     return PrefillDecode(
         [[ms for run in runs for ms in run.timing.prefill_ms[k]] for k in range(count)],
         [[ms for run in runs for ms in run.timing.decode_ms[k]] for k in range(count)],
         list(runs[-1].timing.last_logits),
         [run.timing for run in runs],
+        runs[-1].timing.inputs,
     )

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from edgefuse.runtime.log import with_its_log, without_set_up_noise
+
+T = TypeVar("T")
 
 
 @functools.cache
@@ -89,6 +91,23 @@ class LoadedProgram:
         pybindings method it wraps.
         """
         self.method._method.execute()
+
+
+def takes_one_token(method) -> bool:
+    """Whether a loaded LLM method (:attr:`LoadedProgram.method`) takes one token a call: its tokens input
+    ``[1, n]`` declares ``n`` 1 (exported with static shapes, as optimum-executorch exports Gemma 3)."""
+    return list(method.metadata.input_tensor_meta(0).sizes())[1:] == [1]
+
+
+def prefill(step: Callable[[int, int], T], length: int, one_token: bool) -> T:
+    """The last result of prefilling a prompt of ``length`` tokens with ``step(start, end)``, the call on the
+    prompt's tokens ``start:end``: one call, or one call a token for a program that takes one token a call
+    (:func:`takes_one_token`), as optimum's runner (``ExecuTorchModelForCausalLM``) prefills it."""
+    if not one_token:
+        return step(0, length)
+    for start in range(length):
+        result = step(start, start + 1)
+    return result
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,7 @@ from edgefuse.inputs.errors import CHECK_FAILED, OK, UsageError
 
 if TYPE_CHECKING:
     from edgefuse.compare.llm_programs import CheckedPte
+    from edgefuse.llm.latency import Inputs
 
 #: The precisions and the export_llm overrides that set each (beside llm_check's cases).
 DTYPES = ("fp32", "fp16", "bf16", "8da4w")
@@ -279,17 +280,19 @@ def export_table(pairs: list[Pair]) -> str:
 @dataclass
 class Row:
     """A line of the table: one run of a pair (``run`` its number, ``first`` the program loaded first), or
-    every run of it pooled (``run`` is ``"all"``, ``first`` empty)."""
+    every run of it pooled (``run`` is ``"all"``, ``first`` empty); ``inputs``, how the programs took their
+    inputs (``edgefuse.llm.latency.Inputs``), as the timing read them."""
 
     pair: Pair
     run: int | str
     first: str
     medians: list[tuple[float, float]]
     ratios: tuple[float, float]
+    inputs: Inputs | None = None
 
 
 def _row(pair: Pair, run: int | str, first: str, timing) -> Row:
-    return Row(pair, run, first, [timing.medians(0), timing.medians(1)], timing.ratios())
+    return Row(pair, run, first, [timing.medians(0), timing.medians(1)], timing.ratios(), timing.inputs)
 
 
 #: The programs of a pair, by their index in a timing.

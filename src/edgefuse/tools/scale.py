@@ -42,7 +42,10 @@ per model and dtype, it prints:
   fake-quantized module (16a8w). Without QNN's libraries the row says how to set them up.
 
 ``--layers N`` cuts the depth and ``--dim N`` makes a toy width (heads of 16, feed-forward twice the width,
-vocabulary 256) for a quick run. A measure, not a test: run it on an otherwise idle machine for the times.
+vocabulary 256) for a quick run; each dtype is exported with the same overrides as at full size. A cut
+Gemma3-1B keeps its attention pattern (every sixth layer global, the others sliding-window) over the layers
+kept and, under six layers, makes its last layer global: ``--layers 2`` holds one layer of each kind.
+A measure, not a test: run it on an otherwise idle machine for the times.
 Exit status: 0 every check passed, 1 a program missed its bound or edgefuse left a mean or a cast outside
 (through optimum, a float cast), 2 bad usage.
 """
@@ -99,6 +102,16 @@ class Shape:
 
 #: transformers' model type of Gemma 3's text model: pre- and post-norms around attention and feed-forward.
 GEMMA3 = "gemma3_text"
+#: Gemma 3's attention pattern: every sixth layer attends globally, the others within the sliding window.
+GEMMA3_GLOBAL_EVERY = 6
+
+
+def gemma3_layer_types(n_layers: int) -> list[str]:
+    """Gemma 3's attention kind of each of ``n_layers`` layers (transformers' ``layer_types``): its own pattern
+    (:data:`GEMMA3_GLOBAL_EVERY`); under six layers the last is global, so that a cut keeps both kinds."""
+    full = {i for i in range(n_layers) if (i + 1) % GEMMA3_GLOBAL_EVERY == 0} or {n_layers - 1}
+    return ["full_attention" if i in full else "sliding_attention" for i in range(n_layers)]
+
 
 
 def norm_count(params: dict, shape: Shape | None = None) -> int:
@@ -314,13 +327,17 @@ HF_DTYPES = {"8da4w": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 def hf_config(shape: Shape, params: dict) -> dict:
     """The transformers config of ``shape`` with ``params``' widths (:func:`sized_params`), its model type and
-    ``hf_fields``: Gemma 3 scales its queries by its head dim (``query_pre_attn_scalar``, 256 in Gemma3-1B)."""
+    ``hf_fields``: Gemma 3 scales its queries by its head dim (``query_pre_attn_scalar``, 256 in Gemma3-1B), and
+    its layers attend as :func:`gemma3_layer_types` says, so that a depth cut still holds a global layer."""
     head_dim = params.get("head_dim", params["dim"] // params["n_heads"])
-    return {"model_type": shape.hf_model_type, "hidden_size": params["dim"], "num_hidden_layers": params["n_layers"],
-            "num_attention_heads": params["n_heads"], "num_key_value_heads": params["n_kv_heads"],
-            "head_dim": head_dim, "query_pre_attn_scalar": head_dim, "intermediate_size": params["hidden_dim"],
-            "vocab_size": params["vocab_size"], "rms_norm_eps": params["norm_eps"], "tie_word_embeddings": shape.tied,
-            **copy.deepcopy(shape.hf_fields)}
+    config = {"model_type": shape.hf_model_type, "hidden_size": params["dim"], "num_hidden_layers": params["n_layers"],
+              "num_attention_heads": params["n_heads"], "num_key_value_heads": params["n_kv_heads"],
+              "head_dim": head_dim, "query_pre_attn_scalar": head_dim, "intermediate_size": params["hidden_dim"],
+              "vocab_size": params["vocab_size"], "rms_norm_eps": params["norm_eps"], "tie_word_embeddings": shape.tied,
+              **copy.deepcopy(shape.hf_fields)}
+    if shape.hf_model_type == GEMMA3:
+        config["layer_types"] = gemma3_layer_types(params["n_layers"])
+    return config
 
 
 def write_hf_model(shape: Shape, params: dict, folder: str) -> str:
@@ -464,24 +481,21 @@ def counts(c) -> dict:
 def time_both(name: str, dtype: str, folder: str, paths: dict, threads: int, args,
               labels: tuple[str, str] = LABELS) -> dict:
     """Both programs timed at ``threads`` as ``llm_latency`` times a pair (in a child): the medians over
-    every round, the ratios over the runs (:func:`edgefuse.llm.latency.pooled`), and the conditions line;
-    ``labels`` name the two in the progress."""
+    every round, the ratios over the runs (:func:`edgefuse.llm.latency.pooled`), the conditions line, and
+    whether the programs took one token a call, as the timing read it; ``labels`` name the two in the progress."""
 
     def step(note):
         from edgefuse.runtime import set_threads
         from edgefuse.runtime.timer import conditions
         from edgefuse.tools.llm_latency import Pair, time_pair
 
-        from edgefuse.runtime import method_io
-
         used = set_threads(threads)
         pair = Pair(name, dtype, os.path.relpath(paths["stock"], folder), os.path.relpath(paths["edgefuse"], folder))
         rows = time_pair(folder, pair, args, note, labels)
         pooled = rows[-1]
         (sp, sd), (ep, ed) = pooled.medians
-        tokens = method_io(paths["stock"])[0][0]  # mapped, not read: the method table alone
         return {"threads": used, "stock": [sp, sd], "edgefuse": [ep, ed], "ratios": list(pooled.ratios),
-                "runs": len(rows) - 1, "conditions": conditions(used), "one_token": tokens.shape[1] == 1}
+                "runs": len(rows) - 1, "conditions": conditions(used), "one_token": pooled.inputs.one_token}
 
     return in_child(step)
 
