@@ -43,6 +43,8 @@ def test_export_hf_prints_its_programs_with_no_mean_and_no_float_cast_outside_ed
     assert counts["integer casts outside"] == tuple(program.integer_casts for program in programs)
     assert counts["kernels outside"] == tuple(program.kernel_count for program in programs)
     assert ours.means == 0 and ours.float_casts == 0
+    if name == "gemma3":  # its gelu_pytorch_tanh runs inside edgefuse's delegates, no portable GELU between them
+        assert ours.count(("aten::gelu",)) == 0, ours.kernels
     assert "integer casts turn integers into floats" in run.stdout
     if run.stock is None:
         substituted = re.search(r"edgefuse substituted (\d+) means", run.stdout)

@@ -1,8 +1,12 @@
 """What rounding a norm's mean another way does to a quantized model's outputs: its *rounding floor*.
 
-edgefuse's only change to a norm is the order in which the delegate sums its mean of squares, which may round
-that mean's last bit another way. In float that stays within the dtype's bound; once activations are quantized,
-a last-bit change can move an int8 level, and layer after layer such steps spread. :func:`means_rounded` makes
+edgefuse's only change to a norm is the order in which the delegate sums its mean of squares (for a wide row,
+pooling then a fully-connected step over the lanes' means), which rounds that mean's last bits another way. In
+float that stays within the dtype's bound; once activations are quantized, a last-bit change can move an int8
+level, and layer after layer such steps spread. The floor is a sample of that, not a bound: the three
+roundings of :data:`MEAN_ROUNDINGS`. It perturbs the norms alone; a program that also computes another op to its
+last bits otherwise (Gemma 3's tanh GELU, with XNNPACK's tanh) is held to a floor that leaves that out, so the
+allowance is smaller, never larger, than one that sampled both. :func:`means_rounded` makes
 every norm of a model round its mean another way and nothing else; :func:`rounding_floor` measures how far
 that moves the model's outputs. Both serve any model holding the norms of :data:`NORMS`, ExecuTorch's
 (``export_llm``'s Llama and Qwen3) and transformers' (the models Hugging Face's exporter takes).

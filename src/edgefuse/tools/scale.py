@@ -44,7 +44,8 @@ per model and dtype, it prints:
 ``--layers N`` cuts the depth and ``--dim N`` makes a toy width (heads of 16, feed-forward twice the width,
 vocabulary 256) for a quick run; each dtype is exported with the same overrides as at full size. A cut
 Gemma3-1B keeps its attention pattern (every sixth layer global, the others sliding-window) over the layers
-kept and, under six layers, makes its last layer global: ``--layers 2`` holds one layer of each kind.
+kept and, under six layers, makes its last layer global: ``--layers 2`` holds one layer of each kind
+(``--layers 1`` a global one alone).
 A measure, not a test: run it on an otherwise idle machine for the times.
 Exit status: 0 every check passed, 1 a program missed its bound or edgefuse left a mean or a cast outside
 (through optimum, a float cast), 2 bad usage.
@@ -108,10 +109,10 @@ GEMMA3_GLOBAL_EVERY = 6
 
 def gemma3_layer_types(n_layers: int) -> list[str]:
     """Gemma 3's attention kind of each of ``n_layers`` layers (transformers' ``layer_types``): its own pattern
-    (:data:`GEMMA3_GLOBAL_EVERY`); under six layers the last is global, so that a cut keeps both kinds."""
+    (:data:`GEMMA3_GLOBAL_EVERY`); under six layers the last is global, so that a cut of two or more layers
+    keeps both kinds (one layer is global alone)."""
     full = {i for i in range(n_layers) if (i + 1) % GEMMA3_GLOBAL_EVERY == 0} or {n_layers - 1}
     return ["full_attention" if i in full else "sliding_attention" for i in range(n_layers)]
-
 
 
 def norm_count(params: dict, shape: Shape | None = None) -> int:

@@ -151,6 +151,8 @@ def gelu_reason(node: Node) -> str | None:
     value = node.args[0].meta.get("val")
     if not isinstance(value, torch.Tensor) or value.dim() == 0:
         return "GELU of a 0-d tensor: the delegate cannot return a 0-d tensor"
+    if _is_dequantized(node.args[0]):
+        return "GELU of a dequantized tensor: the delegate could hand it a quantized value; stock path"
     return None
 
 
