@@ -59,6 +59,46 @@ def _python(code: str, *options: str, output=subprocess.PIPE) -> subprocess.Pope
                             text=True)
 
 
+def test_a_full_disk_in_the_step_is_raised_here_as_the_os_error_it_was_with_its_file():
+    """A disk that fills while the child writes is no bug: it comes back as the ``OSError`` (number and file),
+    which the command names; any other ``OSError`` stays a bug with the child's traceback."""
+    import errno
+
+    def full(note):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/out/stock.pte")
+
+    with pytest.raises(OSError) as raised:
+        contained(full)
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, "/out/stock.pte")
+
+    def denied(note):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), "/out/stock.pte")
+
+    with pytest.raises(RuntimeError, match="PermissionError"):
+        contained(denied)
+
+
+def test_a_command_says_what_a_full_disk_kept_it_from_writing_and_exits_2(capsys):
+    import errno
+
+    from edgefuse.console.command import run_command
+    from edgefuse.inputs.errors import INTERNAL, USAGE
+
+    def full():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/out/stock.pte")
+
+    assert run_command("edgefuse lower", full) == USAGE
+    err = capsys.readouterr().err
+    assert err == ("edgefuse lower: No space left on device writing /out/stock.pte: free some space, or write "
+                   "the output to another disk\n")
+
+    def other():
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    assert run_command("edgefuse lower", other) == INTERNAL
+    assert "Traceback" in capsys.readouterr().err
+
+
 def test_the_last_words_are_the_childs_own_when_pythons_fault_handler_is_on():
     # With python -X faulthandler, the child's dump of its Python frames would otherwise end its stderr.
     command = _python(

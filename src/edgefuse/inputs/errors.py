@@ -13,7 +13,7 @@ from __future__ import annotations
 OK = 0
 CHECK_FAILED = 1  # a check failed: a rewritten or lowered program does not match its reference
 USAGE = 2  # bad usage or input: unknown model, a file that does not load or export or that ExecuTorch
-# rejects, a missing .pt2, an output path that cannot be written
+# rejects, a missing .pt2, an output path that cannot be written (or a full disk)
 UNAVAILABLE = 3  # a part of edgefuse the command needs is unavailable (the XNNPACK lowering, the fuzzer)
 INTERNAL = 4  # edgefuse itself failed: a bug, reported with its traceback
 INTERRUPTED = 130  # Ctrl-C, as a shell reports a process SIGINT ended

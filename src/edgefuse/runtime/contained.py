@@ -21,6 +21,7 @@ runs here, uncontained and unbounded in time.
 from __future__ import annotations
 
 import ctypes
+import errno
 import faulthandler
 import json
 import os
@@ -64,7 +65,8 @@ def contained(step: Callable[[Note], Any], until: float | None = None) -> Any:
 
     Raises :class:`Crashed` when the child is killed by a signal or ends without a result,
     :class:`TimedOut` when it is still running at ``until`` (a ``time.monotonic()`` time; None: no limit),
-    and ``RuntimeError`` with the child's traceback when the step raises (a bug, not the program's fault).
+    ``OSError`` when the step ran out of disk space (:data:`NO_SPACE`), and ``RuntimeError`` with the child's
+    traceback when the step raises anything else (a bug, not the program's fault).
     """
     if not hasattr(os, "fork"):
         return step(lambda _: None)
@@ -90,6 +92,9 @@ def contained(step: Callable[[Note], Any], until: float | None = None) -> Any:
         records = _records(bytes(data))
         stderr.seek(max(0, stderr.seek(0, os.SEEK_END) - _TAIL))
         last_words = in_one_line(stderr.read().decode("utf-8", "replace"))
+    if "no_space" in records:  # the disk, not a bug: raised as the OSError it was, for the command to name
+        number, filename = records["no_space"]
+        raise OSError(number, os.strerror(number), filename)
     if "raised" in records:
         raise RuntimeError(f"the step failed in its child process:\n{records['raised']}")
     doing = records.get("doing", "")
@@ -102,6 +107,10 @@ def contained(step: Callable[[Note], Any], until: float | None = None) -> Any:
         code = os.waitstatus_to_exitcode(status)
         raise Crashed(f"the runtime ended the process (exit status {code}){where}{said}", None, doing, last_words)
     return records["result"]
+
+
+#: The errors of a full disk or quota, which a step's child reports as themselves rather than as a bug.
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class _OutOfTime(Exception):
@@ -155,8 +164,10 @@ def _run_child(step: Callable[[Note], Any], channel: int, stderr: int, parent: i
 
             try:
                 record = {"result": step(note)}
-            except BaseException:  # noqa: BLE001  (reported to the parent, which raises it)
+            except BaseException as error:  # noqa: BLE001  (reported to the parent, which raises it)
                 record = {"raised": traceback.format_exc()}
+                if isinstance(error, OSError) and error.errno in NO_SPACE:
+                    record["no_space"] = [error.errno, error.filename]
             out.write(json.dumps(record) + "\n")
         code = 0
     finally:
