@@ -22,6 +22,7 @@ from executorch.exir.backend.utils import WhyNoPartition
 
 from edgefuse.xnnpack.mean_plan import PlanError, rows, width
 from edgefuse.xnnpack.policy import DEFAULT_SINGLE_ROW_POLICY, check_policy, keep_portable
+from edgefuse.xnnpack.substitute import gelu_approximate
 from edgefuse.xnnpack.visitors import input_shape, mean_plan_of
 
 logger = logging.getLogger(__name__)
@@ -87,10 +88,8 @@ class XnnConvertConfig(GenericNodePartitionerConfig):
         return [ConfigPrecisionType.FP32]
 
 
-class XnnAddScalarConfig(GenericNodePartitionerConfig):
-    """Takes an ``edgefuse.xnn_add_scalar`` (see :mod:`edgefuse.xnnpack.substitute` for which adds)."""
-
-    target_name = "xnn_add_scalar.default"
+class _SubstitutedOpConfig(GenericNodePartitionerConfig):
+    """Takes an op :mod:`edgefuse.xnnpack.substitute` chose already, on the delegate's common checks alone."""
 
     def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
         return self.check_common_constraints(node, ep)
@@ -99,18 +98,18 @@ class XnnAddScalarConfig(GenericNodePartitionerConfig):
         return [ConfigPrecisionType.FP32]
 
 
-class XnnGeluTanhConfig(GenericNodePartitionerConfig):
+class XnnAddScalarConfig(_SubstitutedOpConfig):
+    """Takes an ``edgefuse.xnn_add_scalar`` (see :mod:`edgefuse.xnnpack.substitute` for which adds)."""
+
+    target_name = "xnn_add_scalar.default"
+
+
+class XnnGeluTanhConfig(_SubstitutedOpConfig):
     """Takes an ``edgefuse.xnn_gelu_tanh`` (see :mod:`edgefuse.xnnpack.substitute` for which GELUs); a GELU
     all the same, so it goes with the stock ``GeluConfig``: a config list without that keeps it out."""
 
     target_name = "xnn_gelu_tanh.default"
     amends = GeluConfig.target_name
-
-    def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
-        return self.check_common_constraints(node, ep)
-
-    def supported_precision_types(self) -> List[ConfigPrecisionType]:
-        return [ConfigPrecisionType.FP32]
 
 
 class SquarePowConfig(GenericNodePartitionerConfig):
@@ -146,7 +145,7 @@ class ExactGeluConfig(GeluConfig):
     """
 
     def check_constraints(self, node: Node, ep: ExportedProgram) -> bool:
-        approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+        approximate = gelu_approximate(node)
         if approximate != "none":
             why(node, reason=f"XNNPACK computes only the erf GELU, not approximate={approximate!r}")
             return False

@@ -41,10 +41,16 @@ def edgefuse_configs(base: Optional[List[Type[XNNPartitionerConfig]]] = None) ->
     config keeps that op out as stock would."""
     base = list(base or ALL_PARTITIONER_CONFIGS)
     names = {getattr(config, "target_name", None) for config in base}
-    ours = [c for c in EDGEFUSE_CONFIGS if getattr(c, "amends", c.target_name) in names or
-            (c.target_name not in STOCK_TARGETS and not hasattr(c, "amends"))]
+    ours = [c for c in EDGEFUSE_CONFIGS if stock_config_of(c) in names | {None}]
     replaced = {config.target_name for config in ours}
     return [config for config in base if getattr(config, "target_name", None) not in replaced] + ours
+
+
+def stock_config_of(config: Type[XNNPartitionerConfig]) -> Optional[str]:
+    """The target of the stock config an edgefuse config goes with: the one it ``amends``, or the stock one it
+    replaces (same target); None for a config of an op only edgefuse has."""
+    target = config.target_name
+    return getattr(config, "amends", target if target in STOCK_TARGETS else None)
 
 
 class EdgefuseXnnpackPartitioner(XnnpackPartitioner):

@@ -140,9 +140,14 @@ def add_reason(node: Node) -> str | None:
     return None
 
 
+def gelu_approximate(node: Node) -> str:
+    """A ``gelu`` node's form: ``"none"`` (erf) or ``"tanh"`` (``approximate`` is keyword-only in its schema)."""
+    return node.kwargs.get("approximate", "none")
+
+
 def gelu_reason(node: Node) -> str | None:
     """Why a ``gelu`` node is not substituted, or None when it is (the tanh form of a float tensor)."""
-    approximate = node.kwargs.get("approximate", node.args[1] if len(node.args) > 1 else "none")
+    approximate = gelu_approximate(node)
     if approximate != "tanh":
         return f"GELU with approximate={approximate!r}: the stock delegate computes the erf GELU"
     dtype = dtype_of(node.args[0])
