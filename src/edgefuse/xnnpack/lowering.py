@@ -80,9 +80,10 @@ def lower(
     return restore_undelegated(manager)[0]
 
 
-#: The bytes of delegate blobs from which :func:`restore_undelegated` collects the programs partitioning
-#: replaced: a full collection takes about 0.2 s of CPU in a process holding torch and ExecuTorch, as much as
-#: a fifth of a small program's lowering, and frees memory worth it only for large constants.
+#: The bytes the delegates hold (their blobs and their constants) from which :func:`restore_undelegated`
+#: collects the programs partitioning replaced: a full collection takes about 0.2 s of CPU in a process
+#: holding torch and ExecuTorch, as much as a fifth of a small program's lowering, and frees memory worth it
+#: only for large constants.
 COLLECT_FROM_BYTES = 64 * 2**20
 
 
@@ -104,15 +105,17 @@ def restore_undelegated(manager: EdgeProgramManager) -> tuple[EdgeProgramManager
 
 
 def delegated_bytes(manager: EdgeProgramManager) -> int:
-    """The bytes of the delegate blobs of every method of ``manager``."""
+    """The bytes the delegates of every method of ``manager`` hold: each blob, and the constants it keeps in
+    its named data, where ExecuTorch 1.5's XNNPACK puts every weight (the blob holds the graph alone)."""
     from executorch.exir.lowered_backend_module import LoweredBackendModule
 
-    return sum(
-        len(module.processed_bytes)
-        for method in manager.methods
-        for module in manager.exported_program(method).graph_module.modules()
-        if isinstance(module, LoweredBackendModule)
-    )
+    total = 0
+    for method in manager.methods:
+        for module in manager.exported_program(method).graph_module.modules():
+            if isinstance(module, LoweredBackendModule):
+                named = module.named_data_store_output
+                total += len(module.processed_bytes) + (sum(map(len, named.buffers)) if named else 0)
+    return total
 
 
 def lower_stock(exported_program: ExportedProgram, **partitioner_kwargs: Any) -> EdgeProgramManager:
