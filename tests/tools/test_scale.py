@@ -468,3 +468,20 @@ def test_the_hugging_face_check_releases_the_eager_model_before_a_program_loads(
     monkeypatch.setattr(scale, "hf_results", lambda dtype, reference, got, paths: got)
     got = scale.check_hf_both("8da4w", "/m", {"stock": "s.pte", "edgefuse": "e.pte"})
     assert set(got) == {"stock", "edgefuse"} and models and alive_at_load == [False, False]
+
+
+@pytest.mark.parametrize("route", ["export_llm", "optimum"])
+def test_each_export_child_holds_the_mmap_threshold_before_it_exports(monkeypatch, tmp_path, route):
+    """The peak memory an export reports is measured from glibc's starting mmap threshold
+    (tests/runtime/test_allocator.py shows why): the child holds it before anything of the export runs."""
+
+    def held():
+        raise RuntimeError("the threshold is held here")
+
+    monkeypatch.setattr(scale, "fix_mmap_threshold", held)
+    with pytest.raises(RuntimeError, match="the threshold is held here"):
+        if route == "export_llm":
+            shape = scale.SHAPES["qwen3-0.6b"]
+            scale.export_one(shape, "fp16", scale.sized_params(shape, 1, 64), "stock", [], str(tmp_path), ())
+        else:
+            scale.export_hf_one("fp16", "stock", str(tmp_path), str(tmp_path), 32)

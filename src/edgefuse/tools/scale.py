@@ -16,7 +16,8 @@ optimum-executorch's ``xnnpack`` recipe and edgefuse's ``edgefuse-xnnpack`` (``e
 custom SDPA; ``--qlinear 8da4w``, ``--dtype float16``, ``--dtype bfloat16``). Each export runs alone in a
 child process forked from this one, which has not loaded torch: its wall time is the export's (the child's
 imports excluded; optimum's ``main_export``, which loads the model, for Gemma3-1B) and its peak RSS is the
-child's own (``getrusage``); the order of stock and edgefuse alternates from one dtype to the next. Then,
+child's own (``getrusage``, with glibc's mmap threshold held at its start:
+:mod:`edgefuse.runtime.allocator`); the order of stock and edgefuse alternates from one dtype to the next. Then,
 per model and dtype, it prints:
 
 - the norms the architecture holds, and the means and casts (float and integer) each program runs outside
@@ -70,6 +71,7 @@ if __name__ == "__main__":
 
 from edgefuse.console.command import run_command
 from edgefuse.inputs.errors import CHECK_FAILED, OK, UsageError
+from edgefuse.runtime.allocator import fix_mmap_threshold
 from edgefuse.tools.llm_latency import LABELS
 
 if TYPE_CHECKING:
@@ -263,7 +265,9 @@ def write_model(shape: Shape, params: dict, folder: str) -> list[str]:
 
 
 def peak_rss_bytes() -> int:
-    """This process's peak resident memory so far (Linux's ``ru_maxrss`` is in KiB)."""
+    """This process's peak resident memory so far (Linux's ``ru_maxrss`` is in KiB). An export's child holds
+    glibc's mmap threshold at its start first (:func:`edgefuse.runtime.allocator.fix_mmap_threshold`): with
+    the threshold the forked process had risen to, the same export peaked up to 2.4 GiB higher."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -279,6 +283,8 @@ def export_one(shape: Shape, dtype: str, params: dict, how: str, model_files: li
     def step(note):
         from edgefuse.llm.eager import norms_removed
         from edgefuse.llm.export import ConfigRejected
+
+        fix_mmap_threshold()  # the peak is what the export holds, not what this process freed before
         from edgefuse.runtime.quiet import quiet_root_logger
         from edgefuse.tools.llm_check import export_programs
 
@@ -383,6 +389,7 @@ def export_hf_one(dtype: str, how: str, model_dir: str, folder: str, seq_len: in
 
         from edgefuse.hf import HfInputError, ModelRejected, OptimumUnavailable
 
+        fix_mmap_threshold()  # as in export_one
         recipe = EDGEFUSE_RECIPE if how == "edgefuse" else STOCK_RECIPE
         try:
             with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
