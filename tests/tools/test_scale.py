@@ -476,12 +476,13 @@ def test_each_export_child_holds_the_mmap_threshold_before_it_exports(monkeypatc
     (tests/runtime/test_allocator.py shows why): the child holds it before anything of the export runs."""
 
     def held():
-        raise RuntimeError("the threshold is held here")
+        raise RuntimeError(f"the threshold is held in process {os.getpid()}")
 
     monkeypatch.setattr(scale, "fix_mmap_threshold", held)
-    with pytest.raises(RuntimeError, match="the threshold is held here"):
+    with pytest.raises(RuntimeError, match="the threshold is held in process") as raised:
         if route == "export_llm":
             shape = scale.SHAPES["qwen3-0.6b"]
             scale.export_one(shape, "fp16", scale.sized_params(shape, 1, 64), "stock", [], str(tmp_path), ())
         else:
             scale.export_hf_one("fp16", "stock", str(tmp_path), str(tmp_path), 32)
+    assert f"held in process {os.getpid()}" not in str(raised.value)  # in the export's child, not here

@@ -14,9 +14,9 @@ XNNPACK with extended ops; ``8da4w`` group size 32, ``fp16``, ``bf16``). Gemma3-
 cannot export, is a random-weight transformers model saved with ``save_pretrained`` and exported with
 optimum-executorch's ``xnnpack`` recipe and edgefuse's ``edgefuse-xnnpack`` (``edgefuse export-hf``'s flow:
 custom SDPA; ``--qlinear 8da4w``, ``--dtype float16``, ``--dtype bfloat16``). Each export runs alone in a
-child process forked from this one, which has not loaded torch: its wall time is the export's (the child's
-imports excluded; optimum's ``main_export``, which loads the model, for Gemma3-1B) and its peak RSS is the
-child's own (``getrusage``, with glibc's mmap threshold held at its start:
+child process forked from this one, which holds torch and ExecuTorch and no model: its wall time is the
+export's (the child's imports excluded; optimum's ``main_export``, which loads the model, for Gemma3-1B) and
+its peak RSS is the child's own (``getrusage``, with glibc's allocator thresholds held at their start:
 :mod:`edgefuse.runtime.allocator`); the order of stock and edgefuse alternates from one dtype to the next. Then,
 per model and dtype, it prints:
 
@@ -266,8 +266,8 @@ def write_model(shape: Shape, params: dict, folder: str) -> list[str]:
 
 def peak_rss_bytes() -> int:
     """This process's peak resident memory so far (Linux's ``ru_maxrss`` is in KiB). An export's child holds
-    glibc's mmap threshold at its start first (:func:`edgefuse.runtime.allocator.fix_mmap_threshold`): with
-    the threshold the forked process had risen to, the same export peaked up to 2.4 GiB higher."""
+    glibc's allocator thresholds at their start first (:func:`edgefuse.runtime.allocator.fix_mmap_threshold`),
+    so the peak does not depend on what the forked process had freed before."""
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
@@ -284,7 +284,7 @@ def export_one(shape: Shape, dtype: str, params: dict, how: str, model_files: li
         from edgefuse.llm.eager import norms_removed
         from edgefuse.llm.export import ConfigRejected
 
-        fix_mmap_threshold()  # the peak is what the export holds, not what this process freed before
+        held = fix_mmap_threshold()  # the peak is what the export holds, not what this process freed before
         from edgefuse.runtime.quiet import quiet_root_logger
         from edgefuse.tools.llm_check import export_programs
 
@@ -297,7 +297,7 @@ def export_one(shape: Shape, dtype: str, params: dict, how: str, model_files: li
         except ConfigRejected as error:
             return {"rejected": str(error)}
         lowerings = export.swap.lowerings
-        return {"path": export.path, "seconds": time.monotonic() - start, "peak_bytes": peak_rss_bytes(),
+        return {"path": export.path, "seconds": time.monotonic() - start, "peak_bytes": peak_rss_bytes(), "held": held,
                 "substituted": sum(l.substituted for l in lowerings), "restored": sum(l.restored for l in lowerings)}
 
     return in_child(step)
@@ -389,7 +389,7 @@ def export_hf_one(dtype: str, how: str, model_dir: str, folder: str, seq_len: in
 
         from edgefuse.hf import HfInputError, ModelRejected, OptimumUnavailable
 
-        fix_mmap_threshold()  # as in export_one
+        held = fix_mmap_threshold()  # as in export_one
         recipe = EDGEFUSE_RECIPE if how == "edgefuse" else STOCK_RECIPE
         try:
             with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
@@ -398,7 +398,7 @@ def export_hf_one(dtype: str, how: str, model_dir: str, folder: str, seq_len: in
         except (HfInputError, ModelRejected, OptimumUnavailable) as error:
             return {"rejected": str(error)}
         record = done.record
-        return {"path": done.path, "seconds": done.seconds, "peak_bytes": peak_rss_bytes(),
+        return {"path": done.path, "seconds": done.seconds, "peak_bytes": peak_rss_bytes(), "held": held,
                 "substituted": record.substituted if record else 0, "restored": record.restored if record else 0}
 
     return in_child(step)
@@ -643,7 +643,8 @@ def run_model(shape: Shape, args, say, start_order: int) -> tuple[list[PairResul
             if "rejected" in record:
                 exporter = "optimum-executorch" if shape.through_hf else "export_llm"
                 raise UsageError(f"{exporter} rejected {shape.name} {dtype}:\n{record['rejected']}")
-            say(f"{shape.name} {dtype} {how}: {record['seconds']:.0f}s, peak {record['peak_bytes'] / 2**30:.2f} GiB")
+            unheld = "" if record["held"] else " (the C library is not glibc: the peak includes what was freed before)"
+            say(f"{shape.name} {dtype} {how}: {record['seconds']:.0f}s, peak {record['peak_bytes'] / 2**30:.2f} GiB{unheld}")
             result.exports[how] = record
         paths = {how: result.exports[how]["path"] for how in LOWERINGS}
         say(f"{shape.name} {dtype}: both programs against eager ({CHECK_PREFILL} prompt tokens, "
