@@ -156,7 +156,7 @@ def test_the_swapped_lowering_leaves_no_constant_to_the_cycle_collector(monkeypa
     from edgefuse.xnnpack.partitioner import EdgefuseXnnpackPartitioner
     from tests.harness import tensors_left_to_the_collector
 
-    monkeypatch.setattr(lowering, "COLLECT_FROM_BYTES", 0)  # the test's delegates hold 130 kB
+    monkeypatch.setattr(lowering, "COLLECT_FROM_BYTES", 512 * 64 * 4)  # the delegates hold the 512 x 64 weight
 
     with edgefuse_lowering() as swap:
         left = tensors_left_to_the_collector(
