@@ -21,7 +21,7 @@ MIB = 1 << 20
 #: then when 256 touched blocks of 64 KiB, the heap's top, are freed (trimmed under the trim threshold).
 STEP = textwrap.dedent("""
     import ctypes, sys
-    from edgefuse.runtime.allocator import fix_mmap_threshold
+    from edgefuse.runtime.allocator import hold_malloc_thresholds
 
     def resident():
         with open("/proc/self/status") as status:
@@ -31,7 +31,7 @@ STEP = textwrap.dedent("""
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, (ctypes.c_size_t,)
     libc.free.argtypes = (ctypes.c_void_p,)
     libc.free(libc.malloc(16 << 20))
-    if sys.argv[1] == "fix" and not fix_mmap_threshold():
+    if sys.argv[1] == "fix" and not hold_malloc_thresholds():
         sys.exit("not fixed")
     blocks = [libc.malloc(1 << 20) for _ in range(128)]
     for block in blocks:
@@ -74,4 +74,4 @@ def test_a_c_library_without_glibcs_symbol_is_left_as_it_is(monkeypatch):
             raise AttributeError(name)
 
     monkeypatch.setattr(allocator.ctypes, "CDLL", lambda name: Musl())
-    assert allocator.fix_mmap_threshold() is False
+    assert allocator.hold_malloc_thresholds() is False

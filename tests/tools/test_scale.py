@@ -478,7 +478,7 @@ def test_each_export_child_holds_the_mmap_threshold_before_it_exports(monkeypatc
     def held():
         raise RuntimeError(f"the threshold is held in process {os.getpid()}")
 
-    monkeypatch.setattr(scale, "fix_mmap_threshold", held)
+    monkeypatch.setattr(scale, "hold_malloc_thresholds", held)
     with pytest.raises(RuntimeError, match="the threshold is held in process") as raised:
         if route == "export_llm":
             shape = scale.SHAPES["qwen3-0.6b"]

@@ -24,7 +24,7 @@ M_MMAP_THRESHOLD = -3
 START_THRESHOLD = 128 * 1024
 
 
-def fix_mmap_threshold() -> bool:
+def hold_malloc_thresholds() -> bool:
     """Hold glibc's mmap and trim thresholds at their starting 128 KiB, with no rise, in this process;
     False where the C library is not glibc (nothing changed)."""
     try:

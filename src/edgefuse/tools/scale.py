@@ -71,7 +71,7 @@ if __name__ == "__main__":
 
 from edgefuse.console.command import run_command
 from edgefuse.inputs.errors import CHECK_FAILED, OK, UsageError
-from edgefuse.runtime.allocator import fix_mmap_threshold
+from edgefuse.runtime.allocator import hold_malloc_thresholds
 from edgefuse.tools.llm_latency import LABELS
 
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ def write_model(shape: Shape, params: dict, folder: str) -> list[str]:
 
 def peak_rss_bytes() -> int:
     """This process's peak resident memory so far (Linux's ``ru_maxrss`` is in KiB). An export's child holds
-    glibc's allocator thresholds at their start first (:func:`edgefuse.runtime.allocator.fix_mmap_threshold`),
+    glibc's allocator thresholds at their start first (:func:`edgefuse.runtime.allocator.hold_malloc_thresholds`),
     so the peak does not depend on what the forked process had freed before."""
     import resource
 
@@ -283,10 +283,10 @@ def export_one(shape: Shape, dtype: str, params: dict, how: str, model_files: li
     def step(note):
         from edgefuse.llm.eager import norms_removed
         from edgefuse.llm.export import ConfigRejected
-
-        held = fix_mmap_threshold()  # the peak is what the export holds, not what this process freed before
         from edgefuse.runtime.quiet import quiet_root_logger
         from edgefuse.tools.llm_check import export_programs
+
+        held = hold_malloc_thresholds()  # the peak is what the export holds, not what this process freed before
 
         case = dtype_case(shape, dtype, params)
         start = time.monotonic()
@@ -389,7 +389,7 @@ def export_hf_one(dtype: str, how: str, model_dir: str, folder: str, seq_len: in
 
         from edgefuse.hf import HfInputError, ModelRejected, OptimumUnavailable
 
-        held = fix_mmap_threshold()  # as in export_one
+        held = hold_malloc_thresholds()  # as in export_one
         recipe = EDGEFUSE_RECIPE if how == "edgefuse" else STOCK_RECIPE
         try:
             with quiet_root_logger(), contextlib.redirect_stdout(sys.stderr):
