@@ -471,9 +471,9 @@ def test_the_hugging_face_check_releases_the_eager_model_before_a_program_loads(
 
 
 @pytest.mark.parametrize("route", ["export_llm", "optimum"])
-def test_each_export_child_holds_the_mmap_threshold_before_it_exports(monkeypatch, tmp_path, route):
-    """The peak memory an export reports is measured from glibc's starting mmap threshold
-    (tests/runtime/test_allocator.py shows why): the child holds it before anything of the export runs."""
+def test_each_export_child_holds_the_allocators_thresholds_before_it_exports(monkeypatch, tmp_path, route):
+    """The peak memory an export reports is measured from glibc's starting mmap and trim thresholds
+    (tests/runtime/test_allocator.py shows why): the child holds them before anything of the export runs."""
 
     def held():
         raise RuntimeError(f"the threshold is held in process {os.getpid()}")
